@@ -1,0 +1,65 @@
+"""`serve-app`: build the demo models, and serve a config."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from serve_app.config import MODEL_DIR_ENV
+
+
+def _cmd_build(ns: argparse.Namespace) -> int:
+    from serve_app.catalog_build import build_missing, load_app_args
+
+    if ns.model_dir:
+        os.environ[MODEL_DIR_ENV] = ns.model_dir
+    for args in load_app_args(ns.config):
+        build_missing(args, force=ns.force)
+    return 0
+
+
+def _cmd_list(ns: argparse.Namespace) -> int:
+    from serve_app.catalog_build import load_app_args, plan
+
+    if ns.model_dir:
+        os.environ[MODEL_DIR_ENV] = ns.model_dir
+    for args in load_app_args(ns.config):
+        for p in plan(args):
+            print(f"{p.name:16} {p.preset:14} {'built' if p.built else 'missing':8} {p.path}")
+    return 0
+
+
+def _cmd_serve(ns: argparse.Namespace) -> int:
+    """Build what is missing, then hand over to `serve run` (the way users start Serve)."""
+    _cmd_build(argparse.Namespace(config=ns.config, model_dir=ns.model_dir, force=False))
+    return subprocess.call(["serve", "run", ns.config, *ns.serve_args])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="serve-app", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="demo model zoo").add_subparsers(dest="action", required=True)
+    build = models.add_parser("build", help="build the models a config names and is missing (idempotent)")
+    listing = models.add_parser("list", help="show which models of a config are built")
+    for p in (build, listing):
+        p.add_argument("--config", default="configs/local.yaml", help="Serve config file (default: %(default)s)")
+        p.add_argument("--model-dir", help=f"override the config's model_dir (same as ${MODEL_DIR_ENV})")
+    build.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    build.set_defaults(func=_cmd_build)
+    listing.set_defaults(func=_cmd_list)
+
+    serve = sub.add_parser("serve", help="build missing models, then `serve run` the config")
+    serve.add_argument("--config", default="configs/local.yaml")
+    serve.add_argument("--model-dir")
+    serve.add_argument("serve_args", nargs=argparse.REMAINDER, help="passed on to `serve run`")
+    serve.set_defaults(func=_cmd_serve)
+
+    ns = parser.parse_args(argv)
+    return int(ns.func(ns))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Pydantic schema of the application args (`applications[].args` in the Serve YAML).
+
+Deployment-level knobs (replicas, autoscaling, resources) stay in the Serve
+YAML's `deployments:` section, where Ray Serve already validates them; this
+schema holds what only this application knows: the catalog and its routes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from serve_app.zoo.presets import Family, get_preset
+
+MODEL_DIR_ENV = "SERVE_APP_MODEL_DIR"
+
+
+class BatchingConfig(BaseModel):
+    """Dynamic batching; sent to replicas as `user_config`, so it is live-tunable."""
+
+    max_batch_size: int = Field(16, ge=1, le=1024)
+    batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=1.0)
+
+
+class GenerationDefaults(BaseModel):
+    default_max_tokens: int = Field(32, ge=1)
+    max_tokens_limit: int = Field(256, ge=1)
+
+
+class ModelConfig(BaseModel):
+    """One model of the catalog. `preset` builds a demo model; `path` points at any model directory."""
+
+    preset: str | None = None
+    family: Family | None = None
+    path: str | None = Field(None, description="model directory; default <model_dir>/<name>")
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    generation: GenerationDefaults = Field(default_factory=GenerationDefaults)
+    max_items_per_request: int = Field(64, ge=1, description="tensor rows accepted in one request")
+
+    @model_validator(mode="after")
+    def _family_known(self) -> ModelConfig:
+        if self.preset is not None:
+            preset_family = get_preset(self.preset).family
+            if self.family not in (None, preset_family):
+                raise ValueError(f"preset {self.preset!r} is a {preset_family} model, not {self.family}")
+            self.family = preset_family
+        if self.family is None:
+            raise ValueError("a model needs either a `preset` or an explicit `family` (bert, gpt or resnet)")
+        return self
+
+
+class RouteConfig(BaseModel):
+    """Tiered route: the light model answers unless its confidence is below `threshold`."""
+
+    light: str
+    heavy: str
+    threshold: float = Field(0.9, ge=0.0, le=1.0)
+    signal: Literal["max_prob", "margin"] = "max_prob"
+
+
+class AppArgs(BaseModel):
+    model_dir: str = Field("models", description=f"root of model directories; ${MODEL_DIR_ENV} overrides it")
+    models: dict[str, ModelConfig]
+    routes: dict[str, RouteConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _routes_consistent(self) -> AppArgs:
+        if not self.models:
+            raise ValueError("the catalog is empty: name at least one model under `models`")
+        for name, route in self.routes.items():
+            if name in self.models:
+                raise ValueError(f"route {name!r} has the same name as a model; pick another")
+            for tier in (route.light, route.heavy):
+                if tier not in self.models:
+                    raise ValueError(f"route {name!r} names unknown model {tier!r}; known: {sorted(self.models)}")
+            families = {self.models[route.light].family, self.models[route.heavy].family}
+            if len(families) != 1 or families & {"gpt"}:
+                raise ValueError(f"route {name!r} must join two classifiers of one family, got {sorted(map(str, families))}")
+        return self
+
+    def model_path(self, name: str) -> Path:
+        """Absolute model directory; resolved where the app is built, not in each replica."""
+        cfg = self.models[name]
+        root = Path(os.environ.get(MODEL_DIR_ENV) or self.model_dir).expanduser()
+        path = Path(cfg.path).expanduser() if cfg.path else root / name
+        return path.resolve()

@@ -1,0 +1,67 @@
+"""One error hierarchy for the whole application.
+
+Each class carries its HTTP status; `serve_app.protocols.errors` turns them
+into each protocol's own error body, in exactly one place. Exceptions cross
+Ray process boundaries, so they keep their data in `args` to stay picklable.
+"""
+
+from __future__ import annotations
+
+
+class ServeAppError(Exception):
+    status_code: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message, retry_after_s)
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+    @property
+    def retry_after_s(self) -> float | None:
+        return self.args[1] if len(self.args) > 1 else None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidInput(ServeAppError):
+    status_code = 400
+    code = "invalid_input"
+
+
+class Unauthorized(ServeAppError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class NotFound(ServeAppError):
+    status_code = 404
+    code = "not_found"
+
+
+class PayloadTooLarge(ServeAppError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class RateLimited(ServeAppError):
+    status_code = 429
+    code = "rate_limited"
+
+
+class ModelFailure(ServeAppError):
+    status_code = 500
+    code = "model_error"
+
+
+class Overloaded(ServeAppError):
+    status_code = 503
+    code = "overloaded"
+
+
+class Unavailable(ServeAppError):
+    status_code = 503
+    code = "unavailable"

@@ -1,0 +1,1 @@
+"""Model deployments: one Ray Serve deployment class per model family, no HTTP."""

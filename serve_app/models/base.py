@@ -1,0 +1,81 @@
+"""What every model deployment shares: manifest, session, batching knobs, stats.
+
+Subclasses add one family's pre/post-processing and a `@serve.batch` method.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve import metrics
+
+from serve_app.config import BatchingConfig, ModelConfig
+from serve_app.manifest import Manifest
+from serve_app.models.runtime import create_session, intra_op_threads, select_providers
+
+BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+class OnnxModel:
+    """Loads the model in `__init__`, warms it up before the replica reports ready."""
+
+    batched_method: str = "_run_batch"
+
+    def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
+        self.name = name
+        self.config = ModelConfig.model_validate(config)
+        self.model_dir = Path(model_path)
+        self.manifest = Manifest.load(self.model_dir)
+        ctx = ray.get_runtime_context()
+        self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
+        num_cpus = ctx.get_assigned_resources().get("CPU")
+        self.providers = select_providers(self.gpu_ids)
+        self.session = create_session(self.model_dir / self.manifest.onnx_file, self.providers, intra_op_threads(num_cpus))
+        self.batch_sizes: Counter[int] = Counter()
+        self._batch_hist = metrics.Histogram(
+            "serve_app_batch_size", description="Items per executed model batch.",
+            boundaries=BATCH_SIZE_BOUNDARIES, tag_keys=("model",))
+        self._batch_hist.set_default_tags({"model": name})
+        self._latency_hist = metrics.Histogram(
+            "serve_app_batch_latency_ms", description="Model execution time per batch.",
+            boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], tag_keys=("model",))
+        self._latency_hist.set_default_tags({"model": name})
+        self.apply_batching(self.config.batching)
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """Run the graph once so the first real request doesn't pay for lazy init."""
+
+    def apply_batching(self, batching: BatchingConfig) -> None:
+        method = getattr(self, self.batched_method)
+        method.set_max_batch_size(batching.max_batch_size)
+        method.set_batch_wait_timeout_s(batching.batch_wait_timeout_s)
+        self.batching = batching
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Live-tune batching through the Serve config's `user_config`, without a restart."""
+        self.apply_batching(BatchingConfig.model_validate(user_config))
+
+    def record_batch(self, size: int, started: float) -> None:
+        self.batch_sizes[size] += 1
+        self._batch_hist.observe(size)
+        self._latency_hist.observe((time.perf_counter() - started) * 1000)
+
+    async def metadata(self) -> dict[str, Any]:
+        return {"manifest": self.manifest.model_dump(mode="json"), "batching": self.batching.model_dump()}
+
+    async def runtime_info(self) -> dict[str, Any]:
+        """Where and how this replica runs; the GPU packing test reads it."""
+        ctx = serve.get_replica_context()
+        return {
+            "replica": ctx.replica_id.unique_id,
+            "gpu_ids": self.gpu_ids,
+            "providers": self.session.get_providers(),
+            "batching": self.batching.model_dump(),
+            "batch_sizes": dict(self.batch_sizes),
+        }

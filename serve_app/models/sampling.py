@@ -1,0 +1,91 @@
+"""Token sampling and incremental detokenization for the generator (pure numpy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from serve_app.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = 32
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means no top-k cut
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+    def validate(self, max_tokens_limit: int) -> None:
+        if not 1 <= self.max_tokens <= max_tokens_limit:
+            raise InvalidInput(f"max_tokens must be between 1 and {max_tokens_limit}, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise InvalidInput(f"temperature must be between 0 and 2, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidInput(f"top_k must be >= 0, got {self.top_k}")
+        if len(self.stop) > 4 or any(not s for s in self.stop):
+            raise InvalidInput("stop takes at most 4 non-empty strings")
+
+
+def sample(logits: np.ndarray, params: GenerationParams, rng: np.random.Generator) -> int:
+    """Pick the next token from (V,) logits."""
+    if params.temperature == 0.0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / params.temperature
+    if params.top_k:
+        kth = np.partition(z, -params.top_k)[-params.top_k]
+        z = np.where(z < kth, -np.inf, z)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-p)
+        cum = np.cumsum(p[order])
+        keep = order[: int(np.searchsorted(cum, params.top_p)) + 1]  # smallest set reaching top_p
+        mask = np.zeros_like(p)
+        mask[keep] = p[keep]
+        p = mask / mask.sum()
+    return int(rng.choice(len(p), p=p))
+
+
+class StreamingText:
+    """Turns a growing token list into text deltas that are safe to send.
+
+    Holds back an incomplete UTF-8 character (byte-level BPE can split one) and
+    any tail that could still become a stop string, so a client never sees
+    text that a later token takes back.
+    """
+
+    def __init__(self, stop: tuple[str, ...]) -> None:
+        self.stop = stop
+        self.emitted = 0
+        self.text = ""
+        self.stopped = False
+
+    def update(self, full_text: str) -> str:
+        self.text = full_text
+        for s in self.stop:
+            i = full_text.find(s)
+            if i != -1:
+                self.text = full_text[:i]
+                self.stopped = True
+        if self.stopped:
+            return self.flush()
+        safe = len(full_text)
+        if full_text.endswith("\ufffd"):
+            safe -= 1
+        if self.stop:
+            safe = min(safe, len(full_text) - (max(len(s) for s in self.stop) - 1))
+        if safe <= self.emitted:
+            return ""
+        delta = full_text[self.emitted : safe]
+        self.emitted = safe
+        return delta
+
+    def flush(self) -> str:
+        delta = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return delta

@@ -1,0 +1,281 @@
+"""The HTTP ingress: Open Inference Protocol v2 and OpenAI over every model and route.
+
+A thin shell: protocol parsing lives in `serve_app.protocols`, routing policy
+in `serve_app.router.cascade`; this module wires them to deployment handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from serve_app import __version__
+from serve_app.config import AppArgs
+from serve_app.errors import InvalidInput, ModelFailure, NotFound, ServeAppError
+from serve_app.manifest import Manifest
+from serve_app.protocols import openai, v2
+from serve_app.protocols.errors import error_response
+from serve_app.router import catalog
+from serve_app.router.cascade import CascadePolicy, softmax
+
+logger = logging.getLogger("ray.serve")
+READY_TIMEOUT_S = 5.0
+
+app = FastAPI(title="serve-app", version=__version__,
+              description="Multi-model inference: Open Inference Protocol v2 and OpenAI-compatible generation.")
+
+
+@app.exception_handler(ServeAppError)
+async def _app_error(request: Request, exc: ServeAppError) -> Response:
+    return error_response(request.url.path, exc)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+    return error_response(request.url.path, InvalidInput(f"malformed request body: {problems}"))
+
+
+@app.exception_handler(Exception)
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    # A replica crash or bug still answers in the protocol's shape, never as bare text.
+    logger.exception("unhandled error on %s", request.url.path)
+    return error_response(request.url.path, ModelFailure(f"internal error: {type(exc).__name__}"))
+
+
+class ClassifierResult:
+    """Logits for N items and which model answered each."""
+
+    def __init__(self, logits: np.ndarray, served_by: list[str]) -> None:
+        self.logits = logits
+        self.served_by = served_by
+
+
+@serve.deployment(max_ongoing_requests=256)
+@serve.ingress(app)
+class Router:
+    def __init__(self, args: dict[str, Any], handles: dict[str, DeploymentHandle]) -> None:
+        self.args = AppArgs.model_validate(args)
+        self.handles = handles
+        self.policies = {name: CascadePolicy(r.threshold, r.signal) for name, r in self.args.routes.items()}
+        self._manifests: dict[str, Manifest] = {}
+        self._batching: dict[str, dict[str, Any]] = {}
+
+    # -- catalog -------------------------------------------------------------
+
+    def _known(self, name: str) -> None:
+        if name not in self.handles and name not in self.args.routes:
+            known = sorted([*self.handles, *self.args.routes])
+            raise NotFound(f"unknown model {name!r}; available: {known}")
+
+    async def _manifest(self, model: str) -> Manifest:
+        if model not in self._manifests:
+            meta = await self.handles[model].metadata.remote()
+            self._manifests[model] = Manifest.model_validate(meta["manifest"])
+            self._batching[model] = meta["batching"]
+        return self._manifests[model]
+
+    def _answering_model(self, name: str) -> str:
+        """The model whose metadata a name shows: itself, or a route's light tier."""
+        return self.args.routes[name].light if name in self.args.routes else name
+
+    async def _is_ready(self, model: str) -> bool:
+        try:
+            await asyncio.wait_for(self._manifest(model), READY_TIMEOUT_S)
+            return True
+        except Exception:  # any failure to answer means not ready
+            return False
+
+    # -- health and metadata ---------------------------------------------------
+
+    @app.get("/v2/health/live")
+    async def live(self) -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready(self) -> JSONResponse:
+        states = await asyncio.gather(*(self._is_ready(m) for m in self.handles))
+        ok = all(states)
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/v2")
+    async def server_metadata(self) -> v2.ServerMetadata:
+        return v2.ServerMetadata(name="serve-app", version=__version__, extensions=[])
+
+    @app.get("/v2/models/{name}")
+    async def model_metadata(self, name: str) -> v2.ModelMetadata:
+        self._known(name)
+        manifest = await self._manifest(self._answering_model(name))
+        platform = "ensemble" if name in self.args.routes else "onnxruntime_onnx"
+        return catalog.model_metadata(name, manifest, platform)
+
+    @app.get("/v2/models/{name}/ready")
+    async def model_ready(self, name: str) -> JSONResponse:
+        self._known(name)
+        models = [self.args.routes[name].light, self.args.routes[name].heavy] if name in self.args.routes else [name]
+        ok = all(await asyncio.gather(*(self._is_ready(m) for m in models)))
+        return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/v2/models/{name}/config")
+    async def model_config(self, name: str) -> dict[str, Any]:
+        self._known(name)
+        model = self._answering_model(name)
+        manifest = await self._manifest(model)
+        platform = "ensemble" if name in self.args.routes else "onnxruntime_onnx"
+        return catalog.triton_config(name, manifest, int(self._batching[model]["max_batch_size"]), platform)
+
+    # -- inference -------------------------------------------------------------
+
+    @app.post("/v2/models/{name}/infer")
+    async def infer(self, name: str, body: v2.InferRequest) -> JSONResponse:
+        self._known(name)
+        model = self._answering_model(name)
+        manifest = await self._manifest(model)
+        params = body.parameters or {}
+        if manifest.family == "gpt":
+            outputs, served_by = await self._infer_generate(model, body, params)
+        else:
+            outputs, served_by = await self._infer_classify(name, manifest, body)
+        if body.outputs is not None:
+            wanted = [o.name for o in body.outputs]
+            available = {o.name for o in outputs}
+            unknown = [w for w in wanted if w not in available]
+            if unknown:
+                raise InvalidInput(f"unknown requested outputs {unknown}; this model has {sorted(available)}")
+            outputs = [o for o in outputs if o.name in wanted]
+        response = v2.InferResponse(model_name=name, model_version=manifest.version, id=body.id,
+                                    parameters={"served_by": served_by}, outputs=outputs)
+        return JSONResponse(response.model_dump(exclude_none=True),
+                            headers={"X-Served-By": ",".join(dict.fromkeys(served_by))})
+
+    def _single_input(self, body: v2.InferRequest, expected: str) -> v2.RequestInput:
+        match = [t for t in body.inputs if t.name == expected]
+        if len(body.inputs) != 1 or not match:
+            raise InvalidInput(f"expected exactly one input named {expected!r}, got {[t.name for t in body.inputs]}")
+        return match[0]
+
+    def _check_count(self, model: str, n: int) -> None:
+        limit = self.args.models[model].max_items_per_request
+        if n == 0:
+            raise InvalidInput("empty batch: the input tensor has no items")
+        if n > limit:
+            raise InvalidInput(f"{n} items in one request; at most {limit} are allowed")
+
+    def _decode_classifier_input(self, model: str, manifest: Manifest, body: v2.InferRequest) -> list[str] | np.ndarray:
+        if manifest.family == "bert":
+            texts = v2.decode_bytes(self._single_input(body, catalog.TEXT_INPUT))
+            self._check_count(model, len(texts))
+            return texts
+        tensor = self._single_input(body, catalog.IMAGE_INPUT)
+        s = manifest.image_size
+        if tensor.datatype not in ("FP32", "UINT8"):
+            raise InvalidInput(f"input 'image' must be FP32 in [0, 1] or UINT8, got {tensor.datatype}")
+        if len(tensor.shape) != 4 or tensor.shape[1:] != [3, s, s]:
+            raise InvalidInput(f"input 'image' must have shape [N, 3, {s}, {s}], got {tensor.shape}")
+        self._check_count(model, tensor.shape[0])
+        images = v2.decode_numeric(tensor)
+        if images.dtype == np.uint8:
+            images = images.astype(np.float32) / 255.0
+        if not np.isfinite(images).all():
+            raise InvalidInput("input 'image' contains NaN or Inf")
+        return images
+
+    async def _classify(self, name: str, payload: list[str] | np.ndarray) -> ClassifierResult:
+        if name not in self.args.routes:
+            logits = await self.handles[name].classify.remote(payload)
+            return ClassifierResult(logits, [name] * len(logits))
+        route = self.args.routes[name]
+        light = await self.handles[route.light].classify.remote(payload)
+        escalate = self.policies[name].escalate(light)
+        served_by = [route.heavy if e else route.light for e in escalate]
+        if escalate.any():
+            idx = np.flatnonzero(escalate)
+            subset = [payload[i] for i in idx] if isinstance(payload, list) else payload[idx]
+            heavy = await self.handles[route.heavy].classify.remote(subset)
+            light = light.copy()
+            light[idx] = heavy
+        return ClassifierResult(light, served_by)
+
+    async def _infer_classify(self, name: str, manifest: Manifest, body: v2.InferRequest) -> tuple[list[v2.ResponseOutput], list[str]]:
+        model = self._answering_model(name)
+        payload = self._decode_classifier_input(model, manifest, body)
+        result = await self._classify(name, payload)
+        probs = softmax(result.logits).astype(np.float32)
+        labels = [manifest.labels[i] for i in probs.argmax(axis=1)]
+        return [v2.encode("logits", result.logits.astype(np.float32)), v2.encode("probabilities", probs),
+                v2.encode("label", labels)], result.served_by
+
+    async def _generate_text(self, model: str, prompt: str, params: dict[str, Any]) -> tuple[str, str | None, int, int]:
+        text, finish, prompt_tokens, completion_tokens = [], None, 0, 0
+        async for event in self.handles[model].options(stream=True).generate.remote(prompt, params):
+            text.append(event.text)
+            finish, prompt_tokens, completion_tokens = event.finish_reason, event.prompt_tokens, event.completion_tokens
+        return "".join(text), finish, prompt_tokens, completion_tokens
+
+    async def _infer_generate(self, model: str, body: v2.InferRequest, params: dict[str, Any]) -> tuple[list[v2.ResponseOutput], list[str]]:
+        prompts = v2.decode_bytes(self._single_input(body, catalog.PROMPT_INPUT))
+        self._check_count(model, len(prompts))
+        sampling = {k: params[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop") if k in params}
+        results = await asyncio.gather(*(self._generate_text(model, p, sampling) for p in prompts))
+        return [v2.encode(catalog.GENERATED_OUTPUT, [r[0] for r in results])], [model] * len(prompts)
+
+    # -- OpenAI ----------------------------------------------------------------
+
+    def _generators(self) -> list[str]:
+        return [n for n, m in self.args.models.items() if m.family == "gpt"]
+
+    @app.get("/v1/models")
+    async def openai_models(self) -> openai.ModelList:
+        return openai.ModelList(data=[openai.ModelCard(id=n) for n in self._generators()])
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(self, body: openai.CompletionRequest) -> Response:
+        if body.model not in self._generators():
+            raise NotFound(f"model {body.model!r} does not generate text; available: {self._generators()}")
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        self._check_count(body.model, len(prompts))
+        headers = {"X-Served-By": body.model}
+        if body.stream:
+            return await self._stream_completion(body, prompts, headers)
+        results = await asyncio.gather(*(self._generate_text(body.model, p, body.sampling()) for p in prompts))
+        choices = [openai.CompletionChoice(index=i, text=r[0], finish_reason=r[1]) for i, r in enumerate(results)]
+        p_tok, c_tok = sum(r[2] for r in results), sum(r[3] for r in results)
+        response = openai.CompletionResponse(model=body.model, choices=choices,
+                                             usage=openai.Usage(prompt_tokens=p_tok, completion_tokens=c_tok, total_tokens=p_tok + c_tok))
+        return JSONResponse(response.model_dump(), headers=headers)
+
+    async def _stream_completion(self, body: openai.CompletionRequest, prompts: list[str], headers: dict[str, str]) -> Response:
+        if len(prompts) != 1:
+            raise InvalidInput("streaming takes exactly one prompt")
+        stream = self.handles[body.model].options(stream=True).generate.remote(prompts[0], body.sampling())
+        # Pull the first event before answering 200, so that a bad request is a 4xx, not a broken stream.
+        first = await stream.__anext__()
+        template = openai.CompletionResponse(model=body.model, choices=[])
+
+        async def sse() -> AsyncIterator[str]:
+            event = first
+            while True:
+                chunk = template.model_copy(update={"choices": [openai.CompletionChoice(index=0, text=event.text, finish_reason=event.finish_reason)]})
+                yield f"data: {json.dumps(chunk.model_dump())}\n\n"
+                if event.finish_reason is not None:
+                    break
+                try:
+                    event = await stream.__anext__()
+                except StopAsyncIteration:
+                    break
+                except ServeAppError as e:
+                    yield f"data: {json.dumps({'error': {'message': e.message, 'code': e.code}})}\n\n"
+                    break
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)

@@ -1,0 +1,61 @@
+"""Server-side tokenization through the `tokenizers` library.
+
+Any tokenizer.json drops in (a real BERT's or GPT-2's); the demo one is a
+byte-level BPE trained on generated text, so no input is out of vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+DEFAULT_SPECIAL = {"pad": "<pad>", "eos": "<eos>"}
+
+
+class TextTokenizer:
+    """Wraps a tokenizer.json; knows the pad and end-of-sequence ids."""
+
+    def __init__(self, tokenizer: Tokenizer, pad_token: str = "<pad>", eos_token: str = "<eos>") -> None:
+        self._tok = tokenizer
+        pad_id = tokenizer.token_to_id(pad_token)
+        eos_id = tokenizer.token_to_id(eos_token)
+        if pad_id is None or eos_id is None:
+            raise ValueError(f"tokenizer lacks {pad_token!r} or {eos_token!r} special tokens")
+        self.pad_id: int = pad_id
+        self.eos_id: int = eos_id
+
+    @classmethod
+    def from_file(cls, path: str | Path, pad_token: str = "<pad>", eos_token: str = "<eos>") -> TextTokenizer:
+        return cls(Tokenizer.from_file(str(path)), pad_token, eos_token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
+def train_byte_level_bpe(texts: list[str], vocab_size: int, path: str | Path) -> TextTokenizer:
+    """Train the demo byte-level BPE tokenizer and save it as tokenizer.json."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(DEFAULT_SPECIAL.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    tok.save(str(path))
+    return TextTokenizer(tok)

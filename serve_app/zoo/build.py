@@ -1,0 +1,122 @@
+"""Build model directories: train (briefly) -> export ONNX -> parity -> manifest.
+
+Idempotent: a directory whose manifest carries the same fingerprint is kept.
+Each build happens in a scratch directory that is renamed into place, so an
+interrupted build never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from serve_app.manifest import MANIFEST_FILE, GenerationSpec, Manifest, TensorSpec
+from serve_app.tokenization import TextTokenizer, train_byte_level_bpe
+from serve_app.zoo import data, export, train
+from serve_app.zoo.bert import BertClassifier
+from serve_app.zoo.gpt import GPT
+from serve_app.zoo.presets import DEMO_VOCAB, BertConfig, GPTConfig, Preset, ResNetConfig
+
+# Bump when training data, code or export change in a way that alters outputs.
+BUILD_VERSION = "1"
+TOKENIZER_CORPUS_SIZE = 6000
+EVAL_SIZE = 2000
+
+Progress = Callable[[int], None]
+
+
+def fingerprint(preset: Preset) -> str:
+    blob = json.dumps({"v": BUILD_VERSION, "preset": asdict(preset)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def is_built(model_dir: Path, preset: Preset) -> bool:
+    try:
+        m = Manifest.load(model_dir)
+    except (FileNotFoundError, ValueError):
+        return False
+    return m.source.get("fingerprint") == fingerprint(preset) and (model_dir / m.onnx_file).is_file()
+
+
+def _demo_tokenizer(path: Path) -> TextTokenizer:
+    texts = data.sentiment_dataset(TOKENIZER_CORPUS_SIZE, seed=0)[0]
+    return train_byte_level_bpe(texts, DEMO_VOCAB, path)
+
+
+def build_model(name: str, preset: Preset, model_dir: Path, progress: Progress = lambda n: None) -> Manifest:
+    """Build one model directory at `model_dir` (replacing what is there)."""
+    scratch = model_dir.with_name(model_dir.name + ".building")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    torch.manual_seed(0)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    started = time.perf_counter()
+    source: dict[str, object] = {"preset": preset.name, "fingerprint": fingerprint(preset),
+                                 "config": asdict(preset.model), "train": asdict(preset.train), "trained": preset.trained}
+    onnx_path = scratch / "model.onnx"
+    cfg = preset.model
+    if isinstance(cfg, BertConfig):
+        tok = _demo_tokenizer(scratch / "tokenizer.json")
+        bert = BertClassifier(cfg)
+        if preset.trained:
+            train.train_bert(bert, tok, preset.train, progress)
+            source["accuracy"] = {"test": train.accuracy_bert(bert, tok, EVAL_SIZE, data.TEST_SEED),
+                                  "val": train.accuracy_bert(bert, tok, EVAL_SIZE, data.VAL_SEED)}
+        source["parity_max_abs_diff"] = export.export_bert(bert, onnx_path)
+        manifest = Manifest(
+            name=name, family="bert", tokenizer_file="tokenizer.json", max_sequence_length=cfg.max_len,
+            inputs=[TensorSpec(name="input_ids", datatype="INT64", shape=[-1, -1]),
+                    TensorSpec(name="attention_mask", datatype="INT64", shape=[-1, -1])],
+            outputs=[TensorSpec(name="logits", datatype="FP32", shape=[-1, cfg.n_classes])],
+            labels=data.SENTIMENT_LABELS if cfg.n_classes == 2 else [str(i) for i in range(cfg.n_classes)],
+            source=source)
+    elif isinstance(cfg, GPTConfig):
+        tok = _demo_tokenizer(scratch / "tokenizer.json")
+        gpt = GPT(cfg)
+        if preset.trained:
+            train.train_gpt(gpt, tok, preset.train, progress)
+            source["val_loss"] = train.gpt_loss(gpt, tok, 300, data.VAL_SEED)
+        source["parity_max_abs_diff"] = export.export_gpt(gpt, onnx_path)
+        hd = cfg.d_model // cfg.n_heads
+        manifest = Manifest(
+            name=name, family="gpt", tokenizer_file="tokenizer.json", max_sequence_length=cfg.block_size,
+            inputs=[TensorSpec(name="input_ids", datatype="INT64", shape=[-1, -1]),
+                    TensorSpec(name="position_ids", datatype="INT64", shape=[-1, -1]),
+                    TensorSpec(name="attention_mask", datatype="INT64", shape=[-1, -1]),
+                    TensorSpec(name="past", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd])],
+            outputs=[TensorSpec(name="logits", datatype="FP32", shape=[-1, -1, cfg.vocab_size]),
+                     TensorSpec(name="present", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd])],
+            generation=GenerationSpec(n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=hd, block_size=cfg.block_size),
+            source=source)
+    elif isinstance(cfg, ResNetConfig):
+        from serve_app.zoo.resnet import ResNet
+
+        net = ResNet(cfg)
+        if preset.trained:
+            train.train_resnet(net, preset.train, progress)
+            source["accuracy"] = {"test": train.accuracy_resnet(net, EVAL_SIZE, data.TEST_SEED),
+                                  "val": train.accuracy_resnet(net, EVAL_SIZE, data.VAL_SEED)}
+        source["parity_max_abs_diff"] = export.export_resnet(net, onnx_path)
+        s = cfg.image_size
+        manifest = Manifest(
+            name=name, family="resnet", image_size=s,
+            inputs=[TensorSpec(name="image", datatype="FP32", shape=[-1, 3, s, s])],
+            outputs=[TensorSpec(name="logits", datatype="FP32", shape=[-1, cfg.n_classes])],
+            labels=data.SHAPE_LABELS if cfg.n_classes == len(data.SHAPE_LABELS) else [str(i) for i in range(cfg.n_classes)],
+            source=source)
+    else:  # pragma: no cover - presets are a closed set
+        raise TypeError(f"unknown model config {type(cfg).__name__}")
+    manifest.source["build_seconds"] = round(time.perf_counter() - started, 1)
+    manifest.save(scratch)
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    scratch.rename(model_dir)
+    assert (model_dir / MANIFEST_FILE).is_file(), "manifest missing after build"
+    return manifest

@@ -1,0 +1,92 @@
+"""Named size presets for every model family.
+
+`*-tiny` presets build in seconds for tests; `*-light` / `*-heavy` are the
+default catalog; the real-size presets (`bert-base`, `gpt2-small`, `resnet-50`)
+carry the published shapes for GPU benchmarks and are exported untrained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Family = Literal["bert", "gpt", "resnet"]
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int = 512
+    max_len: int = 64
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 128
+    n_classes: int = 2
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 512
+    block_size: int = 128
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+
+
+@dataclass(frozen=True)
+class ResNetConfig:
+    block: Literal["basic", "bottleneck"] = "basic"
+    layers: tuple[int, ...] = (1, 1, 1)
+    widths: tuple[int, ...] = (16, 32, 64)
+    image_size: int = 32
+    n_classes: int = 6
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How long to train; `steps == 0` exports the randomly initialised model."""
+
+    steps: int = 0
+    batch_size: int = 64
+    lr: float = 3e-3
+    n_train: int = 4000
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    family: Family
+    model: BertConfig | GPTConfig | ResNetConfig
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    @property
+    def trained(self) -> bool:
+        return self.train.steps > 0
+
+
+# Vocab sizes of the demo presets must match the demo tokenizer (see tokenizer.py).
+DEMO_VOCAB = 512
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset("bert-tiny", "bert", BertConfig(DEMO_VOCAB, 64, 16, 1, 2, 32), TrainConfig(60, 64, 3e-3, 1000)),
+        Preset("bert-light", "bert", BertConfig(DEMO_VOCAB, 64, 32, 1, 2, 64), TrainConfig(400, 64, 3e-3, 6000)),
+        Preset("bert-heavy", "bert", BertConfig(DEMO_VOCAB, 64, 96, 3, 4, 192), TrainConfig(700, 64, 2e-3, 12000)),
+        Preset("bert-base", "bert", BertConfig(30522, 512, 768, 12, 12, 3072, 2)),
+        Preset("gpt-tiny", "gpt", GPTConfig(DEMO_VOCAB, 64, 16, 1, 2), TrainConfig(40, 32, 3e-3, 500)),
+        Preset("gpt-light", "gpt", GPTConfig(DEMO_VOCAB, 128, 96, 3, 4), TrainConfig(500, 32, 2e-3, 6000)),
+        Preset("gpt2-small", "gpt", GPTConfig(50257, 1024, 768, 12, 12)),
+        Preset("resnet-tiny", "resnet", ResNetConfig("basic", (1, 1), (4, 8)), TrainConfig(40, 64, 3e-3, 1000)),
+        Preset("resnet-light", "resnet", ResNetConfig("basic", (1, 1, 1), (8, 16, 32)), TrainConfig(450, 64, 3e-3, 6000)),
+        Preset("resnet-heavy", "resnet", ResNetConfig("bottleneck", (1, 2, 2), (16, 32, 64)), TrainConfig(420, 64, 2e-3, 12000)),
+        Preset("resnet-50", "resnet", ResNetConfig("bottleneck", (3, 4, 6, 3), (64, 128, 256, 512), 224, 1000)),
+    ]
+}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}") from None

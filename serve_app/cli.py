@@ -37,6 +37,19 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
     return subprocess.call(["serve", "run", ns.config, *ns.serve_args])
 
 
+def _cmd_k8s_render(ns: argparse.Namespace) -> int:
+    from serve_app.kuberay import render
+
+    text = render(ns.config)
+    if ns.output == "-":
+        sys.stdout.write(text)
+    else:
+        with open(ns.output, "w") as f:
+            f.write(text)
+        print(f"wrote {ns.output}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="serve-app", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -56,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--model-dir")
     serve.add_argument("serve_args", nargs=argparse.REMAINDER, help="passed on to `serve run`")
     serve.set_defaults(func=_cmd_serve)
+
+    k8s = sub.add_parser("k8s", help="Kubernetes (KubeRay) manifests").add_subparsers(dest="action", required=True)
+    render = k8s.add_parser("render", help="write the RayService manifest from a Serve config")
+    render.add_argument("--config", default="configs/gpu.yaml")
+    render.add_argument("--output", default="k8s/rayservice.yaml", help="file, or - for stdout")
+    render.set_defaults(func=_cmd_k8s_render)
 
     ns = parser.parse_args(argv)
     return int(ns.func(ns))

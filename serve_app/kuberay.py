@@ -27,8 +27,7 @@ def _container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]
         "name": name,
         "image": IMAGE,
         "workingDir": APP_DIR,
-        "env": [{"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "0"},
-                {"name": "SERVE_APP_MODEL_DIR", "value": f"{APP_DIR}/models"}],
+        "env": [{"name": "SERVE_APP_MODEL_DIR", "value": f"{APP_DIR}/models"}],
         "resources": resources,
         # Let in-flight requests finish before the pod goes away on scale-down.
         "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}},

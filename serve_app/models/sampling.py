@@ -77,8 +77,7 @@ class StreamingText:
         safe = len(full_text)
         if full_text.endswith("\ufffd"):
             safe -= 1
-        if self.stop:
-            safe = min(safe, len(full_text) - (max(len(s) for s in self.stop) - 1))
+        safe -= _stop_prefix_tail(full_text[:safe], self.stop)
         if safe <= self.emitted:
             return ""
         delta = full_text[self.emitted : safe]
@@ -89,3 +88,14 @@ class StreamingText:
         delta = self.text[self.emitted :]
         self.emitted = len(self.text)
         return delta
+
+
+def _stop_prefix_tail(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of `text` that begins some stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

@@ -59,7 +59,7 @@ class BertClassifier(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        B, T = input_ids.shape
+        _B, T = input_ids.shape
         pos = torch.arange(T, device=input_ids.device)
         x = self.tok_emb(input_ids) + self.pos_emb(pos)[None]  # (B, T, C)
         mask = attention_mask.to(x.dtype)

@@ -82,7 +82,7 @@ class GPT(nn.Module):
         attention_mask: torch.Tensor,
         past: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        B, T = input_ids.shape
+        _B, T = input_ids.shape
         S = attention_mask.shape[1]  # P + T
         x = self.tok_emb(input_ids) + self.pos_emb(position_ids)  # (B, T, C)
         # Query i sits at cache index S - T + i and may see keys at or before it.

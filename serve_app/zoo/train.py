@@ -57,7 +57,7 @@ def train_bert(model: BertClassifier, tok: TextTokenizer, tc: TrainConfig, progr
 def train_gpt(model: GPT, tok: TextTokenizer, tc: TrainConfig, progress: Progress) -> None:
     stream: list[int] = []
     for line in data.corpus(tc.n_train, data.TRAIN_SEED).split("\n"):
-        stream.extend(tok.encode(line) + [tok.eos_id])
+        stream.extend([*tok.encode(line), tok.eos_id])
     tokens = torch.tensor(stream, dtype=torch.long)
     T = min(model.cfg.block_size, 64)
     rng = np.random.default_rng(0)
@@ -118,7 +118,7 @@ def accuracy_resnet(model: ResNet, n: int, seed: int) -> float:
 def gpt_loss(model: GPT, tok: TextTokenizer, n: int, seed: int) -> float:
     stream: list[int] = []
     for line in data.corpus(n, seed).split("\n"):
-        stream.extend(tok.encode(line) + [tok.eos_id])
+        stream.extend([*tok.encode(line), tok.eos_id])
     T = min(model.cfg.block_size, 64)
     x = torch.tensor(stream[: (len(stream) - 1) // T * T]).view(-1, T)
     y = torch.tensor(stream[1 : (len(stream) - 1) // T * T + 1]).view(-1, T)

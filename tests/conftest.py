@@ -1,0 +1,55 @@
+"""Shared fixtures: the tiny catalog, built once per session into a temp dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from serve_app.zoo.build import build_model
+from serve_app.zoo.presets import get_preset
+
+# The default catalog's names, built from the tiny presets: same code paths, seconds to build.
+TINY_CATALOG = {
+    "bert-light": "bert-tiny",
+    "bert-heavy": "bert-tiny",
+    "resnet-light": "resnet-tiny",
+    "resnet-heavy": "resnet-tiny",
+    "gpt": "gpt-tiny",
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    built: dict[str, Path] = {}
+    for name, preset in TINY_CATALOG.items():
+        if preset in built:  # same preset: copy instead of training again
+            import shutil
+
+            shutil.copytree(built[preset], root / name)
+            continue
+        build_model(name, get_preset(preset), root / name)
+        built[preset] = root / name
+    return root
+
+
+def tiny_args(model_dir: Path, **batching: Any) -> dict[str, Any]:
+    b = {"max_batch_size": 8, "batch_wait_timeout_s": 0.02, **batching}
+    return {
+        "model_dir": str(model_dir),
+        "models": {
+            "bert-light": {"preset": "bert-tiny", "batching": b},
+            "bert-heavy": {"preset": "bert-tiny", "batching": b},
+            "resnet-light": {"preset": "resnet-tiny", "batching": b},
+            "resnet-heavy": {"preset": "resnet-tiny", "batching": b},
+            "gpt": {"preset": "gpt-tiny", "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.02},
+                    "generation": {"default_max_tokens": 8, "max_tokens_limit": 32}},
+        },
+        "routes": {
+            # Thresholds that make the tiny (near-chance) light models escalate some items.
+            "text-classify": {"light": "bert-light", "heavy": "bert-heavy", "threshold": 0.55},
+            "image-classify": {"light": "resnet-light", "heavy": "resnet-heavy", "threshold": 0.3},
+        },
+    }

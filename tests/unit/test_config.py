@@ -1,0 +1,81 @@
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+from ray.serve.schema import ServeDeploySchema
+
+from serve_app.catalog_build import load_app_args
+from serve_app.config import AppArgs
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = [ROOT / "configs" / "local.yaml", ROOT / "configs" / "gpu.yaml"]
+DEFAULT_CATALOG = {"bert-light", "bert-heavy", "resnet-light", "resnet-heavy", "gpt"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_are_valid_serve_configs(path):
+    ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    (args,) = load_app_args(path)
+    assert set(args.models) == DEFAULT_CATALOG
+    assert set(args.routes) == {"text-classify", "image-classify"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_yaml_never_caps_ongoing_requests_below_batch_size(path):
+    # ray-project/ray#43288: batches never fill when max_ongoing_requests < max_batch_size.
+    doc = yaml.safe_load(path.read_text())
+    app = doc["applications"][0]
+    for d in app["deployments"]:
+        if "max_ongoing_requests" in d and d["name"] in app["args"]["models"]:
+            assert d["max_ongoing_requests"] >= app["args"]["models"][d["name"]]["batching"]["max_batch_size"]
+
+
+def test_gpu_config_packs_min_replicas_onto_one_gpu():
+    doc = yaml.safe_load(CONFIGS[1].read_text())
+    gpus = [d["ray_actor_options"].get("num_gpus", 0) for d in doc["applications"][0]["deployments"]]
+    assert 0 < sum(gpus) <= 1.0
+    assert all(g < 1 for g in gpus)
+
+
+def _args(**routes):
+    return {"models": {"a": {"preset": "bert-tiny"}, "b": {"preset": "bert-tiny"}, "g": {"preset": "gpt-tiny"}},
+            "routes": routes}
+
+
+def test_route_to_unknown_model_is_rejected():
+    with pytest.raises(ValidationError, match="unknown model 'zzz'"):
+        AppArgs.model_validate(_args(r={"light": "a", "heavy": "zzz"}))
+
+
+def test_route_must_join_classifiers_of_one_family():
+    with pytest.raises(ValidationError, match="two classifiers of one family"):
+        AppArgs.model_validate(_args(r={"light": "a", "heavy": "g"}))
+
+
+def test_route_name_cannot_shadow_a_model():
+    with pytest.raises(ValidationError, match="same name as a model"):
+        AppArgs.model_validate(_args(a={"light": "a", "heavy": "b"}))
+
+
+def test_model_without_preset_needs_family():
+    with pytest.raises(ValidationError, match="explicit `family`"):
+        AppArgs.model_validate({"models": {"mine": {"path": "/models/mine"}}})
+    args = AppArgs.model_validate({"models": {"mine": {"path": "/models/mine", "family": "resnet"}}})
+    assert args.model_path("mine") == Path("/models/mine")
+
+
+def test_unknown_preset_is_an_actionable_error():
+    with pytest.raises(ValidationError, match="known presets"):
+        AppArgs.model_validate({"models": {"x": {"preset": "bert-huge"}}})
+
+
+def test_batching_bounds():
+    with pytest.raises(ValidationError):
+        AppArgs.model_validate({"models": {"x": {"preset": "bert-tiny", "batching": {"max_batch_size": 0}}}})
+
+
+def test_model_dir_env_override(monkeypatch, tmp_path):
+    monkeypatch.setenv("SERVE_APP_MODEL_DIR", str(tmp_path))
+    args = AppArgs.model_validate({"models": {"x": {"preset": "bert-tiny"}}})
+    assert args.model_path("x") == tmp_path / "x"

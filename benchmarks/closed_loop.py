@@ -23,7 +23,11 @@ def body_for(model: str) -> dict:
 
         img, _ = shapes_dataset(1, 0)
         return {"inputs": [{"name": "image", "shape": list(img.shape), "datatype": "FP32", "data": img.ravel().tolist()}]}
-    return {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["the food was not bad but the service was awful"]}]}
+    return {
+        "inputs": [
+            {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["the food was not bad but the service was awful"]}
+        ]
+    }
 
 
 async def run(url: str, model: str, concurrency: int, seconds: float, warmup: float) -> dict:
@@ -46,9 +50,16 @@ async def run(url: str, model: str, concurrency: int, seconds: float, warmup: fl
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     lat = np.array(latencies) * 1000
-    return {"model": model, "concurrency": concurrency, "seconds": seconds, "requests": len(lat),
-            "throughput_rps": round(len(lat) / seconds, 1), "p50_ms": round(float(np.percentile(lat, 50)), 1),
-            "p99_ms": round(float(np.percentile(lat, 99)), 1), "statuses": dict(statuses)}
+    return {
+        "model": model,
+        "concurrency": concurrency,
+        "seconds": seconds,
+        "requests": len(lat),
+        "throughput_rps": round(len(lat) / seconds, 1),
+        "p50_ms": round(float(np.percentile(lat, 50)), 1),
+        "p99_ms": round(float(np.percentile(lat, 99)), 1),
+        "statuses": dict(statuses),
+    }
 
 
 def main() -> None:

@@ -61,7 +61,9 @@ def build_missing(args: AppArgs, force: bool = False, log: Callable[[str], None]
         with tqdm(total=preset.train.steps, desc=f"{p.name} ({p.preset})", unit="step", leave=True) as bar:
             manifest = build_model(p.name, preset, p.path, progress=bar.update)
         src = manifest.source
-        log(f"{p.name}: built in {src.get('build_seconds')}s -> {p.path} "
-            f"(accuracy {src.get('accuracy')}, val_loss {src.get('val_loss')}, parity {src.get('parity_max_abs_diff'):.1e})")
+        log(
+            f"{p.name}: built in {src.get('build_seconds')}s -> {p.path} "
+            f"(accuracy {src.get('accuracy')}, val_loss {src.get('val_loss')}, parity {src.get('parity_max_abs_diff'):.1e})"
+        )
         built.append(p.name)
     return built

@@ -57,30 +57,48 @@ def render(gpu_config_path: str | Path) -> str:
                 "headGroupSpec": {
                     # The head schedules no replicas: model work lands on GPU workers.
                     "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0", "metrics-export-port": "8080"},
-                    "template": {"spec": {"containers": [_container(
-                        "ray-head",
-                        {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
-                        [{"containerPort": 6379, "name": "gcs"}, {"containerPort": 8265, "name": "dashboard"},
-                         {"containerPort": 10001, "name": "client"}, {"containerPort": 8000, "name": "serve"},
-                         {"containerPort": 8080, "name": "metrics"}],
-                    )]}},
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                _container(
+                                    "ray-head",
+                                    {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
+                                    [
+                                        {"containerPort": 6379, "name": "gcs"},
+                                        {"containerPort": 8265, "name": "dashboard"},
+                                        {"containerPort": 10001, "name": "client"},
+                                        {"containerPort": 8000, "name": "serve"},
+                                        {"containerPort": 8080, "name": "metrics"},
+                                    ],
+                                )
+                            ]
+                        }
+                    },
                 },
-                "workerGroupSpecs": [{
-                    "groupName": "gpu",
-                    "replicas": 1,
-                    "minReplicas": 1,
-                    "maxReplicas": 4,
-                    "rayStartParams": {"metrics-export-port": "8080"},
-                    "template": {"spec": {
-                        "containers": [_container(
-                            "ray-worker",
-                            {"requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
-                             "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"}},
-                            [{"containerPort": 8080, "name": "metrics"}],
-                        )],
-                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                    }},
-                }],
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "gpu",
+                        "replicas": 1,
+                        "minReplicas": 1,
+                        "maxReplicas": 4,
+                        "rayStartParams": {"metrics-export-port": "8080"},
+                        "template": {
+                            "spec": {
+                                "containers": [
+                                    _container(
+                                        "ray-worker",
+                                        {
+                                            "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
+                                            "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
+                                        },
+                                        [{"containerPort": 8080, "name": "metrics"}],
+                                    )
+                                ],
+                                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                            }
+                        },
+                    }
+                ],
             },
         },
     }

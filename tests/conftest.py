@@ -44,8 +44,11 @@ def tiny_args(model_dir: Path, **batching: Any) -> dict[str, Any]:
             "bert-heavy": {"preset": "bert-tiny", "batching": b},
             "resnet-light": {"preset": "resnet-tiny", "batching": b},
             "resnet-heavy": {"preset": "resnet-tiny", "batching": b},
-            "gpt": {"preset": "gpt-tiny", "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.02},
-                    "generation": {"default_max_tokens": 8, "max_tokens_limit": 32}},
+            "gpt": {
+                "preset": "gpt-tiny",
+                "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.02},
+                "generation": {"default_max_tokens": 8, "max_tokens_limit": 32},
+            },
         },
         "routes": {
             # Thresholds that make the tiny (near-chance) light models escalate some items.

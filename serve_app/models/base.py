@@ -38,12 +38,18 @@ class OnnxModel:
         self.session = create_session(self.model_dir / self.manifest.onnx_file, self.providers, intra_op_threads(num_cpus))
         self.batch_sizes: Counter[int] = Counter()
         self._batch_hist = metrics.Histogram(
-            "serve_app_batch_size", description="Items per executed model batch.",
-            boundaries=BATCH_SIZE_BOUNDARIES, tag_keys=("model",))
+            "serve_app_batch_size",
+            description="Items per executed model batch.",
+            boundaries=BATCH_SIZE_BOUNDARIES,
+            tag_keys=("model",),
+        )
         self._batch_hist.set_default_tags({"model": name})
         self._latency_hist = metrics.Histogram(
-            "serve_app_batch_latency_ms", description="Model execution time per batch.",
-            boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], tag_keys=("model",))
+            "serve_app_batch_latency_ms",
+            description="Model execution time per batch.",
+            boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000],
+            tag_keys=("model",),
+        )
         self._latency_hist.set_default_tags({"model": name})
         self.apply_batching(self.config.batching)
         self.warm_up()

@@ -75,9 +75,12 @@ class TextGenerator(OnnxModel):
         stop = raw.get("stop") or ()
         params = GenerationParams(
             max_tokens=int(raw.get("max_tokens") or self.config.generation.default_max_tokens),
-            temperature=float(raw.get("temperature", 0.0)), top_p=float(raw.get("top_p", 1.0)),
-            top_k=int(raw.get("top_k", 0)), seed=raw.get("seed"),
-            stop=(stop,) if isinstance(stop, str) else tuple(stop))
+            temperature=float(raw.get("temperature", 0.0)),
+            top_p=float(raw.get("top_p", 1.0)),
+            top_k=int(raw.get("top_k", 0)),
+            seed=raw.get("seed"),
+            stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        )
         params.validate(self.config.generation.max_tokens_limit)
         return params
 
@@ -159,5 +162,3 @@ class TextGenerator(OnnxModel):
             delta += row.stream.flush()
             row.done = True
         return TokenEvent(delta, tok, len(row.prompt), len(row.tokens), finish)
-
-

@@ -22,8 +22,13 @@ class CompletionRequest(BaseModel):
     user: str | None = None
 
     def sampling(self) -> dict[str, Any]:
-        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "stop": self.stop, "seed": self.seed}
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": self.stop,
+            "seed": self.seed,
+        }
 
 
 class CompletionChoice(BaseModel):

@@ -11,8 +11,15 @@ from serve_app.errors import InvalidInput
 
 # v2 datatype -> numpy dtype (BYTES is handled apart: a list of str).
 NUMPY_DTYPES: dict[str, Any] = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
-    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
 }
 
 
@@ -89,7 +96,9 @@ def decode_bytes(tensor: RequestInput) -> list[str]:
         raise InvalidInput(f"input {tensor.name!r} must have datatype BYTES, got {tensor.datatype}")
     values = _flatten(tensor.data)
     if len(values) != int(np.prod(tensor.shape)):
-        raise InvalidInput(f"input {tensor.name!r}: shape {tensor.shape} needs {int(np.prod(tensor.shape))} elements, got {len(values)}")
+        raise InvalidInput(
+            f"input {tensor.name!r}: shape {tensor.shape} needs {int(np.prod(tensor.shape))} elements, got {len(values)}"
+        )
     if not all(isinstance(v, str) for v in values):
         raise InvalidInput(f"input {tensor.name!r}: BYTES elements must be strings in JSON")
     return values

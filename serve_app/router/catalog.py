@@ -19,11 +19,15 @@ def served_io(manifest: Manifest) -> tuple[list[TensorMetadata], list[TensorMeta
     text models tokenize server-side, classifiers add probabilities and labels."""
     n = len(manifest.labels)
     if manifest.family == "gpt":
-        return ([TensorMetadata(name=PROMPT_INPUT, datatype="BYTES", shape=[-1])],
-                [TensorMetadata(name=GENERATED_OUTPUT, datatype="BYTES", shape=[-1])])
-    outputs = [TensorMetadata(name="logits", datatype="FP32", shape=[-1, n]),
-               TensorMetadata(name="probabilities", datatype="FP32", shape=[-1, n]),
-               TensorMetadata(name="label", datatype="BYTES", shape=[-1])]
+        return (
+            [TensorMetadata(name=PROMPT_INPUT, datatype="BYTES", shape=[-1])],
+            [TensorMetadata(name=GENERATED_OUTPUT, datatype="BYTES", shape=[-1])],
+        )
+    outputs = [
+        TensorMetadata(name="logits", datatype="FP32", shape=[-1, n]),
+        TensorMetadata(name="probabilities", datatype="FP32", shape=[-1, n]),
+        TensorMetadata(name="label", datatype="BYTES", shape=[-1]),
+    ]
     if manifest.family == "bert":
         return [TensorMetadata(name=TEXT_INPUT, datatype="BYTES", shape=[-1])], outputs
     s = manifest.image_size or 0
@@ -40,8 +44,17 @@ def triton_config(name: str, manifest: Manifest, max_batch_size: int, platform: 
     inputs, outputs = served_io(manifest)
 
     def dims(t: TensorMetadata) -> dict[str, Any]:
-        return {"name": t.name, "data_type": f"TYPE_{'STRING' if t.datatype == 'BYTES' else t.datatype}",
-                "dims": t.shape[1:] or [1]}
+        return {
+            "name": t.name,
+            "data_type": f"TYPE_{'STRING' if t.datatype == 'BYTES' else t.datatype}",
+            "dims": t.shape[1:] or [1],
+        }
 
-    return {"name": name, "platform": platform, "backend": "onnxruntime", "max_batch_size": max_batch_size,
-            "input": [dims(t) for t in inputs], "output": [dims(t) for t in outputs]}
+    return {
+        "name": name,
+        "platform": platform,
+        "backend": "onnxruntime",
+        "max_batch_size": max_batch_size,
+        "input": [dims(t) for t in inputs],
+        "output": [dims(t) for t in outputs],
+    }

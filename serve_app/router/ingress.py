@@ -31,8 +31,11 @@ from serve_app.router.cascade import CascadePolicy, softmax
 logger = logging.getLogger("ray.serve")
 READY_TIMEOUT_S = 5.0
 
-app = FastAPI(title="serve-app", version=__version__,
-              description="Multi-model inference: Open Inference Protocol v2 and OpenAI-compatible generation.")
+app = FastAPI(
+    title="serve-app",
+    version=__version__,
+    description="Multi-model inference: Open Inference Protocol v2 and OpenAI-compatible generation.",
+)
 
 
 @app.exception_handler(ServeAppError)
@@ -153,10 +156,10 @@ class Router:
             if unknown:
                 raise InvalidInput(f"unknown requested outputs {unknown}; this model has {sorted(available)}")
             outputs = [o for o in outputs if o.name in wanted]
-        response = v2.InferResponse(model_name=name, model_version=manifest.version, id=body.id,
-                                    parameters={"served_by": served_by}, outputs=outputs)
-        return JSONResponse(response.model_dump(exclude_none=True),
-                            headers={"X-Served-By": ",".join(dict.fromkeys(served_by))})
+        response = v2.InferResponse(
+            model_name=name, model_version=manifest.version, id=body.id, parameters={"served_by": served_by}, outputs=outputs
+        )
+        return JSONResponse(response.model_dump(exclude_none=True), headers={"X-Served-By": ",".join(dict.fromkeys(served_by))})
 
     def _single_input(self, body: v2.InferRequest, expected: str) -> v2.RequestInput:
         match = [t for t in body.inputs if t.name == expected]
@@ -206,14 +209,19 @@ class Router:
             light[idx] = heavy
         return ClassifierResult(light, served_by)
 
-    async def _infer_classify(self, name: str, manifest: Manifest, body: v2.InferRequest) -> tuple[list[v2.ResponseOutput], list[str]]:
+    async def _infer_classify(
+        self, name: str, manifest: Manifest, body: v2.InferRequest
+    ) -> tuple[list[v2.ResponseOutput], list[str]]:
         model = self._answering_model(name)
         payload = self._decode_classifier_input(model, manifest, body)
         result = await self._classify(name, payload)
         probs = softmax(result.logits).astype(np.float32)
         labels = [manifest.labels[i] for i in probs.argmax(axis=1)]
-        return [v2.encode("logits", result.logits.astype(np.float32)), v2.encode("probabilities", probs),
-                v2.encode("label", labels)], result.served_by
+        return [
+            v2.encode("logits", result.logits.astype(np.float32)),
+            v2.encode("probabilities", probs),
+            v2.encode("label", labels),
+        ], result.served_by
 
     async def _generate_text(self, model: str, prompt: str, params: dict[str, Any]) -> tuple[str, str | None, int, int]:
         text, finish, prompt_tokens, completion_tokens = [], None, 0, 0
@@ -222,7 +230,9 @@ class Router:
             finish, prompt_tokens, completion_tokens = event.finish_reason, event.prompt_tokens, event.completion_tokens
         return "".join(text), finish, prompt_tokens, completion_tokens
 
-    async def _infer_generate(self, model: str, body: v2.InferRequest, params: dict[str, Any]) -> tuple[list[v2.ResponseOutput], list[str]]:
+    async def _infer_generate(
+        self, model: str, body: v2.InferRequest, params: dict[str, Any]
+    ) -> tuple[list[v2.ResponseOutput], list[str]]:
         prompts = v2.decode_bytes(self._single_input(body, catalog.PROMPT_INPUT))
         self._check_count(model, len(prompts))
         sampling = {k: params[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop") if k in params}
@@ -250,8 +260,11 @@ class Router:
         results = await asyncio.gather(*(self._generate_text(body.model, p, body.sampling()) for p in prompts))
         choices = [openai.CompletionChoice(index=i, text=r[0], finish_reason=r[1]) for i, r in enumerate(results)]
         p_tok, c_tok = sum(r[2] for r in results), sum(r[3] for r in results)
-        response = openai.CompletionResponse(model=body.model, choices=choices,
-                                             usage=openai.Usage(prompt_tokens=p_tok, completion_tokens=c_tok, total_tokens=p_tok + c_tok))
+        response = openai.CompletionResponse(
+            model=body.model,
+            choices=choices,
+            usage=openai.Usage(prompt_tokens=p_tok, completion_tokens=c_tok, total_tokens=p_tok + c_tok),
+        )
         return JSONResponse(response.model_dump(), headers=headers)
 
     async def _stream_completion(self, body: openai.CompletionRequest, prompts: list[str], headers: dict[str, str]) -> Response:
@@ -265,7 +278,9 @@ class Router:
         async def sse() -> AsyncIterator[str]:
             event = first
             while True:
-                chunk = template.model_copy(update={"choices": [openai.CompletionChoice(index=0, text=event.text, finish_reason=event.finish_reason)]})
+                chunk = template.model_copy(
+                    update={"choices": [openai.CompletionChoice(index=0, text=event.text, finish_reason=event.finish_reason)]}
+                )
                 yield f"data: {json.dumps(chunk.model_dump())}\n\n"
                 if event.finish_reason is not None:
                     break

@@ -58,8 +58,13 @@ def build_model(name: str, preset: Preset, model_dir: Path, progress: Progress =
     torch.manual_seed(0)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     started = time.perf_counter()
-    source: dict[str, object] = {"preset": preset.name, "fingerprint": fingerprint(preset),
-                                 "config": asdict(preset.model), "train": asdict(preset.train), "trained": preset.trained}
+    source: dict[str, object] = {
+        "preset": preset.name,
+        "fingerprint": fingerprint(preset),
+        "config": asdict(preset.model),
+        "train": asdict(preset.train),
+        "trained": preset.trained,
+    }
     onnx_path = scratch / "model.onnx"
     cfg = preset.model
     if isinstance(cfg, BertConfig):
@@ -67,16 +72,24 @@ def build_model(name: str, preset: Preset, model_dir: Path, progress: Progress =
         bert = BertClassifier(cfg)
         if preset.trained:
             train.train_bert(bert, tok, preset.train, progress)
-            source["accuracy"] = {"test": train.accuracy_bert(bert, tok, EVAL_SIZE, data.TEST_SEED),
-                                  "val": train.accuracy_bert(bert, tok, EVAL_SIZE, data.VAL_SEED)}
+            source["accuracy"] = {
+                "test": train.accuracy_bert(bert, tok, EVAL_SIZE, data.TEST_SEED),
+                "val": train.accuracy_bert(bert, tok, EVAL_SIZE, data.VAL_SEED),
+            }
         source["parity_max_abs_diff"] = export.export_bert(bert, onnx_path)
         manifest = Manifest(
-            name=name, family="bert", tokenizer_file="tokenizer.json", max_sequence_length=cfg.max_len,
-            inputs=[TensorSpec(name="input_ids", datatype="INT64", shape=[-1, -1]),
-                    TensorSpec(name="attention_mask", datatype="INT64", shape=[-1, -1])],
+            name=name,
+            family="bert",
+            tokenizer_file="tokenizer.json",
+            max_sequence_length=cfg.max_len,
+            inputs=[
+                TensorSpec(name="input_ids", datatype="INT64", shape=[-1, -1]),
+                TensorSpec(name="attention_mask", datatype="INT64", shape=[-1, -1]),
+            ],
             outputs=[TensorSpec(name="logits", datatype="FP32", shape=[-1, cfg.n_classes])],
             labels=data.SENTIMENT_LABELS if cfg.n_classes == 2 else [str(i) for i in range(cfg.n_classes)],
-            source=source)
+            source=source,
+        )
     elif isinstance(cfg, GPTConfig):
         tok = _demo_tokenizer(scratch / "tokenizer.json")
         gpt = GPT(cfg)
@@ -86,31 +99,44 @@ def build_model(name: str, preset: Preset, model_dir: Path, progress: Progress =
         source["parity_max_abs_diff"] = export.export_gpt(gpt, onnx_path)
         hd = cfg.d_model // cfg.n_heads
         manifest = Manifest(
-            name=name, family="gpt", tokenizer_file="tokenizer.json", max_sequence_length=cfg.block_size,
-            inputs=[TensorSpec(name="input_ids", datatype="INT64", shape=[-1, -1]),
-                    TensorSpec(name="position_ids", datatype="INT64", shape=[-1, -1]),
-                    TensorSpec(name="attention_mask", datatype="INT64", shape=[-1, -1]),
-                    TensorSpec(name="past", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd])],
-            outputs=[TensorSpec(name="logits", datatype="FP32", shape=[-1, -1, cfg.vocab_size]),
-                     TensorSpec(name="present", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd])],
+            name=name,
+            family="gpt",
+            tokenizer_file="tokenizer.json",
+            max_sequence_length=cfg.block_size,
+            inputs=[
+                TensorSpec(name="input_ids", datatype="INT64", shape=[-1, -1]),
+                TensorSpec(name="position_ids", datatype="INT64", shape=[-1, -1]),
+                TensorSpec(name="attention_mask", datatype="INT64", shape=[-1, -1]),
+                TensorSpec(name="past", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd]),
+            ],
+            outputs=[
+                TensorSpec(name="logits", datatype="FP32", shape=[-1, -1, cfg.vocab_size]),
+                TensorSpec(name="present", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd]),
+            ],
             generation=GenerationSpec(n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=hd, block_size=cfg.block_size),
-            source=source)
+            source=source,
+        )
     elif isinstance(cfg, ResNetConfig):
         from serve_app.zoo.resnet import ResNet
 
         net = ResNet(cfg)
         if preset.trained:
             train.train_resnet(net, preset.train, progress)
-            source["accuracy"] = {"test": train.accuracy_resnet(net, EVAL_SIZE, data.TEST_SEED),
-                                  "val": train.accuracy_resnet(net, EVAL_SIZE, data.VAL_SEED)}
+            source["accuracy"] = {
+                "test": train.accuracy_resnet(net, EVAL_SIZE, data.TEST_SEED),
+                "val": train.accuracy_resnet(net, EVAL_SIZE, data.VAL_SEED),
+            }
         source["parity_max_abs_diff"] = export.export_resnet(net, onnx_path)
         s = cfg.image_size
         manifest = Manifest(
-            name=name, family="resnet", image_size=s,
+            name=name,
+            family="resnet",
+            image_size=s,
             inputs=[TensorSpec(name="image", datatype="FP32", shape=[-1, 3, s, s])],
             outputs=[TensorSpec(name="logits", datatype="FP32", shape=[-1, cfg.n_classes])],
             labels=data.SHAPE_LABELS if cfg.n_classes == len(data.SHAPE_LABELS) else [str(i) for i in range(cfg.n_classes)],
-            source=source)
+            source=source,
+        )
     else:  # pragma: no cover - presets are a closed set
         raise TypeError(f"unknown model config {type(cfg).__name__}")
     manifest.source["build_seconds"] = round(time.perf_counter() - started, 1)

@@ -15,8 +15,28 @@ import numpy as np
 SENTIMENT_LABELS = ["negative", "positive"]
 SHAPE_LABELS = ["circle", "square", "triangle", "cross", "ring", "diamond"]
 
-_NOUNS = ["food", "service", "movie", "plot", "hotel", "room", "staff", "music", "price", "phone",
-          "battery", "screen", "camera", "book", "ending", "pizza", "coffee", "game", "show", "trip"]
+_NOUNS = [
+    "food",
+    "service",
+    "movie",
+    "plot",
+    "hotel",
+    "room",
+    "staff",
+    "music",
+    "price",
+    "phone",
+    "battery",
+    "screen",
+    "camera",
+    "book",
+    "ending",
+    "pizza",
+    "coffee",
+    "game",
+    "show",
+    "trip",
+]
 _POS = ["good", "great", "excellent", "lovely", "superb", "fantastic", "pleasant", "solid", "brilliant", "nice"]
 _NEG = ["bad", "awful", "terrible", "poor", "horrible", "dull", "boring", "weak", "mediocre", "nasty"]
 _ADV = ["", "", "really ", "very ", "quite ", "truly ", "rather ", "pretty "]

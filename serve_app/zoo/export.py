@@ -22,12 +22,19 @@ class ParityError(AssertionError):
     """Torch and ONNX Runtime disagree beyond tolerance: the export is wrong."""
 
 
-def _export(model: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path, inputs: list[str],
-            outputs: list[str], axes: dict[str, dict[int, str]]) -> None:
+def _export(
+    model: torch.nn.Module,
+    args: tuple[torch.Tensor, ...],
+    path: Path,
+    inputs: list[str],
+    outputs: list[str],
+    axes: dict[str, dict[int, str]],
+) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about shape-dependent Python values
-        torch.onnx.export(model, args, str(path), input_names=inputs, output_names=outputs,
-                          dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+        torch.onnx.export(
+            model, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=axes, opset_version=OPSET, dynamo=False
+        )
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -47,8 +54,14 @@ def export_bert(model: BertClassifier, path: Path) -> float:
     B, T = 2, 7
     ids = torch.randint(0, model.cfg.vocab_size, (B, T))
     mask = torch.ones(B, T, dtype=torch.long)
-    _export(model, (ids, mask), path, ["input_ids", "attention_mask"], ["logits"],
-            {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}, "logits": {0: "batch"}})
+    _export(
+        model,
+        (ids, mask),
+        path,
+        ["input_ids", "attention_mask"],
+        ["logits"],
+        {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}, "logits": {0: "batch"}},
+    )
     # Parity on a different batch and length than the trace, with padding.
     ids = torch.randint(0, model.cfg.vocab_size, (3, 11))
     mask = torch.ones(3, 11, dtype=torch.long)
@@ -74,10 +87,21 @@ def export_gpt(model: GPT, path: Path) -> float:
     B, P, T = 2, 3, 2
     past = torch.randn(model.cfg.n_layers, 2, B, model.cfg.n_heads, P, model.cfg.d_model // model.cfg.n_heads)
     args = (torch.randint(0, V, (B, T)), torch.arange(P, P + T).expand(B, T), torch.ones(B, P + T, dtype=torch.long), past)
-    _export(model, args, path, ["input_ids", "position_ids", "attention_mask", "past"], ["logits", "present"],
-            {"input_ids": {0: "batch", 1: "sequence"}, "position_ids": {0: "batch", 1: "sequence"},
-             "attention_mask": {0: "batch", 1: "total_sequence"}, "past": {2: "batch", 4: "past_sequence"},
-             "logits": {0: "batch", 1: "sequence"}, "present": {2: "batch", 4: "total_sequence"}})
+    _export(
+        model,
+        args,
+        path,
+        ["input_ids", "position_ids", "attention_mask", "past"],
+        ["logits", "present"],
+        {
+            "input_ids": {0: "batch", 1: "sequence"},
+            "position_ids": {0: "batch", 1: "sequence"},
+            "attention_mask": {0: "batch", 1: "total_sequence"},
+            "past": {2: "batch", 4: "past_sequence"},
+            "logits": {0: "batch", 1: "sequence"},
+            "present": {2: "batch", 4: "total_sequence"},
+        },
+    )
     sess = _session(path)
     # Parity: left-padded prefill with an empty cache, then one decode step.
     B, T = 3, 5

@@ -23,9 +23,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(
-        self, x: torch.Tensor, bias: torch.Tensor, past: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # x (B, T, C); bias (B, 1, T, P+T); past (2, B, nh, P, hs)
         B, T, C = x.shape
         hs = C // self.n_heads

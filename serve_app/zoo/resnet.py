@@ -22,8 +22,11 @@ class BasicBlock(nn.Module):
         super().__init__()
         c_out = width * self.expansion
         self.body = nn.Sequential(
-            nn.Conv2d(c_in, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-            nn.Conv2d(width, c_out, 3, 1, 1, bias=False), nn.BatchNorm2d(c_out),
+            nn.Conv2d(c_in, width, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, c_out, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(c_out),
         )
         self.shortcut = _shortcut(c_in, c_out, stride)
 
@@ -38,9 +41,14 @@ class Bottleneck(nn.Module):
         super().__init__()
         c_out = width * self.expansion
         self.body = nn.Sequential(
-            nn.Conv2d(c_in, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-            nn.Conv2d(width, c_out, 1, bias=False), nn.BatchNorm2d(c_out),
+            nn.Conv2d(c_in, width, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, c_out, 1, bias=False),
+            nn.BatchNorm2d(c_out),
         )
         self.shortcut = _shortcut(c_in, c_out, stride)
 

@@ -30,7 +30,9 @@ def pad_batch(seqs: list[list[int]], pad_id: int, max_len: int) -> tuple[np.ndar
     return ids, mask
 
 
-def _optimizer(model: torch.nn.Module, tc: TrainConfig, steps: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+def _optimizer(
+    model: torch.nn.Module, tc: TrainConfig, steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=tc.lr, total_steps=max(steps, 1), pct_start=0.1)
     return opt, sched

@@ -39,8 +39,7 @@ def test_gpu_config_packs_min_replicas_onto_one_gpu():
 
 
 def _args(**routes):
-    return {"models": {"a": {"preset": "bert-tiny"}, "b": {"preset": "bert-tiny"}, "g": {"preset": "gpt-tiny"}},
-            "routes": routes}
+    return {"models": {"a": {"preset": "bert-tiny"}, "b": {"preset": "bert-tiny"}, "g": {"preset": "gpt-tiny"}}, "routes": routes}
 
 
 def test_route_to_unknown_model_is_rejected():

@@ -29,8 +29,15 @@ def test_top_k_restricts_support():
     assert {sample(LOGITS, GenerationParams(temperature=2.0, top_k=2), rng) for _ in range(200)} <= {1, 2}
 
 
-@pytest.mark.parametrize("params", [GenerationParams(max_tokens=0), GenerationParams(temperature=3.0),
-                                    GenerationParams(top_p=0.0), GenerationParams(stop=("",))])
+@pytest.mark.parametrize(
+    "params",
+    [
+        GenerationParams(max_tokens=0),
+        GenerationParams(temperature=3.0),
+        GenerationParams(top_p=0.0),
+        GenerationParams(stop=("",)),
+    ],
+)
 def test_invalid_params_are_rejected(params):
     with pytest.raises(InvalidInput):
         params.validate(max_tokens_limit=64)

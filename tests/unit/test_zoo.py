@@ -43,13 +43,29 @@ def test_kv_cache_decode_matches_full_recompute(tmp_path):
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     ids = np.array([[3, 14, 15, 9, 2, 6]], dtype=np.int64)
     past = model.empty_past(1).numpy()
-    logits, past = sess.run(None, {"input_ids": ids[:, :3], "position_ids": np.arange(3)[None],
-                                   "attention_mask": np.ones((1, 3), np.int64), "past": past})
+    logits, past = sess.run(
+        None,
+        {"input_ids": ids[:, :3], "position_ids": np.arange(3)[None], "attention_mask": np.ones((1, 3), np.int64), "past": past},
+    )
     for t in range(3, 6):
-        logits, past = sess.run(None, {"input_ids": ids[:, t : t + 1], "position_ids": np.array([[t]]),
-                                       "attention_mask": np.ones((1, t + 1), np.int64), "past": past})
-        full, _ = sess.run(None, {"input_ids": ids[:, : t + 1], "position_ids": np.arange(t + 1)[None],
-                                  "attention_mask": np.ones((1, t + 1), np.int64), "past": model.empty_past(1).numpy()})
+        logits, past = sess.run(
+            None,
+            {
+                "input_ids": ids[:, t : t + 1],
+                "position_ids": np.array([[t]]),
+                "attention_mask": np.ones((1, t + 1), np.int64),
+                "past": past,
+            },
+        )
+        full, _ = sess.run(
+            None,
+            {
+                "input_ids": ids[:, : t + 1],
+                "position_ids": np.arange(t + 1)[None],
+                "attention_mask": np.ones((1, t + 1), np.int64),
+                "past": model.empty_past(1).numpy(),
+            },
+        )
         assert past.shape[4] == t + 1
         np.testing.assert_allclose(logits[:, -1], full[:, -1], atol=1e-4)
 

@@ -1,0 +1,246 @@
+"""The whole application on a real Ray Serve instance, over real HTTP, with tiny models.
+
+One Serve instance for the module (Ray takes 15-40 s to start on 2 cores).
+Answers are checked against running the same ONNX files directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import ray
+from ray import serve
+
+from serve_app.app import build_app
+from serve_app.errors import InvalidInput
+from serve_app.models.batching import pad_left, pad_right
+from serve_app.tokenization import TextTokenizer
+from serve_app.zoo.data import shapes_dataset
+from tests.conftest import tiny_args
+
+pytestmark = pytest.mark.integration
+PORT = 8123
+URL = f"http://127.0.0.1:{PORT}"
+APP = "default"
+TEXTS = ["the food was great", "the movie was not bad but the plot was dull", "i think the room was awful", "x"]
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_model_dir: Path):
+    # Logical CPUs: six deployments at the default 1 CPU each, on a 2-core machine.
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    serve.run(build_app(tiny_args(tiny_model_dir)), name=APP, route_prefix="/")
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{URL}/v2/health/ready").status_code != 200:
+        assert time.monotonic() < deadline, "application never became ready"
+        time.sleep(0.5)
+    yield URL
+    serve.shutdown()
+    ray.shutdown()
+
+
+def _session(model_dir: Path, name: str) -> ort.InferenceSession:
+    return ort.InferenceSession(str(model_dir / name / "model.onnx"), providers=["CPUExecutionProvider"])
+
+
+def _text_body(texts: list[str]) -> dict:
+    return {"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": texts}]}
+
+
+def _image_body(images: np.ndarray) -> dict:
+    return {"inputs": [{"name": "image", "shape": list(images.shape), "datatype": "FP32", "data": images.ravel().tolist()}]}
+
+
+def _output(resp: httpx.Response, name: str) -> np.ndarray:
+    (out,) = [o for o in resp.json()["outputs"] if o["name"] == name]
+    return np.array(out["data"]).reshape(out["shape"]) if out["datatype"] != "BYTES" else out["data"]
+
+
+async def _post_many(url: str, path: str, bodies: list[dict]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        return await asyncio.gather(*(client.post(path, json=b) for b in bodies))
+
+
+def test_health_and_server_metadata(app_url):
+    assert httpx.get(f"{app_url}/v2/health/live").json() == {"live": True}
+    assert httpx.get(f"{app_url}/v2/health/ready").status_code == 200
+    assert httpx.get(f"{app_url}/v2").json()["name"] == "serve-app"
+
+
+@pytest.mark.parametrize("name", ["bert-light", "bert-heavy", "resnet-light", "resnet-heavy", "gpt", "text-classify", "image-classify"])
+def test_every_model_and_route_has_metadata_config_and_readiness(app_url, name):
+    meta = httpx.get(f"{app_url}/v2/models/{name}").json()
+    assert meta["name"] == name and meta["inputs"] and meta["outputs"]
+    config = httpx.get(f"{app_url}/v2/models/{name}/config").json()
+    assert config["max_batch_size"] >= 1 and config["input"]
+    assert httpx.get(f"{app_url}/v2/models/{name}/ready").status_code == 200
+
+
+@pytest.mark.parametrize("model", ["bert-light", "bert-heavy"])
+def test_text_models_under_concurrency_match_onnx_runtime(app_url, tiny_model_dir, model):
+    bodies = [_text_body([TEXTS[i % 4], TEXTS[(i + 1) % 4]]) for i in range(16)]
+    responses = asyncio.run(_post_many(app_url, f"/v2/models/{model}/infer", bodies))
+    tok = TextTokenizer.from_file(tiny_model_dir / model / "tokenizer.json")
+    sess = _session(tiny_model_dir, model)
+    for body, resp in zip(bodies, responses, strict=True):
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-served-by"] == model
+        texts = body["inputs"][0]["data"]
+        expected = np.concatenate([sess.run(None, dict(zip(["input_ids", "attention_mask"], pad_right([tok.encode(t)], tok.pad_id), strict=True)))[0] for t in texts])
+        np.testing.assert_allclose(_output(resp, "logits"), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("model", ["resnet-light", "resnet-heavy"])
+def test_image_models_under_concurrency_match_onnx_runtime(app_url, tiny_model_dir, model):
+    images, _ = shapes_dataset(16, seed=11)
+    bodies = [_image_body(images[i : i + 1]) for i in range(16)]
+    responses = asyncio.run(_post_many(app_url, f"/v2/models/{model}/infer", bodies))
+    (expected,) = _session(tiny_model_dir, model).run(None, {"image": images})
+    for i, resp in enumerate(responses):
+        assert resp.status_code == 200, resp.text
+        np.testing.assert_allclose(_output(resp, "logits")[0], expected[i], atol=1e-4)
+        assert _output(resp, "label")[0] in ["circle", "square", "triangle", "cross", "ring", "diamond"]
+
+
+def test_routes_answer_from_the_tier_they_name(app_url, tiny_model_dir):
+    images, _ = shapes_dataset(12, seed=5)
+    resp = httpx.post(f"{app_url}/v2/models/image-classify/infer", json=_image_body(images), timeout=60)
+    assert resp.status_code == 200, resp.text
+    served = resp.json()["parameters"]["served_by"]
+    assert len(served) == 12 and set(served) <= {"resnet-light", "resnet-heavy"}
+    assert set(resp.headers["x-served-by"].split(",")) == set(served)
+    (light,) = _session(tiny_model_dir, "resnet-light").run(None, {"image": images})
+    (heavy,) = _session(tiny_model_dir, "resnet-heavy").run(None, {"image": images})
+    p = np.exp(light - light.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    escalate = p.max(1) < 0.3
+    assert served == ["resnet-heavy" if e else "resnet-light" for e in escalate]
+    np.testing.assert_allclose(_output(resp, "logits"), np.where(escalate[:, None], heavy, light), atol=1e-4)
+    text = httpx.post(f"{app_url}/v2/models/text-classify/infer", json=_text_body(TEXTS), timeout=60)
+    assert text.status_code == 200 and text.json()["model_name"] == "text-classify"
+
+
+def test_batches_larger_than_one_form_under_load(app_url):
+    handle = serve.get_deployment_handle("bert-light", APP)
+    before = handle.runtime_info.remote().result()["batch_sizes"]
+    asyncio.run(_post_many(app_url, "/v2/models/bert-light/infer", [_text_body([TEXTS[0]]) for _ in range(32)]))
+    after = handle.runtime_info.remote().result()["batch_sizes"]
+    grown = {int(k): v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+    assert any(size > 1 for size in grown), f"only single-item batches ran: {grown}"
+
+
+def _greedy_reference(model_dir: Path, prompt: str, max_tokens: int) -> str:
+    tok = TextTokenizer.from_file(model_dir / "gpt" / "tokenizer.json")
+    meta = json.loads((model_dir / "gpt" / "manifest.json").read_text())["generation"]
+    sess = _session(model_dir, "gpt")
+    ids, mask = pad_left([tok.encode(prompt)], tok.pad_id)
+    past = np.zeros((meta["n_layers"], 2, 1, meta["n_heads"], 0, meta["head_dim"]), np.float32)
+    pos = np.arange(ids.shape[1])[None]
+    out: list[int] = []
+    logits, past = sess.run(None, {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": past})
+    for _ in range(max_tokens):
+        nxt = int(logits[0, -1].argmax())
+        if nxt == tok.eos_id:
+            break
+        out.append(nxt)
+        mask = np.concatenate([mask, [[1]]], axis=1)
+        pos = pos[:, -1:] + 1
+        logits, past = sess.run(None, {"input_ids": np.array([[nxt]]), "position_ids": pos, "attention_mask": mask, "past": past})
+    return tok.decode(out)
+
+
+def test_openai_completion_is_the_greedy_reference_whatever_the_batch(app_url, tiny_model_dir):
+    prompts = ["the food", "honestly , the service was", "a", "the movie was not"]
+    bodies = [{"model": "gpt", "prompt": p, "max_tokens": 8, "temperature": 0} for p in prompts]
+    responses = asyncio.run(_post_many(app_url, "/v1/completions", bodies))
+    for p, resp in zip(prompts, responses, strict=True):
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["choices"][0]["text"] == _greedy_reference(tiny_model_dir, p, 8)
+        assert body["usage"]["completion_tokens"] <= 8
+        assert resp.headers["x-served-by"] == "gpt"
+
+
+def test_openai_streaming_sends_tokens_then_done(app_url, tiny_model_dir):
+    body = {"model": "gpt", "prompt": "the food", "max_tokens": 6, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{app_url}/v1/completions", json=body, timeout=60) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert "".join(c["choices"][0]["text"] for c in chunks) == _greedy_reference(tiny_model_dir, "the food", 6)
+
+
+def test_v2_generation_and_models_list(app_url):
+    body = {"inputs": [{"name": "text_input", "shape": [2], "datatype": "BYTES", "data": ["the", "a"]}], "parameters": {"max_tokens": 4}}
+    resp = httpx.post(f"{app_url}/v2/models/gpt/infer", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    assert len(_output(resp, "text_output")) == 2
+    assert [m["id"] for m in httpx.get(f"{app_url}/v1/models").json()["data"]] == ["gpt"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "needle"),
+    [
+        ("/v2/models/nope/infer", _text_body(["x"]), 404, "unknown model 'nope'"),
+        ("/v2/models/bert-light/infer", {"inputs": [{"name": "txt", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}, 400, "named 'text'"),
+        ("/v2/models/bert-light/infer", {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["x"]}]}, 400, "needs 2 elements"),
+        ("/v2/models/bert-light/infer", {"inputs": [{"name": "text", "shape": [1], "datatype": "FP32", "data": [1.0]}]}, 400, "datatype BYTES"),
+        ("/v2/models/bert-light/infer", {"inputs": []}, 400, "malformed request body"),
+        ("/v2/models/resnet-light/infer", {"inputs": [{"name": "image", "shape": [1, 3, 2, 2], "datatype": "FP32", "data": [0.0] * 12}]}, 400, "shape [N, 3,"),
+        ("/v2/models/bert-light/infer", {**_text_body(["x"]), "outputs": [{"name": "nope"}]}, 400, "unknown requested outputs"),
+        ("/v2/models/bert-light/infer", _text_body(["x"] * 65), 400, "at most 64"),
+    ],
+)
+def test_bad_v2_requests_get_4xx_in_v2_shape(app_url, path, body, status, needle):
+    resp = httpx.post(f"{app_url}{path}", json=body, timeout=30)
+    assert resp.status_code == status, resp.text
+    assert needle in resp.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ({"model": "bert-light", "prompt": "x"}, 404, "does not generate text"),
+        ({"model": "gpt", "prompt": "x", "max_tokens": 10_000}, 400, "max_tokens must be between"),
+        ({"model": "gpt", "prompt": "x", "temperature": 9}, 400, "temperature"),
+        ({"model": "gpt"}, 400, "prompt"),
+    ],
+)
+def test_bad_openai_requests_get_4xx_in_openai_shape(app_url, body, status, needle):
+    resp = httpx.post(f"{app_url}/v1/completions", json=body, timeout=30)
+    assert resp.status_code == status, resp.text
+    assert needle in resp.json()["error"]["message"]
+
+
+def test_a_bad_item_fails_alone_inside_a_batch(app_url):
+    """Through the handle (the router would reject it first): one invalid request
+    in a batch raises for its caller only; the others in the same batch succeed."""
+    handle = serve.get_deployment_handle("bert-light", APP)
+
+    async def go():
+        calls = [handle.classify.remote([TEXTS[0]]) for _ in range(6)]
+        bad = handle.classify.remote([123])
+        return await asyncio.gather(*calls, bad, return_exceptions=True)
+
+    *good, bad = asyncio.run(go())
+    assert all(isinstance(g, np.ndarray) and g.shape == (1, 2) for g in good)
+    assert isinstance(bad, InvalidInput)
+    assert httpx.post(f"{URL}/v2/models/bert-light/infer", json=_text_body(["still serving"])).status_code == 200
+
+
+def test_replicas_without_a_gpu_run_the_cpu_provider(app_url):
+    info = serve.get_deployment_handle("resnet-light", APP).runtime_info.remote().result()
+    assert info["gpu_ids"] == []
+    assert info["providers"] == ["CPUExecutionProvider"]
+    assert info["batching"]["max_batch_size"] == 8

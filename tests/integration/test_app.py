@@ -75,7 +75,9 @@ def test_health_and_server_metadata(app_url):
     assert httpx.get(f"{app_url}/v2").json()["name"] == "serve-app"
 
 
-@pytest.mark.parametrize("name", ["bert-light", "bert-heavy", "resnet-light", "resnet-heavy", "gpt", "text-classify", "image-classify"])
+@pytest.mark.parametrize(
+    "name", ["bert-light", "bert-heavy", "resnet-light", "resnet-heavy", "gpt", "text-classify", "image-classify"]
+)
 def test_every_model_and_route_has_metadata_config_and_readiness(app_url, name):
     meta = httpx.get(f"{app_url}/v2/models/{name}").json()
     assert meta["name"] == name and meta["inputs"] and meta["outputs"]
@@ -94,7 +96,12 @@ def test_text_models_under_concurrency_match_onnx_runtime(app_url, tiny_model_di
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-served-by"] == model
         texts = body["inputs"][0]["data"]
-        expected = np.concatenate([sess.run(None, dict(zip(["input_ids", "attention_mask"], pad_right([tok.encode(t)], tok.pad_id), strict=True)))[0] for t in texts])
+        expected = np.concatenate(
+            [
+                sess.run(None, dict(zip(["input_ids", "attention_mask"], pad_right([tok.encode(t)], tok.pad_id), strict=True)))[0]
+                for t in texts
+            ]
+        )
         np.testing.assert_allclose(_output(resp, "logits"), expected, atol=1e-4)
 
 
@@ -182,7 +189,10 @@ def test_openai_streaming_sends_tokens_then_done(app_url, tiny_model_dir):
 
 
 def test_v2_generation_and_models_list(app_url):
-    body = {"inputs": [{"name": "text_input", "shape": [2], "datatype": "BYTES", "data": ["the", "a"]}], "parameters": {"max_tokens": 4}}
+    body = {
+        "inputs": [{"name": "text_input", "shape": [2], "datatype": "BYTES", "data": ["the", "a"]}],
+        "parameters": {"max_tokens": 4},
+    }
     resp = httpx.post(f"{app_url}/v2/models/gpt/infer", json=body, timeout=60)
     assert resp.status_code == 200, resp.text
     assert len(_output(resp, "text_output")) == 2
@@ -193,11 +203,31 @@ def test_v2_generation_and_models_list(app_url):
     ("path", "body", "status", "needle"),
     [
         ("/v2/models/nope/infer", _text_body(["x"]), 404, "unknown model 'nope'"),
-        ("/v2/models/bert-light/infer", {"inputs": [{"name": "txt", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}, 400, "named 'text'"),
-        ("/v2/models/bert-light/infer", {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["x"]}]}, 400, "needs 2 elements"),
-        ("/v2/models/bert-light/infer", {"inputs": [{"name": "text", "shape": [1], "datatype": "FP32", "data": [1.0]}]}, 400, "datatype BYTES"),
+        (
+            "/v2/models/bert-light/infer",
+            {"inputs": [{"name": "txt", "shape": [1], "datatype": "BYTES", "data": ["x"]}]},
+            400,
+            "named 'text'",
+        ),
+        (
+            "/v2/models/bert-light/infer",
+            {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["x"]}]},
+            400,
+            "needs 2 elements",
+        ),
+        (
+            "/v2/models/bert-light/infer",
+            {"inputs": [{"name": "text", "shape": [1], "datatype": "FP32", "data": [1.0]}]},
+            400,
+            "datatype BYTES",
+        ),
         ("/v2/models/bert-light/infer", {"inputs": []}, 400, "malformed request body"),
-        ("/v2/models/resnet-light/infer", {"inputs": [{"name": "image", "shape": [1, 3, 2, 2], "datatype": "FP32", "data": [0.0] * 12}]}, 400, "shape [N, 3,"),
+        (
+            "/v2/models/resnet-light/infer",
+            {"inputs": [{"name": "image", "shape": [1, 3, 2, 2], "datatype": "FP32", "data": [0.0] * 12}]},
+            400,
+            "shape [N, 3,",
+        ),
         ("/v2/models/bert-light/infer", {**_text_body(["x"]), "outputs": [{"name": "nope"}]}, 400, "unknown requested outputs"),
         ("/v2/models/bert-light/infer", _text_body(["x"] * 65), 400, "at most 64"),
     ],

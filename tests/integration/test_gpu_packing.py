@@ -26,8 +26,21 @@ CATALOG = ["bert-light", "bert-heavy", "resnet-light", "resnet-heavy", "gpt"]
 def cluster(tiny_model_dir, tmp_path_factory):
     env = {**os.environ, "SERVE_APP_MODEL_DIR": str(tiny_model_dir), "RAY_AUTH_MODE": "token"}
     # Logical CPUs: gpu.yaml asks one CPU per replica, as a GPU node would have.
-    subprocess.run(["ray", "start", "--head", "--num-cpus=16", "--num-gpus=1", "--include-dashboard=false",
-                    "--disable-usage-stats", "--port=6390"], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [
+            "ray",
+            "start",
+            "--head",
+            "--num-cpus=16",
+            "--num-gpus=1",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--port=6390",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     import ray
 
     os.environ["RAY_AUTH_MODE"] = "token"
@@ -40,8 +53,9 @@ def cluster(tiny_model_dir, tmp_path_factory):
 def _deploy(env: dict, config: dict, path: Path) -> None:
     config["http_options"]["port"] = PORT
     path.write_text(yaml.safe_dump(config))
-    subprocess.run(["serve", "run", "--address=auto", "--non-blocking", str(path)], check=True, env=env,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        ["serve", "run", "--address=auto", "--non-blocking", str(path)], check=True, env=env, capture_output=True, timeout=120
+    )
 
 
 def _wait_running(names: list[str], replicas: dict[str, int], timeout_s: float = 180) -> None:

@@ -56,7 +56,6 @@ def build_model(name: str, preset: Preset, model_dir: Path, progress: Progress =
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     torch.manual_seed(0)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     started = time.perf_counter()
     source: dict[str, object] = {
         "preset": preset.name,

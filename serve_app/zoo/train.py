@@ -8,6 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from serve_app.models.batching import pad_right
 from serve_app.tokenization import TextTokenizer
 from serve_app.zoo import data
 from serve_app.zoo.bert import BertClassifier
@@ -19,15 +20,8 @@ Progress = Callable[[int], None]
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad token id lists to the longest one (capped at max_len)."""
-    T = max(1, min(max_len, max(len(s) for s in seqs)))
-    ids = np.full((len(seqs), T), pad_id, dtype=np.int64)
-    mask = np.zeros((len(seqs), T), dtype=np.int64)
-    for i, s in enumerate(seqs):
-        s = s[:T]
-        ids[i, : len(s)] = s
-        mask[i, : len(s)] = 1
-    return ids, mask
+    """Truncate to max_len, then pad exactly as serving does."""
+    return pad_right([s[:max_len] for s in seqs], pad_id)
 
 
 def _optimizer(

@@ -116,7 +116,7 @@ def build_model(name: str, preset: Preset, model_dir: Path, progress: Progress =
             source=source,
         )
     elif isinstance(cfg, ResNetConfig):
-        from serve_app.zoo.resnet import ResNet
+        from serve_app.zoo.resnet import ResNet, calibrate_batchnorm
 
         net = ResNet(cfg)
         if preset.trained:
@@ -125,6 +125,9 @@ def build_model(name: str, preset: Preset, model_dir: Path, progress: Progress =
                 "test": train.accuracy_resnet(net, EVAL_SIZE, data.TEST_SEED),
                 "val": train.accuracy_resnet(net, EVAL_SIZE, data.VAL_SEED),
             }
+        else:
+            calibrate_batchnorm(net, cfg.image_size)
+            source["batchnorm"] = "running statistics estimated on generated images (untrained weights)"
         source["parity_max_abs_diff"] = export.export_resnet(net, onnx_path)
         s = cfg.image_size
         manifest = Manifest(

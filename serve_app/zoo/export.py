@@ -44,7 +44,11 @@ def _session(path: Path) -> ort.InferenceSession:
 def _check(name: str, torch_out: torch.Tensor, ort_out: np.ndarray) -> float:
     t = torch_out.detach().numpy()
     diff = float(np.abs(t - ort_out).max()) if t.size else 0.0
-    if not np.allclose(t, ort_out, atol=PARITY_ATOL, rtol=PARITY_RTOL):
+    # The absolute tolerance scales with the output's magnitude: untrained deep nets (the
+    # real-size presets) give logits in the thousands, where float32 reassociation alone
+    # moves a near-zero element by more than a fixed atol.
+    scale = max(1.0, float(np.abs(t).max())) if t.size else 1.0
+    if not np.allclose(t, ort_out, atol=PARITY_ATOL * scale, rtol=PARITY_RTOL):
         raise ParityError(f"{name}: torch vs ONNX Runtime max abs diff {diff:.2e} exceeds tolerance")
     return diff
 

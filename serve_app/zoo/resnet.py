@@ -93,3 +93,24 @@ class ResNet(nn.Module):
         x = (image - self.mean) / self.std
         x = self.stages(self.stem(x))  # (B, C, h, w)
         return self.head(x.mean(dim=(2, 3)))
+
+
+@torch.no_grad()
+def calibrate_batchnorm(net: ResNet, image_size: int, batches: int = 4, batch_size: int = 16) -> None:
+    """Estimate BatchNorm running statistics from generated images, leaving the weights untrained.
+
+    A freshly initialised net in eval mode normalises nothing (mean 0, var 1), so
+    activations grow block after block; a deep preset (ResNet-50) then gives logits in
+    the thousands, unlike any real checkpoint, and float32 noise fails the parity check.
+    """
+    from serve_app.zoo.data import TRAIN_SEED, shapes_dataset
+
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average over the calibration batches
+    net.train()
+    images, _ = shapes_dataset(batches * batch_size, TRAIN_SEED, image_size)
+    for i in range(batches):
+        net(torch.from_numpy(images[i * batch_size : (i + 1) * batch_size]))
+    net.eval()

@@ -1,0 +1,1 @@
+"""Benchmark harness: load generator, baseline servers, scenarios and reports (`serve-app bench`)."""

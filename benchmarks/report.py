@@ -1,0 +1,332 @@
+"""Writing a scenario's results: result.json (every raw figure), README.md (the summary
+tables) and PNG plots, with the machine and the exact command, in one directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+SETUPS = ("naive", "plain", "ours")
+SETUP_TITLES = {
+    "limit": "limit (ORT in-process, best batch)",
+    "naive": "naive (FastAPI + ORT, 1 worker)",
+    "plain": "plain Ray Serve (@serve.batch, no router)",
+    "ours": "ours (router + model deployments)",
+}
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = ""
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line
+        )
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    try:
+        mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        mem_gib = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "gpu": None,
+        "python": platform.python_version(),
+        "packages": {p: version(p) for p in ("ray", "onnxruntime-gpu", "numpy", "fastapi", "uvicorn") if _installed(p)},
+        "commit": commit,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _installed(pkg: str) -> bool:
+    try:
+        version(pkg)
+        return True
+    except Exception:  # PackageNotFoundError and friends
+        return False
+
+
+def model_size(model_dir: Path) -> dict[str, Any]:
+    """Parameters and input shape of an exported model, as stated in every report."""
+    from serve_app.manifest import Manifest
+
+    manifest = Manifest.load(model_dir)
+    onnx_path = model_dir / manifest.onnx_file
+    params = None
+    try:
+        import onnx
+
+        graph = onnx.load(str(onnx_path), load_external_data=False).graph
+        params = sum(int(_prod(t.dims)) for t in graph.initializer)
+    except ImportError:  # onnx comes with the [build] extra; the file size still says something
+        pass
+    return {
+        "preset": manifest.source.get("preset"),
+        "family": manifest.family,
+        "parameters": params,
+        "onnx_mb": round(onnx_path.stat().st_size / 2**20, 1),
+        "image_size": manifest.image_size,
+    }
+
+
+def _prod(dims: Any) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def _at(curve: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+    return next((p for p in curve if p.get("concurrency") == concurrency), curve[-1])
+
+
+def _size_line(size: dict[str, Any]) -> str:
+    params = f"{size['parameters'] / 1e6:.2f}M parameters" if size.get("parameters") else "parameters unknown"
+    image = f", {size['image_size']}x{size['image_size']} input" if size.get("image_size") else ""
+    return f"preset `{size.get('preset')}`, {params}, ONNX {size['onnx_mb']} MB{image}"
+
+
+def compare_markdown(res: dict[str, Any]) -> str:
+    c = res["settings"]["headline_concurrency"]
+    lines = []
+    for m, r in res["result"]["models"].items():
+        limit = r["limit"]["best"]
+        lines += [f"## {m}", "", f"Model: {_size_line(res['model_sizes'][m])}.", ""]
+        lines += [
+            f"Closed loop at concurrency {c} (served setups) vs ONNX Runtime alone at its best batch size "
+            f"({limit['batch_size']}, {r['limit']['threads']} threads). Latency of *limit* is one batch call.",
+            "",
+            "| setup | throughput | p50 ms | p90 ms | p99 ms | throughput / limit | p50 / limit p50 | p99 / limit p99 |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {SETUP_TITLES['limit']} | {limit['items_per_s']} items/s | {limit['p50_ms']} | {limit['p90_ms']} | "
+            f"{limit['p99_ms']} | 1.00x | 1.00x | 1.00x |",
+        ]
+        for setup in SETUPS:
+            p = _at(r[setup]["closed"], c)
+            lines.append(
+                f"| {SETUP_TITLES[setup]} | {p['goodput_rps']} req/s | {_fmt(p['p50_ms'])} | {_fmt(p['p90_ms'])} | "
+                f"{_fmt(p['p99_ms'])} | {_ratio(p['goodput_rps'], limit['items_per_s'])} | "
+                f"{_ratio(p['p50_ms'], limit['p50_ms'])} | {_ratio(p['p99_ms'], limit['p99_ms'])} |"
+            )
+        naive, plain, ours = (_at(r[s]["closed"], c) for s in SETUPS)
+        lines += [
+            "",
+            f"- ours vs naive: throughput **{_ratio(ours['goodput_rps'], naive['goodput_rps'])}**, "
+            f"p50 {_ratio(ours['p50_ms'], naive['p50_ms'])}, p99 {_ratio(ours['p99_ms'], naive['p99_ms'])}",
+            f"- ours vs plain Ray Serve: throughput **{_ratio(ours['goodput_rps'], plain['goodput_rps'])}**, "
+            f"p50 {_ratio(ours['p50_ms'], plain['p50_ms'])}, p99 {_ratio(ours['p99_ms'], plain['p99_ms'])}",
+            "- best throughput over the curve: "
+            + ", ".join(f"{s} {max(p['goodput_rps'] for p in r[s]['closed'])} req/s" for s in SETUPS),
+            "",
+            f"Open loop, Poisson arrivals at {r['open_rate_rps']} req/s (half the naive server's best), same for every setup:",
+            "",
+            "| setup | answered req/s | p50 ms | p90 ms | p99 ms | errors | client-dropped |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for setup in SETUPS:
+            o = r[setup]["open"]
+            errors = sum(v for k, v in o["statuses"].items() if not k.startswith("2"))
+            lines.append(
+                f"| {setup} | {o['goodput_rps']} | {_fmt(o['p50_ms'])} | {_fmt(o['p90_ms'])} | {_fmt(o['p99_ms'])} | "
+                f"{errors} | {o['client_dropped']} |"
+            )
+        lines += ["", f"Where the CPU went at concurrency {c} (cores, 2 = the whole machine):", ""]
+        for setup in SETUPS:
+            roles = _at(r[setup]["closed"], c).get("cpu_cores_by_role", {})
+            lines.append(f"- {setup}: " + ", ".join(f"{k} {v}" for k, v in roles.items()))
+        lines += ["", f"![latency vs throughput]({plot_name('curve', m)})", ""]
+    return "\n".join(lines)
+
+
+def sweep_markdown(res: dict[str, Any]) -> str:
+    r = res["result"]
+    lines = [f"Ours (full application through the router, {r['ingress']}), closed loop at concurrency {r['concurrency']}; "
+             "each batch size deployed fresh.", ""]  # fmt: skip
+    for m, points in r["models"].items():
+        best = max(points, key=lambda p: p["goodput_rps"])
+        lines += [
+            f"## {m}",
+            "",
+            f"Model: {_size_line(res['model_sizes'][m])}.",
+            "",
+            "| max_batch_size | throughput req/s | p50 ms | p99 ms | replica RSS idle MB | replica RSS peak MB |",
+            "|---|---|---|---|---|---|",
+        ]
+        for p in points:
+            lines.append(
+                f"| {p['max_batch_size']} | {p['goodput_rps']} | {_fmt(p['p50_ms'])} | {_fmt(p['p99_ms'])} | "
+                f"{p['idle_rss_mb']} | {p.get('replica_rss_mb', {}).get(m, '-')} |"
+            )
+        lines += ["", f"Best throughput at max_batch_size {best['max_batch_size']}.", "",
+                  f"![sweep]({plot_name('sweep', m)})", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def ingress_markdown(res: dict[str, Any]) -> str:
+    r = res["result"]
+    models = list(r["settings"][0]["models"])
+    concurrencies = [p["concurrency"] for p in r["settings"][0]["models"][models[0]]]
+    head = " | ".join(f"{m} c={c} req/s (p50 ms)" for m in models for c in concurrencies)
+    lines = [f"| ingress | {head} | deploy s |", "|---" * (1 + len(models) * len(concurrencies) + 1) + "|"]
+    for s in r["settings"]:
+        cells = " | ".join(f"{p['goodput_rps']} ({_fmt(p['p50_ms'])})" for m in models for p in s["models"][m])
+        lines.append(f"| {s['label']} | {cells} | {s['deploy_s']} |")
+    return "\n".join(lines)
+
+
+def profile_markdown(res: dict[str, Any]) -> str:
+    lines = []
+    for m, r in res["result"]["models"].items():
+        load = r["load"]
+        lines += [
+            f"## {m}",
+            "",
+            f"Ours under closed-loop load (concurrency {load['concurrency']}): {load['goodput_rps']} req/s, "
+            f"p50 {_fmt(load['p50_ms'])} ms, p99 {_fmt(load['p99_ms'])} ms.",
+            "",
+            "Cores per process role: " + ", ".join(f"{k} {v}" for k, v in load.get("cpu_cores_by_role", {}).items()),
+            "",
+        ]
+        for role in r.get("profiles", {}):
+            lines += [f"### py-spy, {role} replica (share of samples; idle threads excluded)", "",
+                      "| self time | function |", "|---|---|"]  # fmt: skip
+            lines += [f"| {share:.1%} | `{frame}` |" for frame, share in r["top_self"][role]]
+            lines += ["", "| inclusive | function |", "|---|---|"]
+            lines += [f"| {share:.1%} | `{frame}` |" for frame, share in r["top_inclusive"][role]]
+            lines.append("")
+    return "\n".join(lines)
+
+
+def plot_name(kind: str, model: str) -> str:
+    return f"{kind}_{model}.png"
+
+
+def plots(scenario: str, res: dict[str, Any], out_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    if scenario == "compare":
+        for m, r in res["result"]["models"].items():
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            for setup, color in zip(SETUPS, ("tab:gray", "tab:blue", "tab:green"), strict=True):
+                pts = [p for p in r[setup]["closed"] if p["p50_ms"] is not None]
+                x = [p["goodput_rps"] for p in pts]
+                ax.plot(x, [p["p50_ms"] for p in pts], "o-", color=color, label=f"{setup} p50")
+                ax.plot(x, [p["p99_ms"] for p in pts], "s--", color=color, alpha=0.6, label=f"{setup} p99")
+                for p in pts:
+                    ax.annotate(f"c={p['concurrency']}", (p["goodput_rps"], p["p50_ms"]), fontsize=7, alpha=0.7)
+            ax.axvline(r["limit"]["best"]["items_per_s"], color="tab:red", linestyle=":", label="limit (items/s)")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("throughput (req/s, log)")
+            ax.set_ylabel("latency (ms, log)")
+            ax.set_title(f"{m}: latency vs throughput, closed loop")
+            ax.legend(fontsize=7, ncol=2)
+            fig.tight_layout()
+            name = plot_name("curve", m)
+            fig.savefig(out_dir / name, dpi=110)
+            plt.close(fig)
+            written.append(name)
+    elif scenario == "sweep":
+        for m, points in res["result"]["models"].items():
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            labels = [str(p["max_batch_size"]) for p in points]
+            ax.bar(labels, [p["goodput_rps"] for p in points], color="tab:green", alpha=0.6, label="throughput")
+            ax.set_xlabel("max_batch_size")
+            ax.set_ylabel("throughput (req/s)")
+            ax2 = ax.twinx()
+            ax2.plot(labels, [p["p50_ms"] or 0 for p in points], "o-", color="tab:blue", label="p50")
+            ax2.plot(labels, [p["p99_ms"] or 0 for p in points], "s--", color="tab:red", label="p99")
+            ax2.set_ylabel("latency (ms)")
+            ax.set_title(f"{m}: batch-size sweep (concurrency {res['result']['concurrency']})")
+            fig.legend(loc="upper left", fontsize=8)
+            fig.tight_layout()
+            name = plot_name("sweep", m)
+            fig.savefig(out_dir / name, dpi=110)
+            plt.close(fig)
+            written.append(name)
+    return written
+
+
+MARKDOWN = {"compare": compare_markdown, "sweep": sweep_markdown, "ingress": ingress_markdown, "profile": profile_markdown}
+
+
+def write(scenario: str, res: dict[str, Any], out_dir: Path) -> Path:
+    """result.json + README.md + PNGs in out_dir; returns the Markdown path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    res["plots"] = plots(scenario, res, out_dir)
+    (out_dir / "result.json").write_text(json.dumps(res, indent=1))
+    lg = res.get("loadgen_cpu")
+    body = MARKDOWN[scenario](res) if scenario in MARKDOWN else ""
+    text = "\n".join(
+        [
+            f"# Benchmark: {scenario}",
+            "",
+            f"Reproduce: `{res['command']}`",
+            "",
+            f"Machine: {res['machine']['cpu']}, {res['machine']['cores']} cores, {res['machine']['memory_gib']} GiB, "
+            f"no GPU; Python {res['machine']['python']}; "
+            + ", ".join(f"{k} {v}" for k, v in res["machine"]["packages"].items())
+            + f"; commit {res['machine']['commit']}; {res['machine']['date']}.",
+            "",
+            f"Load generator: its own process, {lg['max_core_share']:.0%} of one core at most "
+            f"(median {lg['median_us_per_request']:.0f} µs CPU per request); its share is in every point's "
+            "`loadgen_cpu` and `cpu_cores_by_role` in result.json."
+            if lg
+            else "",
+            "",
+            body,
+            "",
+        ]
+    )
+    (out_dir / "README.md").write_text(text)
+    return out_dir / "README.md"
+
+
+def loadgen_cost(res: Any) -> dict[str, float] | None:
+    """The load generator's CPU over every run in a result (found anywhere in the tree)."""
+    found: list[dict[str, float]] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            if "loadgen_cpu" in x:
+                found.append(x["loadgen_cpu"])
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(res)
+    if not found:
+        return None
+    per_req = sorted(f["cpu_us_per_request"] for f in found)
+    return {"max_core_share": max(f["core_share"] for f in found), "median_us_per_request": per_req[len(per_req) // 2]}

@@ -1,0 +1,265 @@
+"""The scenarios `serve-app bench` runs. Each measures its setups side by side in
+one invocation, on the same model files and machine, and returns plain data
+that `benchmarks.report` writes out.
+
+- compare: limit / naive / plain Ray Serve / ours, closed-loop curves and one
+  open-loop (Poisson) point at the same rate for every setup.
+- sweep:   ours at max_batch_size 1, 4, 8, 16, 32 under a fixed closed-loop load.
+- ingress: ours under Ray Serve's default proxy vs HAProxy, each with and
+  without RAY_SERVE_THROUGHPUT_OPTIMIZED.
+- profile: ours under load with py-spy on the router and model replicas.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks import workloads
+from benchmarks.baselines.limit import measure_limit
+from benchmarks.cluster import HTTP_PORT, Ingress, Probe, RayCluster, naive_server, replica_rss_mb, run_loadgen
+
+# The ingress the default configs use (README's serve command, the KubeRay pods):
+# chosen by the `ingress` scenario, see benchmarks/results/ingress/local/ (HAProxy plus
+# throughput-optimized measured 1.7x HAProxy alone for bert-heavy at concurrency 32).
+DEFAULT_INGRESS = Ingress(haproxy=True, throughput_optimized=True)
+
+
+@dataclass
+class Settings:
+    models: list[str]
+    model_dir: Path
+    config: Path
+    seconds: float = 8.0
+    warmup: float = 2.0
+    concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16, 32, 64])
+    headline_concurrency: int = 32
+    open_rate_share: float = 0.5  # open-loop rate, as a share of the naive server's best throughput
+    limit_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32, 64])
+    limit_seconds: float = 4.0
+    sweep_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32])
+    sweep_concurrency: int = 32
+    ingress_concurrencies: list[int] = field(default_factory=lambda: [8, 32])
+    profile_seconds: float = 15.0
+
+    @classmethod
+    def smoke(cls, models: list[str], model_dir: Path, config: Path) -> Settings:
+        """A few seconds per step: checks the harness end to end, not the numbers."""
+        return cls(
+            models=models, model_dir=model_dir, config=config, seconds=1.5, warmup=0.5, concurrencies=[1, 4],
+            headline_concurrency=4, limit_batch_sizes=[1, 4], limit_seconds=0.3, sweep_batch_sizes=[1, 4],
+            sweep_concurrency=4, ingress_concurrencies=[4], profile_seconds=3.0,
+        )  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+
+
+def _workload(s: Settings, model: str, tmp: Path) -> Path:
+    return workloads.write([workloads.v2_infer(model, s.model_dir / model)], tmp / f"{model}.workload.json")
+
+
+def _probe(s: Settings, model: str) -> Probe:
+    return Probe(f"/v2/models/{model}/infer", workloads.bodies_for(s.model_dir / model, 1)[0])
+
+
+def _load_config(s: Settings) -> dict[str, Any]:
+    config = yaml.safe_load(s.config.read_text())
+    app = config["applications"][0]
+    app["args"]["model_dir"] = str(s.model_dir)
+    return config
+
+
+def ours_config(s: Settings, batching: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The user's config (default configs/local.yaml), pointed at the model dir; optional batching overrides."""
+    config = _load_config(s)
+    for model, override in (batching or {}).items():
+        config["applications"][0]["args"]["models"][model]["batching"].update(override)
+    return config
+
+
+def plain_config(s: Settings, model: str) -> dict[str, Any]:
+    """Plain Ray Serve with the model's own resources, autoscaling and batching from the same config."""
+    base = _load_config(s)
+    app = base["applications"][0]
+    deployment = next((d for d in app.get("deployments", []) if d["name"] == model), {"name": model})
+    batching = app["args"]["models"][model]["batching"]
+    plain_deployment = {k: v for k, v in deployment.items() if k != "name"}
+    return {
+        "proxy_location": base.get("proxy_location", "HeadOnly"),
+        "http_options": dict(base.get("http_options", {})),
+        "applications": [
+            {
+                "name": "plain",
+                "route_prefix": "/",
+                "import_path": "benchmarks.baselines.plain_serve:build",
+                "logging_config": app.get("logging_config", {}),
+                "args": {"name": model, "model_dir": str(s.model_dir / model), **batching},
+                "deployments": [{"name": "PlainModel", **plain_deployment}],
+            }
+        ],
+    }
+
+
+def _closed_curve(url: str, workload: Path, s: Settings, watch: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [run_loadgen(url, workload, {"concurrency": c}, s.seconds, s.warmup, watch) for c in s.concurrencies]
+
+
+def compare(s: Settings) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+    out: dict[str, Any] = {"models": {}}
+    for m in s.models:
+        out["models"][m] = {"limit": measure_limit(s.model_dir / m, workloads.bodies_for(s.model_dir / m), s.limit_batch_sizes,
+                                                   s.limit_seconds, threads=os.cpu_count() or 1)}  # fmt: skip
+    for m in s.models:
+        wl = _workload(s, m, tmp)
+        with naive_server(s.model_dir / m, m, _probe(s, m)) as url:
+            curve = _closed_curve(url, wl, s, ())
+            rate = round(max(p["goodput_rps"] for p in curve) * s.open_rate_share, 1) or 1.0
+            out["models"][m]["open_rate_rps"] = rate
+            out["models"][m]["naive"] = {"closed": curve, "open": run_loadgen(url, wl, {"rate": rate}, s.seconds, s.warmup)}
+    with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
+        url = f"http://127.0.0.1:{HTTP_PORT}"
+        for m in s.models:
+            wl, rate = _workload(s, m, tmp), out["models"][m]["open_rate_rps"]
+            deploy_s = cluster.deploy(plain_config(s, m), _probe(s, m))
+            out["models"][m]["plain"] = {
+                "deploy_s": round(deploy_s, 1),
+                "closed": _closed_curve(url, wl, s, ("PlainModel",)),
+                "open": run_loadgen(url, wl, {"rate": rate}, s.seconds, s.warmup),
+            }
+        deploy_s = cluster.deploy(ours_config(s), _probe(s, s.models[0]))
+        for m in s.models:
+            wl, rate = _workload(s, m, tmp), out["models"][m]["open_rate_rps"]
+            out["models"][m]["ours"] = {
+                "deploy_s": round(deploy_s, 1),
+                "closed": _closed_curve(url, wl, s, (m, "router")),
+                "open": run_loadgen(url, wl, {"rate": rate}, s.seconds, s.warmup),
+            }
+    out["ingress"] = DEFAULT_INGRESS.label
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def sweep(s: Settings) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+    out: dict[str, Any] = {"models": {}, "ingress": DEFAULT_INGRESS.label, "concurrency": s.sweep_concurrency}
+    with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
+        url = f"http://127.0.0.1:{HTTP_PORT}"
+        for m in s.models:
+            wl, points = _workload(s, m, tmp), []
+            for bs in s.sweep_batch_sizes:
+                # A changed batch size in the app's args redeploys: every point starts from fresh replicas,
+                # so the memory figure is this batch size's, not the largest one seen so far.
+                cluster.deploy(ours_config(s, {m: {"max_batch_size": bs}}), _probe(s, m))
+                idle_rss = replica_rss_mb(m)
+                r = run_loadgen(url, wl, {"concurrency": s.sweep_concurrency}, s.seconds, s.warmup, (m,))
+                points.append({"max_batch_size": bs, "idle_rss_mb": idle_rss, **r})
+            out["models"][m] = points
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def ingress(s: Settings) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+    settings = [Ingress(h, t) for h in (False, True) for t in (False, True)]
+    out: dict[str, Any] = {"settings": []}
+    for setting in settings:
+        started = time.perf_counter()
+        with RayCluster(setting, tmp, s.model_dir) as cluster:
+            deploy_s = cluster.deploy(ours_config(s), _probe(s, s.models[0]))
+            entry: dict[str, Any] = {"label": setting.label, **asdict(setting), "deploy_s": round(deploy_s, 1), "models": {}}
+            url = f"http://127.0.0.1:{HTTP_PORT}"
+            for m in s.models:
+                wl = _workload(s, m, tmp)
+                entry["models"][m] = [
+                    run_loadgen(url, wl, {"concurrency": c}, s.seconds, s.warmup) for c in s.ingress_concurrencies
+                ]
+        entry["total_s"] = round(time.perf_counter() - started, 1)
+        out["settings"].append(entry)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _pids(role: str) -> list[int]:
+    import psutil
+
+    from benchmarks.cluster import process_role
+
+    return [p.pid for p in psutil.process_iter() if process_role(p) == role]
+
+
+def profile(s: Settings, out_dir: Path) -> dict[str, Any]:
+    """py-spy on the router and each model replica of ours while the load generator runs."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+    out: dict[str, Any] = {"models": {}}
+    py_spy = shutil.which("py-spy")
+    with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
+        cluster.deploy(ours_config(s), _probe(s, s.models[0]))
+        url = f"http://127.0.0.1:{HTTP_PORT}"
+        for m in s.models:
+            wl = _workload(s, m, tmp)
+            procs, files = [], {}
+            if py_spy:
+                for role in ("router", m):
+                    for pid in _pids(f"replica:{role}"):
+                        f = out_dir / f"pyspy_{m}_{role}_{pid}.txt"
+                        files[role] = f
+                        # --idle off: time on the event loop's wait is not work; raw collapsed stacks are small.
+                        procs.append(subprocess.Popen(
+                            [py_spy, "record", "--pid", str(pid), "--duration", str(int(s.profile_seconds)),
+                             "--rate", "50", "--format", "raw", "--output", str(f), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+            load = run_loadgen(url, wl, {"concurrency": s.headline_concurrency}, s.profile_seconds, 0.0)
+            for p in procs:
+                p.wait(timeout=60)
+            found = {role: f for role, f in files.items() if f.exists() and f.stat().st_size}
+            out["models"][m] = {
+                "load": load,
+                "profiles": {role: f.name for role, f in found.items()},
+                "top_self": {role: top_frames(f) for role, f in found.items()},
+                "top_inclusive": {role: inclusive_frames(f, 25) for role, f in found.items()},
+            }
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def top_frames(collapsed: Path, n: int = 12) -> list[tuple[str, float]]:
+    """Self-time share per function from py-spy's collapsed stacks."""
+    counts: dict[str, int] = {}
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, num = line.rpartition(" ")
+        if not stack:
+            continue
+        k = int(num)
+        total += k
+        leaf = stack.split(";")[-1]
+        counts[leaf] = counts.get(leaf, 0) + k
+    return [(f, round(c / total, 3)) for f, c in sorted(counts.items(), key=lambda kv: -kv[1])[:n]] if total else []
+
+
+def inclusive_frames(collapsed: Path, n: int = 15) -> list[tuple[str, float]]:
+    """Inclusive share per function (a function counted once per sample it appears in)."""
+    counts: dict[str, int] = {}
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, num = line.rpartition(" ")
+        if not stack:
+            continue
+        k = int(num)
+        total += k
+        for frame in set(stack.split(";")):
+            counts[frame] = counts.get(frame, 0) + k
+    return [(f, round(c / total, 3)) for f, c in sorted(counts.items(), key=lambda kv: -kv[1])[:n]] if total else []
+
+
+SCENARIOS = {"compare": compare, "sweep": sweep, "ingress": ingress}

@@ -1,0 +1,80 @@
+"""Request mixes for the load generator, built from the project's own test data.
+
+A workload is JSON: weighted streams, each with a path, headers and a list of
+request bodies that the load generator cycles through. Bodies are held-out test
+items (TEST_SEED), so every setup sees the same inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serve_app.manifest import Manifest
+from serve_app.zoo.data import TEST_SEED, sentiment_dataset, shapes_dataset
+
+
+def text_bodies(n: int, items_per_request: int = 1) -> list[dict[str, Any]]:
+    texts, _ = sentiment_dataset(n * items_per_request, TEST_SEED)
+    return [
+        {
+            "inputs": [
+                {"name": "text", "shape": [items_per_request], "datatype": "BYTES", "data": texts[i : i + items_per_request]}
+            ]
+        }
+        for i in range(0, len(texts), items_per_request)
+    ]
+
+
+def image_bodies(n: int, size: int = 32, items_per_request: int = 1) -> list[dict[str, Any]]:
+    """UINT8 pixels, as cameras and decoders produce them (and 4x smaller JSON than FP32)."""
+    images, _ = shapes_dataset(n * items_per_request, TEST_SEED, size)
+    pixels = np.round(images * 255).astype(np.uint8)
+    return [
+        {"inputs": [{"name": "image", "shape": list(b.shape), "datatype": "UINT8", "data": b.ravel().tolist()}]}
+        for b in (pixels[i : i + items_per_request] for i in range(0, len(pixels), items_per_request))
+    ]
+
+
+def bodies_for(model_dir: Path, n: int = 64) -> list[dict[str, Any]]:
+    """Held-out inputs for the model in `model_dir`, shaped by its manifest."""
+    manifest = Manifest.load(model_dir)
+    if manifest.family == "resnet":
+        return image_bodies(n, manifest.image_size or 32)
+    if manifest.family == "bert":
+        return text_bodies(n)
+    raise ValueError(f"{model_dir}: no classifier workload for family {manifest.family!r}")
+
+
+@dataclass
+class StreamSpec:
+    name: str
+    path: str
+    bodies: list[dict[str, Any]]
+    weight: float = 1.0
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "weight": self.weight,
+            "headers": self.headers,
+            "bodies": [json.dumps(b, separators=(",", ":")) for b in self.bodies],
+        }
+
+
+def v2_infer(model: str, model_dir: Path, priority: str | None = None, weight: float = 1.0, n: int = 64) -> StreamSpec:
+    """Inference on `model` (a model or a route) with inputs for the model in `model_dir`."""
+    headers = {"X-Priority": priority} if priority else {}
+    name = f"{model}/{priority}" if priority else model
+    return StreamSpec(name, f"/v2/models/{model}/infer", bodies_for(model_dir, n), weight, headers)
+
+
+def write(streams: list[StreamSpec], path: Path) -> Path:
+    path.write_text(json.dumps({"streams": [s.to_json() for s in streams]}))
+    return path

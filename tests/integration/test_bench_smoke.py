@@ -1,0 +1,85 @@
+"""Every `serve-app bench` scenario, run for seconds on the tiny models: the harness
+works end to end and writes well-formed results. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _bench(scenario: str, model_dir: Path, out: Path, *models: str) -> dict:
+    cmd = [sys.executable, "-m", "serve_app.cli", "bench", scenario, "--smoke", "--model-dir", str(model_dir),
+           "--out", str(out), "--models", *models]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads((out / "result.json").read_text())
+    assert res["scenario"] == scenario and res["command"].startswith(f"serve-app bench {scenario}")
+    assert res["machine"]["cores"] and res["machine"]["packages"]["ray"]
+    assert (out / "README.md").read_text().startswith(f"# Benchmark: {scenario}")
+    for name in res.get("plots", []):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+    return res
+
+
+def _answered(point: dict) -> None:
+    """A load point that ran: requests answered 200 and figures present."""
+    assert point["requests"] > 0 and set(point["statuses"]) == {"200"}, point["statuses"]
+    assert point["p50_ms"] > 0 and point["p99_ms"] >= point["p50_ms"]
+    assert 0 < point["loadgen_cpu"]["core_share"]
+
+
+def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
+    res = _bench("compare", tiny_model_dir, tmp_path, "bert-heavy", "resnet-heavy")
+    for model in ("bert-heavy", "resnet-heavy"):
+        r = res["result"]["models"][model]
+        assert r["limit"]["best"]["items_per_s"] > 0 and len(r["limit"]["points"]) == 2
+        for setup in ("naive", "plain", "ours"):
+            for point in r[setup]["closed"]:
+                _answered(point)
+            assert r[setup]["open"]["requests"] > 0
+        # the per-process CPU accounting found the processes that did the work
+        assert "naive-server" in r["naive"]["closed"][-1]["cpu_cores_by_role"]
+        assert "replica:PlainModel" in r["plain"]["closed"][-1]["cpu_cores_by_role"]
+        assert {"replica:router", f"replica:{model}"} <= set(r["ours"]["closed"][-1]["cpu_cores_by_role"])
+        assert r["ours"]["closed"][-1]["served_by"] == {model: r["ours"]["closed"][-1]["requests"]}
+    assert sorted(res["plots"]) == ["curve_bert-heavy.png", "curve_resnet-heavy.png"]
+    assert "ours vs plain Ray Serve" in (tmp_path / "README.md").read_text()
+
+
+def test_sweep(tiny_model_dir: Path, tmp_path: Path) -> None:
+    res = _bench("sweep", tiny_model_dir, tmp_path, "bert-heavy")
+    points = res["result"]["models"]["bert-heavy"]
+    assert [p["max_batch_size"] for p in points] == [1, 4]
+    for p in points:
+        _answered(p)
+        assert p["idle_rss_mb"] > 0 and p["replica_rss_mb"]["bert-heavy"] >= p["idle_rss_mb"] * 0.5
+    assert res["plots"] == ["sweep_bert-heavy.png"]
+
+
+def test_ingress(tiny_model_dir: Path, tmp_path: Path) -> None:
+    res = _bench("ingress", tiny_model_dir, tmp_path, "bert-heavy")
+    labels = [s["label"] for s in res["result"]["settings"]]
+    assert labels == ["default-proxy", "default-proxy+throughput-optimized", "haproxy", "haproxy+throughput-optimized"]
+    for s in res["result"]["settings"]:
+        for p in s["models"]["bert-heavy"]:
+            _answered(p)
+
+
+@pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy not installed")
+def test_profile(tiny_model_dir: Path, tmp_path: Path) -> None:
+    res = _bench("profile", tiny_model_dir, tmp_path, "bert-heavy")
+    r = res["result"]["models"]["bert-heavy"]
+    _answered(r["load"])
+    # py-spy needs ptrace; where it is allowed, both collapsed-stack files are there
+    for name in r["profiles"].values():
+        assert (tmp_path / name).stat().st_size > 0

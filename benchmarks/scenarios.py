@@ -232,34 +232,37 @@ def profile(s: Settings, out_dir: Path) -> dict[str, Any]:
     return out
 
 
-def top_frames(collapsed: Path, n: int = 12) -> list[tuple[str, float]]:
-    """Self-time share per function from py-spy's collapsed stacks."""
-    counts: dict[str, int] = {}
-    total = 0
+def _stacks(collapsed: Path) -> list[tuple[list[str], int]]:
+    """py-spy's collapsed format: `frame;frame;...;frame count` per line."""
+    out = []
     for line in collapsed.read_text().splitlines():
         stack, _, num = line.rpartition(" ")
-        if not stack:
-            continue
-        k = int(num)
-        total += k
-        leaf = stack.split(";")[-1]
-        counts[leaf] = counts.get(leaf, 0) + k
+        if stack:
+            out.append((stack.split(";"), int(num)))
+    return out
+
+
+def _shares(counts: dict[str, int], total: int, n: int) -> list[tuple[str, float]]:
     return [(f, round(c / total, 3)) for f, c in sorted(counts.items(), key=lambda kv: -kv[1])[:n]] if total else []
+
+
+def top_frames(collapsed: Path, n: int = 12) -> list[tuple[str, float]]:
+    """Self-time share per function (the leaf frame of each sample)."""
+    counts: dict[str, int] = {}
+    stacks = _stacks(collapsed)
+    for frames, k in stacks:
+        counts[frames[-1]] = counts.get(frames[-1], 0) + k
+    return _shares(counts, sum(k for _, k in stacks), n)
 
 
 def inclusive_frames(collapsed: Path, n: int = 15) -> list[tuple[str, float]]:
     """Inclusive share per function (a function counted once per sample it appears in)."""
     counts: dict[str, int] = {}
-    total = 0
-    for line in collapsed.read_text().splitlines():
-        stack, _, num = line.rpartition(" ")
-        if not stack:
-            continue
-        k = int(num)
-        total += k
-        for frame in set(stack.split(";")):
+    stacks = _stacks(collapsed)
+    for frames, k in stacks:
+        for frame in set(frames):
             counts[frame] = counts.get(frame, 0) + k
-    return [(f, round(c / total, 3)) for f, c in sorted(counts.items(), key=lambda kv: -kv[1])[:n]] if total else []
+    return _shares(counts, sum(k for _, k in stacks), n)
 
 
 SCENARIOS = {"compare": compare, "sweep": sweep, "ingress": ingress}

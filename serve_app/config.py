@@ -61,10 +61,24 @@ class RouteConfig(BaseModel):
     signal: Literal["max_prob", "margin"] = "max_prob"
 
 
+class SchedulingConfig(BaseModel):
+    """The router's per-model queues (see serve_app.scheduling.dispatcher)."""
+
+    policy: Literal["priority", "fifo"] = Field(
+        "priority", description="priority: classes, deadlines, shedding; fifo: one bounded FIFO queue (the baseline)"
+    )
+    max_queue_items: int = Field(1024, ge=1, description="rows queued per model per router; beyond it, shed or refuse")
+    max_queue_delay_s: float = Field(
+        2.0, gt=0, description="refuse work predicted to wait longer than this (503 with Retry-After)"
+    )
+    default_priority: Literal["high", "normal", "low"] = "normal"
+
+
 class AppArgs(BaseModel):
     model_dir: str = Field("models", description=f"root of model directories; ${MODEL_DIR_ENV} overrides it")
     models: dict[str, ModelConfig]
     routes: dict[str, RouteConfig] = Field(default_factory=dict)
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
 
     @model_validator(mode="after")
     def _routes_consistent(self) -> AppArgs:

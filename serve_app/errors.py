@@ -62,6 +62,13 @@ class Overloaded(ServeAppError):
     code = "overloaded"
 
 
+class DeadlineExceeded(ServeAppError):
+    """The request's own deadline passed while it waited; retrying it as is cannot help."""
+
+    status_code = 504
+    code = "deadline_exceeded"
+
+
 class Unavailable(ServeAppError):
     status_code = 503
     code = "unavailable"

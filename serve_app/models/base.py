@@ -24,7 +24,8 @@ BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128]
 class OnnxModel:
     """Loads the model in `__init__`, warms it up before the replica reports ready."""
 
-    batched_method: str = "_run_batch"
+    # The `@serve.batch` method that `user_config` tunes; None where batching lives elsewhere.
+    batched_method: str | None = "_run_batch"
 
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
         self.name = name
@@ -58,9 +59,10 @@ class OnnxModel:
         """Run the graph once so the first real request doesn't pay for lazy init."""
 
     def apply_batching(self, batching: BatchingConfig) -> None:
-        method = getattr(self, self.batched_method)
-        method.set_max_batch_size(batching.max_batch_size)
-        method.set_batch_wait_timeout_s(batching.batch_wait_timeout_s)
+        if self.batched_method is not None:
+            method = getattr(self, self.batched_method)
+            method.set_max_batch_size(batching.max_batch_size)
+            method.set_batch_wait_timeout_s(batching.batch_wait_timeout_s)
         self.batching = batching
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:

@@ -1,32 +1,95 @@
 """Classifier deployments: BERT-style text and ResNet-style image models.
 
-A batch returns exactly one result per request; a request that fails
-validation fails alone (its slot holds the exception) while the rest run.
+The router sends a batch as one call (`run`): a list of payloads, one per
+client request. A batch returns exactly one result per payload; a payload
+that fails validation fails alone (its slot holds the exception) while the
+rest run.
 """
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import time
 from typing import Any
 
 import numpy as np
 from ray import serve
 
+from serve_app.config import BatchingConfig
 from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.batching import length_buckets, pad_right
+from serve_app.models.executor import BatchExecutor
+from serve_app.scheduling.dispatcher import BatchReply
+from serve_app.scheduling.router_load import RouterLoad
 from serve_app.tokenization import TextTokenizer
 
-
-def _raise_if_error(result: np.ndarray | ServeAppError) -> np.ndarray:
-    if isinstance(result, ServeAppError):
-        raise result
-    return result
+Result = np.ndarray | ServeAppError
 
 
-@serve.deployment(max_ongoing_requests=64)
-class TextClassifier(OnnxModel):
+def payload_items(payload: Any) -> int:
+    """Rows in one request's payload: texts in a list, or images along axis 0."""
+    if isinstance(payload, np.ndarray):
+        return int(payload.shape[0]) if payload.ndim == 4 else 1
+    return len(payload) if isinstance(payload, list) else 1
+
+
+class Classifier(OnnxModel):
+    """The batch path both classifier families share; subclasses turn payloads into logits."""
+
+    batched_method = None
+
+    def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
+        self.executor = BatchExecutor(self._run_payloads, max_items=16)
+        self.router_load = RouterLoad()
+        super().__init__(name, model_path, config)
+
+    def apply_batching(self, batching: BatchingConfig) -> None:
+        super().apply_batching(batching)
+        self.executor.max_items = batching.max_batch_size
+
+    async def run(self, payloads: list[Any], router: str = "", router_queued: int = 0) -> BatchReply:
+        """One batch from a router: a result or error per payload, and the timings the router learns from."""
+        self.router_load.report(router, router_queued / self.batching.max_batch_size, time.monotonic())
+        items = sum(payload_items(p) for p in payloads)
+        results, wait_s, exec_s = await self.executor.submit(payloads, items)
+        return BatchReply(results, wait_s, exec_s, self.batching.max_batch_size, self.batching.batch_wait_timeout_s)
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Work the routers hold for this model, in batches: what the autoscaling policy adds to ongoing requests."""
+        return {RouterLoad.METRIC: self.router_load.total(time.monotonic())}
+
+    def _run_payloads(self, payloads: list[Any]) -> list[Result]:
+        """Runs in the executor's thread: validate each payload, run the valid rows, split back."""
+        results: list[Result | None] = []
+        prepared: list[Any] = []
+        for payload in payloads:
+            try:
+                prepared.append(self._prepare(payload))
+                results.append(None)
+            except ServeAppError as e:
+                results.append(e)
+        if prepared:
+            started = time.perf_counter()
+            logits = self._forward_all(prepared)
+            self.record_batch(len(logits), started)
+            bounds = np.cumsum([0, *(self._rows(p) for p in prepared)])
+            parts = iter(logits[a:b] for a, b in itertools.pairwise(bounds))
+            results = [next(parts) if r is None else r for r in results]
+        return results  # type: ignore[return-value]  # every None was replaced
+
+    def _prepare(self, payload: Any) -> Any:
+        raise NotImplementedError
+
+    def _rows(self, prepared: Any) -> int:
+        raise NotImplementedError
+
+    def _forward_all(self, prepared: list[Any]) -> np.ndarray:
+        raise NotImplementedError
+
+
+@serve.deployment(max_ongoing_requests=16)
+class TextClassifier(Classifier):
     """BYTES text in, (N, C) logits out; tokenizes server-side, pads per length bucket."""
 
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
@@ -48,91 +111,59 @@ class TextClassifier(OnnxModel):
         (logits,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
         return logits
 
-    def _encode(self, texts: list[str]) -> list[list[int]]:
+    def _prepare(self, texts: Any) -> list[list[int]]:
         assert self.tokenizer is not None
-        if not texts:
+        if not isinstance(texts, list) or not texts:
             raise InvalidInput("empty batch: send at least one text")
         if not all(isinstance(t, str) for t in texts):
             raise InvalidInput("text inputs must be strings")
         # Truncate like BERT tokenizers do; an empty text still gets one (pad) token.
         return [ids[: self.max_len] or [self.tokenizer.pad_id] for ids in self.tokenizer.encode_batch(texts)]
 
-    async def classify(self, texts: list[str]) -> np.ndarray:
-        return _raise_if_error(await self._run_batch(texts))
+    def _rows(self, prepared: list[list[int]]) -> int:
+        return len(prepared)
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def _run_batch(self, requests: list[list[str]]) -> list[np.ndarray | ServeAppError]:
-        results: list[np.ndarray | ServeAppError] = []
-        seqs: list[list[int]] = []
-        owners: list[int] = []  # request index of each flattened sequence
-        for r, texts in enumerate(requests):
-            try:
-                encoded = self._encode(texts)
-            except ServeAppError as e:
-                results.append(e)
-                continue
-            results.append(np.empty(0))
-            seqs.extend(encoded)
-            owners.extend([r] * len(encoded))
-        if seqs:
-            started = time.perf_counter()
-            logits = await asyncio.to_thread(self._bucketed_forward, seqs)
-            self.record_batch(len(seqs), started)
-            owner_arr = np.array(owners)
-            for r, res in enumerate(results):
-                if not isinstance(res, ServeAppError):
-                    results[r] = logits[owner_arr == r]
-        return results
-
-    def _bucketed_forward(self, seqs: list[list[int]]) -> np.ndarray:
+    def _forward_all(self, prepared: list[list[list[int]]]) -> np.ndarray:
+        seqs = [s for p in prepared for s in p]
         out: np.ndarray | None = None
+        step = self.batching.max_batch_size
         for bucket in length_buckets([len(s) for s in seqs]):
-            logits = self._forward([seqs[i] for i in bucket])
-            if out is None:
-                out = np.empty((len(seqs), logits.shape[1]), dtype=logits.dtype)
-            out[bucket] = logits
+            for i in range(0, len(bucket), step):
+                rows = bucket[i : i + step]
+                logits = self._forward([seqs[r] for r in rows])
+                if out is None:
+                    out = np.empty((len(seqs), logits.shape[1]), dtype=logits.dtype)
+                out[rows] = logits
         assert out is not None, "at least one bucket"
         return out
 
 
-@serve.deployment(max_ongoing_requests=64)
-class ImageClassifier(OnnxModel):
-    """(N, 3, H, W) float32 pixels in [0, 1] in, (N, C) logits out."""
+@serve.deployment(max_ongoing_requests=16)
+class ImageClassifier(Classifier):
+    """(N, 3, H, W) images in: float32 in [0, 1], or uint8 (4x less to send), out (N, C) logits."""
 
     def warm_up(self) -> None:
         s = self.manifest.image_size or 32
         self.session.run(None, {"image": np.zeros((1, 3, s, s), dtype=np.float32)})
 
-    def _validate(self, images: Any) -> np.ndarray:
+    def _prepare(self, images: Any) -> np.ndarray:
         s = self.manifest.image_size
         if not isinstance(images, np.ndarray) or images.ndim != 4 or images.shape[1:] != (3, s, s):
             shape = getattr(images, "shape", None)
-            raise InvalidInput(f"image must be a float32 tensor of shape [N, 3, {s}, {s}], got {shape}")
+            raise InvalidInput(f"image must be a tensor of shape [N, 3, {s}, {s}], got {shape}")
         if images.shape[0] == 0:
             raise InvalidInput("empty batch: send at least one image")
+        if images.dtype == np.uint8:
+            return images.astype(np.float32) / 255.0
         if not np.isfinite(images).all():
             raise InvalidInput("image contains NaN or Inf")
         return images.astype(np.float32, copy=False)
 
-    async def classify(self, images: np.ndarray) -> np.ndarray:
-        return _raise_if_error(await self._run_batch(images))
+    def _rows(self, prepared: np.ndarray) -> int:
+        return len(prepared)
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def _run_batch(self, requests: list[np.ndarray]) -> list[np.ndarray | ServeAppError]:
-        results: list[np.ndarray | ServeAppError] = []
-        valid: list[np.ndarray] = []
-        for images in requests:
-            try:
-                valid.append(self._validate(images))
-                results.append(np.empty(0))
-            except ServeAppError as e:
-                results.append(e)
-        if valid:
-            started = time.perf_counter()
-            batch = np.concatenate(valid)
-            (logits,) = await asyncio.to_thread(self.session.run, None, {"image": batch})
-            self.record_batch(len(batch), started)
-            splits = np.split(logits, np.cumsum([len(v) for v in valid])[:-1])
-            it = iter(splits)
-            results = [r if isinstance(r, ServeAppError) else next(it) for r in results]
-        return results
+    def _forward_all(self, prepared: list[np.ndarray]) -> np.ndarray:
+        batch = np.concatenate(prepared)
+        step = self.batching.max_batch_size
+        parts = [self.session.run(None, {"image": batch[i : i + step]})[0] for i in range(0, len(batch), step)]
+        return np.concatenate(parts)

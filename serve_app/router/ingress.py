@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
@@ -21,12 +23,16 @@ from ray.serve.handle import DeploymentHandle
 
 from serve_app import __version__
 from serve_app.config import AppArgs
-from serve_app.errors import InvalidInput, ModelFailure, NotFound, ServeAppError
+from serve_app.errors import DeadlineExceeded, InvalidInput, ModelFailure, NotFound, Overloaded, ServeAppError
 from serve_app.manifest import Manifest
 from serve_app.protocols import openai, v2
 from serve_app.protocols.errors import error_response
 from serve_app.router import catalog
 from serve_app.router.cascade import CascadePolicy, softmax
+from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER, QoS, parse_qos
+from serve_app.router.telemetry import RouterTelemetry
+from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings
+from serve_app.scheduling.queue import Priority
 
 logger = logging.getLogger("ray.serve")
 READY_TIMEOUT_S = 5.0
@@ -57,11 +63,12 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
 
 
 class ClassifierResult:
-    """Logits for N items and which model answered each."""
+    """Logits for N items, which model answered each, and why the heavy tier was skipped, if it was."""
 
-    def __init__(self, logits: np.ndarray, served_by: list[str]) -> None:
+    def __init__(self, logits: np.ndarray, served_by: list[str], degraded: str | None = None) -> None:
         self.logits = logits
         self.served_by = served_by
+        self.degraded = degraded
 
 
 @serve.deployment(max_ongoing_requests=256)
@@ -73,6 +80,48 @@ class Router:
         self.policies = {name: CascadePolicy(r.threshold, r.signal) for name, r in self.args.routes.items()}
         self._manifests: dict[str, Manifest] = {}
         self._batching: dict[str, dict[str, Any]] = {}
+        self.dispatchers: dict[str, Dispatcher] = {}
+        self.cascade_items: Counter[tuple[str, str]] = Counter()
+        self.default_priority = Priority.parse(self.args.scheduling.default_priority)
+        self.router_id = serve.get_replica_context().replica_id.unique_id
+        self._telemetry_task: asyncio.Task[None] | None = None
+        if self.args.scheduling.policy == "fifo":
+            logger.warning("router scheduling policy is fifo: no priorities, deadlines or shedding (a benchmark baseline)")
+
+    # -- scheduling ----------------------------------------------------------------
+
+    def _dispatcher(self, model: str) -> Dispatcher:
+        if model not in self.dispatchers:
+            batching, sched = self.args.models[model].batching, self.args.scheduling
+            settings = DispatchSettings(
+                policy=sched.policy,
+                max_queue_items=sched.max_queue_items,
+                max_queue_delay_s=sched.max_queue_delay_s,
+                max_batch_size=batching.max_batch_size,
+                batch_wait_timeout_s=batching.batch_wait_timeout_s,
+            )
+            handle = self.handles[model]
+
+            async def send(payloads: list[Any], queued: int) -> BatchReply:
+                return await handle.run.remote(payloads, self.router_id, queued)
+
+            self.dispatchers[model] = Dispatcher(model, send, settings)
+            if self._telemetry_task is None:
+                self._telemetry_task = asyncio.get_running_loop().create_task(self._export_metrics())
+        return self.dispatchers[model]
+
+    async def _export_metrics(self) -> None:
+        telemetry = RouterTelemetry()
+        while True:
+            await asyncio.sleep(telemetry.interval_s)
+            try:
+                telemetry.export(self.dispatchers, self.cascade_items, {})
+            except Exception:  # metrics must never take the router down
+                logger.exception("exporting router metrics failed")
+
+    def _qos(self, priority: str | None, timeout_ms: str | None, parameters: dict[str, Any] | None) -> QoS:
+        headers = {k: v for k, v in ((PRIORITY_HEADER, priority), (TIMEOUT_HEADER, timeout_ms)) if v is not None}
+        return parse_qos(headers, parameters, time.monotonic(), self.default_priority)
 
     # -- catalog -------------------------------------------------------------
 
@@ -140,15 +189,23 @@ class Router:
     # -- inference -------------------------------------------------------------
 
     @app.post("/v2/models/{name}/infer")
-    async def infer(self, name: str, body: v2.InferRequest) -> JSONResponse:
+    async def infer(
+        self,
+        name: str,
+        body: v2.InferRequest,
+        x_priority: str | None = Header(None, description="high, normal or low (capped by the caller's tenant)"),
+        x_request_timeout_ms: str | None = Header(None, description="deadline; refused at once if it cannot be met"),
+    ) -> JSONResponse:
         self._known(name)
         model = self._answering_model(name)
-        manifest = await self._manifest(model)
         params = body.parameters or {}
+        qos = self._qos(x_priority, x_request_timeout_ms, params)
+        manifest = await self._manifest(model)
+        degraded = None
         if manifest.family == "gpt":
             outputs, served_by = await self._infer_generate(model, body, params)
         else:
-            outputs, served_by = await self._infer_classify(name, manifest, body)
+            outputs, served_by, degraded = await self._infer_classify(name, manifest, body, qos)
         if body.outputs is not None:
             wanted = [o.name for o in body.outputs]
             available = {o.name for o in outputs}
@@ -156,10 +213,14 @@ class Router:
             if unknown:
                 raise InvalidInput(f"unknown requested outputs {unknown}; this model has {sorted(available)}")
             outputs = [o for o in outputs if o.name in wanted]
+        parameters: dict[str, Any] = {"served_by": served_by}
+        headers = {"X-Served-By": ",".join(dict.fromkeys(served_by))}
+        if degraded:
+            parameters["degraded"] = headers["X-Degraded"] = degraded
         response = v2.InferResponse(
-            model_name=name, model_version=manifest.version, id=body.id, parameters={"served_by": served_by}, outputs=outputs
+            model_name=name, model_version=manifest.version, id=body.id, parameters=parameters, outputs=outputs
         )
-        return JSONResponse(response.model_dump(exclude_none=True), headers={"X-Served-By": ",".join(dict.fromkeys(served_by))})
+        return JSONResponse(response.model_dump(exclude_none=True), headers=headers)
 
     def _single_input(self, body: v2.InferRequest, expected: str) -> v2.RequestInput:
         match = [t for t in body.inputs if t.name == expected]
@@ -187,41 +248,55 @@ class Router:
             raise InvalidInput(f"input 'image' must have shape [N, 3, {s}, {s}], got {tensor.shape}")
         self._check_count(model, tensor.shape[0])
         images = v2.decode_numeric(tensor)
-        if images.dtype == np.uint8:
-            images = images.astype(np.float32) / 255.0
-        if not np.isfinite(images).all():
+        # uint8 travels to the replica as is (4x fewer bytes); it scales to [0, 1] there.
+        if images.dtype != np.uint8 and not np.isfinite(images).all():
             raise InvalidInput("input 'image' contains NaN or Inf")
         return images
 
-    async def _classify(self, name: str, payload: list[str] | np.ndarray) -> ClassifierResult:
+    async def _classify(self, name: str, payload: list[str] | np.ndarray, qos: QoS) -> ClassifierResult:
+        n = len(payload)
         if name not in self.args.routes:
-            logits = await self.handles[name].classify.remote(payload)
-            return ClassifierResult(logits, [name] * len(logits))
+            logits = await self._dispatcher(name).submit(payload, n, qos.priority, qos.deadline)
+            return ClassifierResult(logits, [name] * n)
         route = self.args.routes[name]
-        light = await self.handles[route.light].classify.remote(payload)
+        light = await self._dispatcher(route.light).submit(payload, n, qos.priority, qos.deadline)
         escalate = self.policies[name].escalate(light)
         served_by = [route.heavy if e else route.light for e in escalate]
+        degraded = None
         if escalate.any():
             idx = np.flatnonzero(escalate)
             subset = [payload[i] for i in idx] if isinstance(payload, list) else payload[idx]
-            heavy = await self.handles[route.heavy].classify.remote(subset)
-            light = light.copy()
-            light[idx] = heavy
-        return ClassifierResult(light, served_by)
+            try:
+                heavy = await self._dispatcher(route.heavy).submit(subset, len(idx), qos.priority, qos.deadline)
+                light = light.copy()
+                light[idx] = heavy
+            except (Overloaded, DeadlineExceeded) as e:
+                # The light answer now beats an error later: say so rather than hide it.
+                degraded = f"{route.heavy} {e.code}; answered by {route.light}"
+                served_by = [route.light] * n
+        heavy_rows = 0 if degraded else int(escalate.sum())
+        self.cascade_items[(name, "light")] += n - int(escalate.sum())
+        self.cascade_items[(name, "heavy")] += heavy_rows
+        self.cascade_items[(name, "degraded")] += 0 if not degraded else int(escalate.sum())
+        return ClassifierResult(light, served_by, degraded)
 
     async def _infer_classify(
-        self, name: str, manifest: Manifest, body: v2.InferRequest
-    ) -> tuple[list[v2.ResponseOutput], list[str]]:
+        self, name: str, manifest: Manifest, body: v2.InferRequest, qos: QoS
+    ) -> tuple[list[v2.ResponseOutput], list[str], str | None]:
         model = self._answering_model(name)
         payload = self._decode_classifier_input(model, manifest, body)
-        result = await self._classify(name, payload)
+        result = await self._classify(name, payload, qos)
         probs = softmax(result.logits).astype(np.float32)
         labels = [manifest.labels[i] for i in probs.argmax(axis=1)]
-        return [
-            v2.encode("logits", result.logits.astype(np.float32)),
-            v2.encode("probabilities", probs),
-            v2.encode("label", labels),
-        ], result.served_by
+        return (
+            [
+                v2.encode("logits", result.logits.astype(np.float32)),
+                v2.encode("probabilities", probs),
+                v2.encode("label", labels),
+            ],
+            result.served_by,
+            result.degraded,
+        )
 
     async def _generate_text(self, model: str, prompt: str, params: dict[str, Any]) -> tuple[str, str | None, int, int]:
         text, finish, prompt_tokens, completion_tokens = [], None, 0, 0

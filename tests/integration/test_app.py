@@ -254,18 +254,20 @@ def test_bad_openai_requests_get_4xx_in_openai_shape(app_url, body, status, need
 
 
 def test_a_bad_item_fails_alone_inside_a_batch(app_url):
-    """Through the handle (the router would reject it first): one invalid request
-    in a batch raises for its caller only; the others in the same batch succeed."""
+    """Through the handle (the router would reject it first): one invalid payload in a
+    batch gets its own error; the others in the same batch and in merged calls succeed."""
     handle = serve.get_deployment_handle("bert-light", APP)
 
     async def go():
-        calls = [handle.classify.remote([TEXTS[0]]) for _ in range(6)]
-        bad = handle.classify.remote([123])
-        return await asyncio.gather(*calls, bad, return_exceptions=True)
+        calls = [handle.run.remote([[TEXTS[0]], [123], [TEXTS[1], TEXTS[2]]]) for _ in range(3)]
+        return await asyncio.gather(*calls)
 
-    *good, bad = asyncio.run(go())
-    assert all(isinstance(g, np.ndarray) and g.shape == (1, 2) for g in good)
-    assert isinstance(bad, InvalidInput)
+    for reply in asyncio.run(go()):
+        good, bad, pair = reply.results
+        assert isinstance(good, np.ndarray) and good.shape == (1, 2)
+        assert isinstance(bad, InvalidInput)
+        assert pair.shape == (2, 2)
+        assert reply.exec_s > 0 and reply.wait_s >= 0
     assert httpx.post(f"{URL}/v2/models/bert-light/infer", json=_text_body(["still serving"])).status_code == 200
 
 

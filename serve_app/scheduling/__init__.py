@@ -1,0 +1,1 @@
+"""Scheduling policies: plain classes, no Ray, unit-testable on their own."""

@@ -1,0 +1,181 @@
+import asyncio
+
+import pytest
+
+from serve_app.errors import DeadlineExceeded, InvalidInput, Overloaded
+from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings
+from serve_app.scheduling.limit import AdaptiveLimit
+from serve_app.scheduling.queue import Priority
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class FakeModel:
+    """`replicas` replicas, one batch at a time each; a batch of n rows takes base + n * per_item."""
+
+    def __init__(self, replicas: int = 1, base_s: float = 0.01, per_item_s: float = 0.001) -> None:
+        self.slots = asyncio.Semaphore(replicas)
+        self.base_s, self.per_item_s = base_s, per_item_s
+        self.batches: list[list[str]] = []
+        self.queued_seen: list[int] = []
+        self.max_batch_size: int | None = None
+
+    async def send(self, payloads: list[str], queued: int) -> BatchReply:
+        arrived = asyncio.get_running_loop().time()
+        self.queued_seen.append(queued)
+        async with self.slots:
+            started = asyncio.get_running_loop().time()
+            self.batches.append(list(payloads))
+            exec_s = self.base_s + len(payloads) * self.per_item_s
+            await asyncio.sleep(exec_s)
+        results: list[object] = [InvalidInput(f"bad {p}") if p.startswith("bad") else p.upper() for p in payloads]
+        return BatchReply(results, wait_s=started - arrived, exec_s=exec_s, max_batch_size=self.max_batch_size)
+
+
+def dispatcher(model: FakeModel, **settings: object) -> Dispatcher:
+    return Dispatcher("m", model.send, DispatchSettings(**settings), limit=AdaptiveLimit(initial=1))  # type: ignore[arg-type]
+
+
+async def test_concurrent_requests_share_batches_and_get_their_own_results():
+    model = FakeModel()
+    d = dispatcher(model, max_batch_size=8)
+    out = await asyncio.gather(*(d.submit(f"r{i}", 1) for i in range(20)))
+    assert out == [f"R{i}" for i in range(20)]
+    assert len(model.batches) < 20
+    assert max(len(b) for b in model.batches) <= 8
+    assert d.stats.completed_items == 20 and d.inflight == 0
+
+
+async def test_bad_item_fails_alone():
+    model = FakeModel()
+    d = dispatcher(model)
+    results = await asyncio.gather(d.submit("ok", 1), d.submit("bad", 1), return_exceptions=True)
+    assert results[0] == "OK"
+    assert isinstance(results[1], InvalidInput)
+
+
+async def test_whole_batch_failure_reaches_every_request_and_backs_off():
+    async def broken(payloads: list[str], queued: int) -> BatchReply:
+        raise RuntimeError("replica died")
+
+    d = Dispatcher("m", broken, limit=AdaptiveLimit(initial=4))
+    results = await asyncio.gather(*(d.submit(str(i), 1) for i in range(3)), return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert d.limit.value < 4
+
+
+async def test_high_priority_jumps_the_queued_low_work():
+    model = FakeModel(base_s=0.02)
+    d = dispatcher(model, max_batch_size=2, batch_wait_timeout_s=0.0)
+    lows = [asyncio.ensure_future(d.submit(f"low{i}", 1, Priority.LOW)) for i in range(10)]
+    await asyncio.sleep(0.005)  # the first low batch is running, the rest queue
+    high = await d.submit("high", 1, Priority.HIGH)
+    assert high == "HIGH"
+    order = [p for b in model.batches for p in b]
+    assert order.index("high") <= 3, order
+    await asyncio.gather(*lows)
+
+
+async def test_fifo_serves_in_arrival_order():
+    model = FakeModel(base_s=0.02)
+    d = dispatcher(model, max_batch_size=2, batch_wait_timeout_s=0.0, policy="fifo")
+    lows = [asyncio.ensure_future(d.submit(f"low{i}", 1, Priority.LOW)) for i in range(10)]
+    await asyncio.sleep(0.005)
+    await d.submit("high", 1, Priority.HIGH)
+    order = [p for b in model.batches for p in b]
+    assert order.index("high") == 10
+    await asyncio.gather(*lows)
+
+
+async def test_infeasible_deadline_is_refused_without_model_time():
+    model = FakeModel(base_s=0.05)
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0)
+    await d.submit("learn", 1)  # the estimator needs one batch
+    backlog = [asyncio.ensure_future(d.submit(f"b{i}", 1)) for i in range(10)]
+    await asyncio.sleep(0)
+    now = asyncio.get_running_loop().time()
+    with pytest.raises(Overloaded, match="deadline") as refused:
+        await d.submit("hopeless", 1, deadline=d.clock() + 0.06)
+    assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 1
+    assert d.stats.shed["deadline"] == 1
+    assert asyncio.get_running_loop().time() - now < 0.01  # refused at once, not after waiting
+    await asyncio.gather(*backlog)
+    assert "hopeless" not in [p for b in model.batches for p in b]
+    assert sum(len(b) for b in model.batches) == 11
+
+
+async def test_full_queue_sheds_low_for_high_and_refuses_equals():
+    model = FakeModel(base_s=0.05)
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0, max_queue_items=3)
+    running = asyncio.ensure_future(d.submit("running", 1, Priority.LOW))
+    await asyncio.sleep(0)
+    lows = [asyncio.ensure_future(d.submit(f"low{i}", 1, Priority.LOW)) for i in range(3)]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded):
+        await d.submit("one-too-many", 1, Priority.LOW)
+    high = await d.submit("high", 1, Priority.HIGH)
+    assert high == "HIGH"
+    results = await asyncio.gather(running, *lows, return_exceptions=True)
+    shed = [r for r in results if isinstance(r, Overloaded)]
+    assert len(shed) == 1 and "higher-priority" in str(shed[0])
+    assert d.stats.shed == {"queue_full": 1, "evicted": 1}
+
+
+async def test_deadline_passing_in_the_queue_is_a_504_not_model_time():
+    model = FakeModel(base_s=0.05)
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0)
+    first = asyncio.ensure_future(d.submit("first", 1))
+    await asyncio.sleep(0)
+    with pytest.raises(DeadlineExceeded):
+        await d.submit("short", 1, deadline=d.clock() + 0.01)  # nothing learned yet, so it is admitted
+    await first
+    assert ["short"] not in model.batches
+    assert d.stats.shed["expired"] == 1
+
+
+async def test_cancelled_request_costs_no_model_time():
+    model = FakeModel(base_s=0.05)
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0)
+    first = asyncio.ensure_future(d.submit("first", 1))
+    gone = asyncio.ensure_future(d.submit("gone", 1))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    assert await first == "FIRST"
+    await asyncio.sleep(0.06)
+    assert ["gone"] not in model.batches
+    assert d.queue.items == 0
+
+
+async def test_router_queue_depth_travels_with_each_batch():
+    model = FakeModel(base_s=0.02)
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0)
+    await asyncio.gather(*(d.submit(str(i), 1) for i in range(5)))
+    assert max(model.queued_seen) >= 3 and model.queued_seen[-1] == 0
+
+
+async def test_live_batching_config_is_adopted_from_replies():
+    model = FakeModel()
+    model.max_batch_size = 3
+    d = dispatcher(model, max_batch_size=8)
+    await d.submit("x", 1)
+    assert d.settings.max_batch_size == 3
+    await asyncio.gather(*(d.submit(str(i), 1) for i in range(12)))
+    assert max(len(b) for b in model.batches) <= 3
+
+
+async def test_partial_batch_waits_for_more_only_while_the_model_is_busy():
+    model = FakeModel(base_s=0.03)
+    d = dispatcher(model, max_batch_size=8, batch_wait_timeout_s=0.01)
+    d.limit.value = 2
+    await d.submit("alone", 1)  # an idle model gets a lone request at once
+    assert model.batches == [["alone"]]
+    busy = asyncio.ensure_future(d.submit("busy", 1))
+    await asyncio.sleep(0)
+    follow = [asyncio.ensure_future(d.submit(f"f{i}", 1)) for i in range(3)]
+    await asyncio.gather(busy, *follow)
+    assert ["f0", "f1", "f2"] in model.batches

@@ -1,0 +1,70 @@
+import pytest
+
+from serve_app.scheduling.estimate import LatencyEstimator
+from serve_app.scheduling.limit import AdaptiveLimit
+
+
+def run(limit: AdaptiveLimit, replicas: int, batches: int, exec_s: float = 0.01) -> None:
+    """A model with `replicas` replicas, fed `limit.slots` batches at a time: each replica
+    runs one batch while the rest wait, so a batch waits (slots / replicas - 1) batch times."""
+    for _ in range(batches):
+        slots = limit.slots
+        wait = max(slots / replicas - 1, 0) * exec_s
+        limit.on_batch(wait_s=wait, exec_s=exec_s, inflight=slots)
+
+
+def test_limit_settles_near_one_queued_batch_per_replica():
+    for replicas in (1, 2, 4):
+        limit = AdaptiveLimit(initial=1)
+        run(limit, replicas, 500)
+        assert replicas + 0.5 * replicas - 1 <= limit.slots <= 2.5 * replicas + 1, (replicas, limit.value)
+
+
+def test_limit_follows_replicas_down_and_up():
+    limit = AdaptiveLimit(initial=1)
+    run(limit, 4, 500)
+    high = limit.slots
+    run(limit, 1, 500)
+    assert limit.slots < high
+    assert limit.slots <= 3
+
+
+def test_idle_model_does_not_inflate_the_limit():
+    limit = AdaptiveLimit(initial=2)
+    for _ in range(100):
+        limit.on_batch(wait_s=0.0, exec_s=0.01, inflight=1)
+    assert limit.slots == 2
+
+
+def test_failure_halves_the_limit_but_not_below_minimum():
+    limit = AdaptiveLimit(initial=8)
+    limit.on_failure()
+    assert limit.value == 4
+    for _ in range(10):
+        limit.on_failure()
+    assert limit.value == 1
+
+
+def test_limit_rejects_inconsistent_bounds():
+    with pytest.raises(ValueError, match="minimum <= initial"):
+        AdaptiveLimit(initial=100, maximum=10)
+
+
+def test_estimator_fits_a_line_through_small_and_full_batches():
+    est = LatencyEstimator()
+    for _ in range(50):
+        est.observe(items=1, rtt_s=0.010, wait_s=0.0)
+        est.observe(items=16, rtt_s=0.010 + 15 * 0.002 + 0.005, wait_s=0.005)
+    assert est.batch_s(1) == pytest.approx(0.010, rel=0.05)
+    assert est.batch_s(16) == pytest.approx(0.040, rel=0.1)
+
+
+def test_completion_counts_queued_batches_per_slot():
+    est = LatencyEstimator()
+    assert est.completion_s(1000, 1, 16, 1, 1) == 0.0  # nothing learned: admit
+    est.observe(items=1, rtt_s=0.01, wait_s=0.0)
+    est.observe(items=16, rtt_s=0.04, wait_s=0.0)
+    one_slot = est.completion_s(64, 1, 16, slots=1, inflight=1)
+    two_slots = est.completion_s(64, 1, 16, slots=2, inflight=1)
+    assert one_slot == pytest.approx(5 * est.batch_s(16) + est.batch_s(1))
+    assert two_slots < one_slot

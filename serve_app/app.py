@@ -34,10 +34,12 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
         batch = model.batching.max_batch_size
         handles[name] = deployment.options(
             name=name,
-            user_config=model.batching.model_dump(),
-            # Batches can only fill when a replica may hold a full batch of requests
-            # (ray-project/ray#43288); keep room for the next batch to form as well.
-            max_ongoing_requests=max(2 * batch, 8),
+            user_config=model.tuning().model_dump(),
+            # Generators batch with @serve.batch, which fills only when a replica may hold a
+            # full batch of requests (ray-project/ray#43288). Classifiers get whole batches
+            # from the router, about two at a time per replica; the rest is headroom for
+            # several routers.
+            max_ongoing_requests=max(2 * batch, 8) if model.family == "gpt" else 16,
         ).bind(name, str(args.model_path(name)), model.model_dump(mode="json"))
     # Routes and models travel to the router as plain data plus handles.
     return Router.options(name="router").bind(args.model_dump(mode="json"), handles)

@@ -25,6 +25,19 @@ class BatchingConfig(BaseModel):
     batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=1.0)
 
 
+class FaultConfig(BaseModel):
+    """Deliberate faults for drills and tests, off by default; live-tunable like batching."""
+
+    delay_s: float = Field(0.0, ge=0.0, le=60.0, description="extra seconds every batch takes")
+    error_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of batches that fail with a model error")
+
+
+class ReplicaTuning(BatchingConfig):
+    """A model deployment's `user_config`: what can change without restarting replicas."""
+
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+
+
 class GenerationDefaults(BaseModel):
     default_max_tokens: int = Field(32, ge=1)
     max_tokens_limit: int = Field(256, ge=1)
@@ -39,6 +52,10 @@ class ModelConfig(BaseModel):
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     generation: GenerationDefaults = Field(default_factory=GenerationDefaults)
     max_items_per_request: int = Field(64, ge=1, description="tensor rows accepted in one request")
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+
+    def tuning(self) -> ReplicaTuning:
+        return ReplicaTuning(**self.batching.model_dump(), faults=self.faults)
 
     @model_validator(mode="after")
     def _family_known(self) -> ModelConfig:

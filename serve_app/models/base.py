@@ -14,7 +14,7 @@ import ray
 from ray import serve
 from ray.serve import metrics
 
-from serve_app.config import BatchingConfig, ModelConfig
+from serve_app.config import BatchingConfig, FaultConfig, ModelConfig, ReplicaTuning
 from serve_app.manifest import Manifest
 from serve_app.models.runtime import create_session, intra_op_threads, select_providers
 
@@ -52,6 +52,7 @@ class OnnxModel:
             tag_keys=("model",),
         )
         self._latency_hist.set_default_tags({"model": name})
+        self.faults: FaultConfig = self.config.faults
         self.apply_batching(self.config.batching)
         self.warm_up()
 
@@ -66,8 +67,10 @@ class OnnxModel:
         self.batching = batching
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Live-tune batching through the Serve config's `user_config`, without a restart."""
-        self.apply_batching(BatchingConfig.model_validate(user_config))
+        """Live-tune batching (and fault drills) through the Serve config's `user_config`, without a restart."""
+        tuning = ReplicaTuning.model_validate(user_config)
+        self.apply_batching(BatchingConfig(**tuning.model_dump(exclude={"faults"})))
+        self.faults = tuning.faults
 
     def record_batch(self, size: int, started: float) -> None:
         self.batch_sizes[size] += 1
@@ -85,5 +88,6 @@ class OnnxModel:
             "gpu_ids": self.gpu_ids,
             "providers": self.session.get_providers(),
             "batching": self.batching.model_dump(),
+            "faults": self.faults.model_dump(),
             "batch_sizes": dict(self.batch_sizes),
         }

@@ -9,6 +9,7 @@ rest run.
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 from ray import serve
 
 from serve_app.config import BatchingConfig
-from serve_app.errors import InvalidInput, ServeAppError
+from serve_app.errors import InvalidInput, ModelFailure, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.batching import length_buckets, pad_right
 from serve_app.models.executor import BatchExecutor
@@ -71,12 +72,20 @@ class Classifier(OnnxModel):
                 results.append(e)
         if prepared:
             started = time.perf_counter()
+            self._inject_faults()
             logits = self._forward_all(prepared)
             self.record_batch(len(logits), started)
             bounds = np.cumsum([0, *(self._rows(p) for p in prepared)])
             parts = iter(logits[a:b] for a, b in itertools.pairwise(bounds))
             results = [next(parts) if r is None else r for r in results]
         return results  # type: ignore[return-value]  # every None was replaced
+
+    def _inject_faults(self) -> None:
+        """Drills: a slow or failing model, set live through `user_config` (see FaultConfig)."""
+        if self.faults.delay_s:
+            time.sleep(self.faults.delay_s)
+        if self.faults.error_rate and random.random() < self.faults.error_rate:
+            raise ModelFailure(f"{self.name}: injected fault")
 
     def _prepare(self, payload: Any) -> Any:
         raise NotImplementedError

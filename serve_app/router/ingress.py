@@ -160,6 +160,18 @@ class Router:
         ok = all(states)
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
+    @app.get("/router/status")
+    async def router_status(self) -> dict[str, Any]:
+        """This router replica's queues, learned limits, shedding and cascade counts."""
+        cascade: dict[str, dict[str, int]] = {}
+        for (route, outcome), n in self.cascade_items.items():
+            cascade.setdefault(route, {})[outcome] = n
+        return {
+            "router": self.router_id,
+            "models": {m: d.snapshot() for m, d in self.dispatchers.items()},
+            "routes": cascade,
+        }
+
     @app.get("/v2")
     async def server_metadata(self) -> v2.ServerMetadata:
         return v2.ServerMetadata(name="serve-app", version=__version__, extensions=[])

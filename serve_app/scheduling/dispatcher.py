@@ -137,6 +137,26 @@ class Dispatcher:
             self.queue.cancel(ticket)
             raise
 
+    def snapshot(self) -> dict[str, Any]:
+        """What an operator wants to see about this queue right now (the router's /router/status)."""
+        s = self.settings
+        return {
+            "policy": s.policy,
+            "queued_items": {p.name.lower(): n for p, n in self.queue.items_by_priority.items()},
+            "inflight_batches": self.inflight,
+            "inflight_limit": round(self.limit.value, 2),
+            "replica_queue_estimate": round(self.limit.queue_estimate, 3),
+            "max_batch_size": s.max_batch_size,
+            "batch_ms": {
+                "one": round(self.estimator.batch_s(1) * 1e3, 3),
+                "full": round(self.estimator.batch_s(s.max_batch_size) * 1e3, 3),
+            },
+            "admitted": dict(self.stats.admitted),
+            "shed": dict(self.stats.shed),
+            "completed_items": self.stats.completed_items,
+            "batches": self.stats.batches,
+        }
+
     # -- release -----------------------------------------------------------------
 
     def _dispatch(self) -> None:

@@ -1,0 +1,199 @@
+"""Router scheduling on a real Serve app, started the way users start it (`ray start`,
+then `serve run CONFIG`): priority under a flood, deadline admission, and autoscaling
+driven by work the router holds.
+
+Models are the tiny presets slowed down with the fault drill (`faults.delay_s`), so a
+handful of requests is enough to overload them and the timings are the model's, not
+the 2-core machine's noise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+import yaml
+from ray import serve
+
+pytestmark = pytest.mark.integration
+PORT = 8125
+URL = f"http://127.0.0.1:{PORT}"
+RAY_PORT = 6393
+BATCH_S = 0.1  # every batch of the slow models takes this long
+POLICY = "serve_app.scheduling.autoscale:router_demand_policy"
+
+
+def _config(model_dir: Path) -> dict[str, Any]:
+    slow = {"preset": "bert-tiny", "batching": {"max_batch_size": 2, "batch_wait_timeout_s": 0.0}, "faults": {"delay_s": BATCH_S}}
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": PORT},
+        "applications": [
+            {
+                "name": "default",
+                "route_prefix": "/",
+                "import_path": "serve_app.app:build_app",
+                "args": {
+                    "model_dir": str(model_dir),
+                    "models": {"slow": slow, "autoscaled": {**slow, "faults": {"delay_s": BATCH_S / 2}}},
+                    "scheduling": {"max_queue_items": 12, "max_queue_delay_s": 5.0},
+                },
+                "deployments": [
+                    {"name": "router", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
+                    {"name": "slow", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
+                    {
+                        "name": "autoscaled",
+                        "ray_actor_options": {"num_cpus": 0.5},
+                        "autoscaling_config": {
+                            "min_replicas": 1,
+                            "max_replicas": 2,
+                            "target_ongoing_requests": 2,
+                            "upscale_delay_s": 2,
+                            "downscale_delay_s": 4,
+                            "look_back_period_s": 2,
+                            "policy": {"policy_function": POLICY},
+                        },
+                    },
+                ],
+            }
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    for name in ("slow", "autoscaled"):
+        link = tiny_model_dir / name
+        if not link.exists():
+            link.symlink_to(tiny_model_dir / "bert-light")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=8", "--include-dashboard=false", "--disable-usage-stats"]
+    subprocess.run(start, check=True, env=env, capture_output=True)
+    path = tmp_path_factory.mktemp("sched") / "config.yaml"
+    path.write_text(yaml.safe_dump(_config(tiny_model_dir)))
+    try:
+        subprocess.run(
+            ["serve", "run", f"--address=127.0.0.1:{RAY_PORT}", "--non-blocking", str(path)],
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=180,
+        )
+        _wait_for(lambda: _ready(), 120, "application never became ready")
+        os.environ["RAY_AUTH_MODE"] = "token"
+        ray.init(address=f"127.0.0.1:{RAY_PORT}", log_to_driver=False)
+        yield env
+    finally:
+        ray.shutdown()
+        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+
+
+def _ready() -> bool:
+    try:
+        return httpx.get(f"{URL}/v2/health/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float, message: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.5)
+
+
+def _body(text: str = "the food was great") -> dict[str, Any]:
+    return {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}]}
+
+
+async def _timed_post(client: httpx.AsyncClient, model: str, headers: dict[str, str]) -> tuple[int, float, httpx.Response]:
+    started = time.monotonic()
+    resp = await client.post(f"/v2/models/{model}/infer", json=_body(), headers=headers)
+    return resp.status_code, time.monotonic() - started, resp
+
+
+def _status() -> dict[str, Any]:
+    return httpx.get(f"{URL}/router/status", timeout=10).json()
+
+
+def test_high_priority_overtakes_a_low_flood_and_the_excess_is_shed(app):
+    async def go() -> tuple[list[Any], list[Any]]:
+        async with httpx.AsyncClient(base_url=URL, timeout=60) as client:
+            await _timed_post(client, "slow", {})  # let the router learn the batch time
+            flood = [asyncio.ensure_future(_timed_post(client, "slow", {"X-Priority": "low"})) for _ in range(30)]
+            await asyncio.sleep(3 * BATCH_S)
+            high = [await _timed_post(client, "slow", {"X-Priority": "high"}) for _ in range(3)]
+            return high, await asyncio.gather(*flood)
+
+    high, low = asyncio.run(go())
+    assert all(status == 200 for status, _, _ in high), [r.text for _, _, r in high]
+    # At most the batches already released, then its own: never the queued low work.
+    assert max(latency for _, latency, _ in high) < 5 * BATCH_S, high
+    served = sorted(latency for status, latency, _ in low if status == 200)
+    shed = [r for status, _, r in low if status == 503]
+    assert {status for status, _, _ in low} <= {200, 503}
+    assert shed, "a 12-row queue cannot hold 30 waiting requests"
+    assert all(int(r.headers["Retry-After"]) >= 1 and "error" in r.json() for r in shed)
+    assert served[len(served) // 2] > max(latency for _, latency, _ in high)
+    stats = _status()["models"]["slow"]
+    assert stats["shed"].get("queue_full", 0) + stats["shed"].get("queue_delay", 0) >= len(shed)
+    assert stats["admitted"]["high"] >= 3
+
+
+def test_deadline_that_cannot_be_met_is_refused_before_the_model_runs(app):
+    before = _status()["models"]["slow"]
+    started = time.monotonic()
+    resp = httpx.post(f"{URL}/v2/models/slow/infer", json=_body(), headers={"X-Request-Timeout-Ms": str(BATCH_S * 1000 / 4)})
+    elapsed = time.monotonic() - started
+    assert resp.status_code == 503, resp.text
+    assert "deadline" in resp.json()["error"] and int(resp.headers["Retry-After"]) >= 1
+    assert elapsed < BATCH_S, "refused at admission, not after waiting"
+    after = _status()["models"]["slow"]
+    assert after["shed"].get("deadline", 0) == before["shed"].get("deadline", 0) + 1
+    assert after["completed_items"] == before["completed_items"]
+    # A feasible deadline on the same model is served.
+    ok = httpx.post(f"{URL}/v2/models/slow/infer", json=_body(), headers={"X-Request-Timeout-Ms": "5000"}, timeout=30)
+    assert ok.status_code == 200
+
+
+def _replicas(deployment: str) -> int:
+    states = serve.status().applications["default"].deployments[deployment].replica_states
+    return int(states.get("RUNNING", 0))
+
+
+def test_router_held_load_scales_the_model_up_and_back_down(app):
+    assert _replicas("autoscaled") == 1
+    stop = False
+    peak_queue = 0
+
+    async def load() -> None:
+        nonlocal peak_queue, stop
+        async with httpx.AsyncClient(base_url=URL, timeout=60) as client:
+
+            async def worker() -> None:
+                while not stop:
+                    await client.post("/v2/models/autoscaled/infer", json=_body())
+
+            tasks = [asyncio.ensure_future(worker()) for _ in range(10)]
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                await asyncio.sleep(1)
+                q = (await client.get("/router/status")).json()["models"].get("autoscaled", {})
+                peak_queue = max(peak_queue, sum(q.get("queued_items", {}).values()))
+                if await asyncio.to_thread(_replicas, "autoscaled") == 2:
+                    break
+            stop = True
+            await asyncio.gather(*tasks)
+
+    asyncio.run(load())
+    assert _replicas("autoscaled") == 2, "router-held load never scaled the model up"
+    assert peak_queue >= 4, "the load was held in the router's queue"
+    _wait_for(lambda: _replicas("autoscaled") == 1, 90, "the model never scaled back down")

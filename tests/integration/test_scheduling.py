@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,9 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-import ray
 import yaml
-from ray import serve
 
 pytestmark = pytest.mark.integration
 PORT = 8125
@@ -88,11 +87,8 @@ def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
             timeout=180,
         )
         _wait_for(lambda: _ready(), 120, "application never became ready")
-        os.environ["RAY_AUTH_MODE"] = "token"
-        ray.init(address=f"127.0.0.1:{RAY_PORT}", log_to_driver=False)
         yield env
     finally:
-        ray.shutdown()
         subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
 
 
@@ -164,13 +160,31 @@ def test_deadline_that_cannot_be_met_is_refused_before_the_model_runs(app):
     assert ok.status_code == 200
 
 
-def _replicas(deployment: str) -> int:
-    states = serve.status().applications["default"].deployments[deployment].replica_states
-    return int(states.get("RUNNING", 0))
+REPLICAS_SCRIPT = """
+import sys, ray
+from ray import serve
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+states = serve.status().applications["default"].deployments[sys.argv[2]].replica_states
+print(states.get("RUNNING", 0))
+"""
+
+
+def _replicas(env: dict[str, str], deployment: str) -> int:
+    """Running replicas, from Serve's own status. In a child process: a Ray client in this
+    process would need the token-auth setting before `import ray`, for every test module."""
+    out = subprocess.run(
+        [sys.executable, "-c", REPLICAS_SCRIPT, f"127.0.0.1:{RAY_PORT}", deployment],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.strip().splitlines()[-1])
 
 
 def test_router_held_load_scales_the_model_up_and_back_down(app):
-    assert _replicas("autoscaled") == 1
+    assert _replicas(app, "autoscaled") == 1
     stop = False
     peak_queue = 0
 
@@ -188,12 +202,12 @@ def test_router_held_load_scales_the_model_up_and_back_down(app):
                 await asyncio.sleep(1)
                 q = (await client.get("/router/status")).json()["models"].get("autoscaled", {})
                 peak_queue = max(peak_queue, sum(q.get("queued_items", {}).values()))
-                if await asyncio.to_thread(_replicas, "autoscaled") == 2:
+                if await asyncio.to_thread(_replicas, app, "autoscaled") == 2:
                     break
             stop = True
             await asyncio.gather(*tasks)
 
     asyncio.run(load())
-    assert _replicas("autoscaled") == 2, "router-held load never scaled the model up"
+    assert _replicas(app, "autoscaled") == 2, "router-held load never scaled the model up"
     assert peak_queue >= 4, "the load was held in the router's queue"
-    _wait_for(lambda: _replicas("autoscaled") == 1, 90, "the model never scaled back down")
+    _wait_for(lambda: _replicas(app, "autoscaled") == 1, 90, "the model never scaled back down")

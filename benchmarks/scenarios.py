@@ -102,7 +102,12 @@ def plain_config(s: Settings, model: str) -> dict[str, Any]:
                 "route_prefix": "/",
                 "import_path": "benchmarks.baselines.plain_serve:build",
                 "logging_config": app.get("logging_config", {}),
-                "args": {"name": model, "model_dir": str(s.model_dir / model), **batching},
+                "args": {
+                    "name": model,
+                    "model_dir": str(s.model_dir / model),
+                    "threads": app["args"]["models"][model].get("intra_op_threads"),
+                    **batching,
+                },
                 "deployments": [{"name": "PlainModel", **plain_deployment}],
             }
         ],

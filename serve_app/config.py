@@ -52,6 +52,9 @@ class ModelConfig(BaseModel):
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     generation: GenerationDefaults = Field(default_factory=GenerationDefaults)
     max_items_per_request: int = Field(64, ge=1, description="tensor rows accepted in one request")
+    intra_op_threads: int | None = Field(
+        None, ge=1, le=256, description="ONNX Runtime threads per replica; default: the replica's num_cpus, rounded up"
+    )
     faults: FaultConfig = Field(default_factory=FaultConfig)
 
     def tuning(self) -> ReplicaTuning:

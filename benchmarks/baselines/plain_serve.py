@@ -22,11 +22,13 @@ from serve_app.models.runtime import intra_op_threads
 
 @serve.deployment
 class PlainModel:
-    def __init__(self, name: str, model_dir: str, max_batch_size: int, batch_wait_timeout_s: float) -> None:
+    def __init__(
+        self, name: str, model_dir: str, max_batch_size: int, batch_wait_timeout_s: float, threads: int | None = None
+    ) -> None:
         # The same thread rule as ours, so the two differ only in what wraps the model.
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
         self.name = name
-        self.runner = ModelRunner(model_dir, threads=intra_op_threads(cpus))
+        self.runner = ModelRunner(model_dir, threads=threads or intra_op_threads(cpus))
         self.infer_batch.set_max_batch_size(max_batch_size)
         self.infer_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
@@ -45,5 +47,5 @@ class PlainModel:
 def build(args: dict[str, Any]) -> Any:
     batch = int(args.get("max_batch_size", 16))
     return PlainModel.options(max_ongoing_requests=max(2 * batch, 8)).bind(
-        args["name"], args["model_dir"], batch, float(args.get("batch_wait_timeout_s", 0.005))
+        args["name"], args["model_dir"], batch, float(args.get("batch_wait_timeout_s", 0.005)), args.get("threads")
     )

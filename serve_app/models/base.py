@@ -36,7 +36,8 @@ class OnnxModel:
         self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
         num_cpus = ctx.get_assigned_resources().get("CPU")
         self.providers = select_providers(self.gpu_ids)
-        self.session = create_session(self.model_dir / self.manifest.onnx_file, self.providers, intra_op_threads(num_cpus))
+        threads = self.config.intra_op_threads or intra_op_threads(num_cpus)
+        self.session = create_session(self.model_dir / self.manifest.onnx_file, self.providers, threads)
         self.batch_sizes: Counter[int] = Counter()
         self._batch_hist = metrics.Histogram(
             "serve_app_batch_size",

@@ -18,6 +18,8 @@ scenarios (each runs its setups side by side, in one invocation, on the same mod
   ingress  ours behind Ray Serve's default proxy vs HAProxy, each with and without
            RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (Ray restarted per setting)
   profile  ours under load with py-spy on the router and model replicas (collapsed stacks)
+  priority high-priority traffic (10% of capacity) alone, then under a low-priority flood
+           at 2x capacity: the router's priority policy vs plain FIFO, each on a fresh Ray
 
 Results go to benchmarks/results/<scenario>/<config name>/: result.json (all raw
 figures, machine info, the command), README.md (tables) and PNG plots.
@@ -29,7 +31,7 @@ Examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", choices=["compare", "sweep", "ingress", "profile"])
+    p.add_argument("scenario", choices=["compare", "sweep", "ingress", "profile", "priority"])
     p.add_argument("--config", type=Path, default=Path("configs/local.yaml"), help="Serve config of ours (default: %(default)s)")
     p.add_argument("--model-dir", type=Path, help="built models (default: the config's model_dir)")
     p.add_argument("--models", nargs="+", default=["bert-heavy", "resnet-heavy"], help="default: %(default)s")

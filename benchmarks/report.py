@@ -199,6 +199,44 @@ def ingress_markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def priority_markdown(res: dict[str, Any]) -> str:
+    r = res["result"]
+    lines = [
+        f"Ours ({r['ingress']}). Capacity: closed loop at concurrency {res['settings']['headline_concurrency']} "
+        "(priority policy). Then, open loop (Poisson), per policy on a fresh Ray: *unloaded* = the high-priority stream "
+        "alone; *loaded* = the same high stream plus low priority at the overload rate. Latency percentiles are of "
+        "answered (2xx) requests; *high refused* counts every other outcome of a high-priority request.",
+        "",
+    ]
+    for m, e in r["models"].items():
+        if "priority" not in e:
+            continue
+        cap, rates = e["capacity_rps"], e["rates_rps"]
+        lines += [
+            f"## {m}",
+            "",
+            f"Model: {_size_line(res['model_sizes'][m])}. Capacity {cap} req/s; high {rates['high']} req/s, "
+            f"low {rates['low']} req/s ({rates['low'] / cap:.1f}x capacity).",
+            "",
+            "| policy | high p50 unloaded ms | high p99 unloaded ms | high p50 loaded ms | high p99 loaded ms | "
+            "p99 loaded / unloaded | high refused | low answered req/s | goodput req/s | goodput / capacity |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for policy in ("priority", "fifo"):
+            un, lo = e[policy]["unloaded"]["streams"], e[policy]["loaded"]["streams"]
+            hu, hl = un[f"{m}/high"], lo[f"{m}/high"]
+            ll = lo.get(f"{m}/low", {"goodput_rps": 0})
+            refused = hl["requests"] - hl["statuses"].get("200", 0)
+            goodput = e[policy]["loaded"]["goodput_rps"]
+            lines.append(
+                f"| {policy} | {_fmt(hu['p50_ms'])} | {_fmt(hu['p99_ms'])} | {_fmt(hl['p50_ms'])} | {_fmt(hl['p99_ms'])} | "
+                f"{_ratio(hl['p99_ms'], hu['p99_ms'])} | {refused} of {hl['requests']} | {ll['goodput_rps']} | {goodput} | "
+                f"{_ratio(goodput, cap)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def profile_markdown(res: dict[str, Any]) -> str:
     lines = []
     for m, r in res["result"]["models"].items():
@@ -276,7 +314,13 @@ def plots(scenario: str, res: dict[str, Any], out_dir: Path) -> list[str]:
     return written
 
 
-MARKDOWN = {"compare": compare_markdown, "sweep": sweep_markdown, "ingress": ingress_markdown, "profile": profile_markdown}
+MARKDOWN = {
+    "compare": compare_markdown,
+    "sweep": sweep_markdown,
+    "ingress": ingress_markdown,
+    "profile": profile_markdown,
+    "priority": priority_markdown,
+}
 
 
 def write(scenario: str, res: dict[str, Any], out_dir: Path) -> Path:

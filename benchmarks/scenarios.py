@@ -8,6 +8,8 @@ that `benchmarks.report` writes out.
 - ingress: ours under Ray Serve's default proxy vs HAProxy, each with and
   without RAY_SERVE_THROUGHPUT_OPTIMIZED.
 - profile: ours under load with py-spy on the router and model replicas.
+- priority: high-priority latency while low-priority traffic floods the stack at
+  twice its capacity, with the router's priority policy and with plain FIFO.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Settings:
     sweep_concurrency: int = 32
     ingress_concurrencies: list[int] = field(default_factory=lambda: [8, 32])
     profile_seconds: float = 15.0
+    high_share: float = 0.1  # high-priority rate, as a share of the measured capacity
+    overload: float = 2.0  # low-priority rate, as a multiple of the measured capacity
 
     @classmethod
     def smoke(cls, models: list[str], model_dir: Path, config: Path) -> Settings:
@@ -78,11 +82,16 @@ def _load_config(s: Settings) -> dict[str, Any]:
     return config
 
 
-def ours_config(s: Settings, batching: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The user's config (default configs/local.yaml), pointed at the model dir; optional batching overrides."""
+def ours_config(
+    s: Settings, batching: dict[str, dict[str, Any]] | None = None, scheduling: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The user's config (default configs/local.yaml), pointed at the model dir; optional overrides."""
     config = _load_config(s)
+    args = config["applications"][0]["args"]
     for model, override in (batching or {}).items():
-        config["applications"][0]["args"]["models"][model]["batching"].update(override)
+        args["models"][model]["batching"].update(override)
+    if scheduling:
+        args["scheduling"] = {**args.get("scheduling", {}), **scheduling}
     return config
 
 
@@ -157,18 +166,19 @@ def compare(s: Settings) -> dict[str, Any]:
 def sweep(s: Settings) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
     out: dict[str, Any] = {"models": {}, "ingress": DEFAULT_INGRESS.label, "concurrency": s.sweep_concurrency}
-    with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
-        url = f"http://127.0.0.1:{HTTP_PORT}"
-        for m in s.models:
-            wl, points = _workload(s, m, tmp), []
-            for bs in s.sweep_batch_sizes:
-                # A changed batch size in the app's args redeploys: every point starts from fresh replicas,
-                # so the memory figure is this batch size's, not the largest one seen so far.
+    url = f"http://127.0.0.1:{HTTP_PORT}"
+    for m in s.models:
+        wl, points = _workload(s, m, tmp), []
+        for bs in s.sweep_batch_sizes:
+            # A fresh Ray per point: redeploying onto a running cluster left HAProxy sending part of
+            # the load to draining replicas (throughput swung 5x between runs), and fresh replicas
+            # make the memory figure this batch size's, not the largest one seen so far.
+            with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
                 cluster.deploy(ours_config(s, {m: {"max_batch_size": bs}}), _probe(s, m))
                 idle_rss = replica_rss_mb(m)
                 r = run_loadgen(url, wl, {"concurrency": s.sweep_concurrency}, s.seconds, s.warmup, (m,))
-                points.append({"max_batch_size": bs, "idle_rss_mb": idle_rss, **r})
-            out["models"][m] = points
+            points.append({"max_batch_size": bs, "idle_rss_mb": idle_rss, **r})
+        out["models"][m] = points
     shutil.rmtree(tmp, ignore_errors=True)
     return out
 
@@ -270,4 +280,35 @@ def inclusive_frames(collapsed: Path, n: int = 15) -> list[tuple[str, float]]:
     return _shares(counts, sum(k for _, k in stacks), n)
 
 
-SCENARIOS = {"compare": compare, "sweep": sweep, "ingress": ingress}
+def priority(s: Settings) -> dict[str, Any]:
+    """Capacity first (closed loop, priority policy); then, per policy on a fresh Ray: high
+    priority alone at `high_share` of capacity (its unloaded latency), and the same high
+    stream under a low-priority flood at `overload` x capacity (open loop, Poisson)."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+    out: dict[str, Any] = {"models": {m: {} for m in s.models}, "ingress": DEFAULT_INGRESS.label}
+    url = f"http://127.0.0.1:{HTTP_PORT}"
+    for policy in ("priority", "fifo"):
+        with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
+            cluster.deploy(ours_config(s, scheduling={"policy": policy}), _probe(s, s.models[0]))
+            for m in s.models:
+                entry = out["models"][m]
+                if "capacity_rps" not in entry:
+                    closed = run_loadgen(url, _workload(s, m, tmp), {"concurrency": s.headline_concurrency}, s.seconds, s.warmup)
+                    entry["capacity"] = closed
+                    entry["capacity_rps"] = closed["goodput_rps"]
+                cap = entry["capacity_rps"]
+                high_rate, low_rate = round(cap * s.high_share, 2), round(cap * s.overload, 2)
+                entry["rates_rps"] = {"high": high_rate, "low": low_rate}
+                high = workloads.v2_infer(m, s.model_dir / m, "high", weight=high_rate)
+                low = workloads.v2_infer(m, s.model_dir / m, "low", weight=low_rate)
+                alone = workloads.write([high], tmp / f"{m}.high.json")
+                mixed = workloads.write([high, low], tmp / f"{m}.mixed.json")
+                entry[policy] = {
+                    "unloaded": run_loadgen(url, alone, {"rate": high_rate}, s.seconds, s.warmup, (m, "router")),
+                    "loaded": run_loadgen(url, mixed, {"rate": high_rate + low_rate}, s.seconds, s.warmup, (m, "router")),
+                }
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+SCENARIOS = {"compare": compare, "sweep": sweep, "ingress": ingress, "priority": priority}

@@ -30,6 +30,11 @@ class FaultConfig(BaseModel):
 
     delay_s: float = Field(0.0, ge=0.0, le=60.0, description="extra seconds every batch takes")
     error_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of batches that fail with a model error")
+    duration_s: float | None = Field(
+        None,
+        gt=0,
+        description="faults last this long from the first batch they touch (an outage that heals); None: until changed",
+    )
 
 
 class ReplicaTuning(BatchingConfig):
@@ -92,6 +97,9 @@ class SchedulingConfig(BaseModel):
         2.0, gt=0, description="refuse work predicted to wait longer than this (503 with Retry-After)"
     )
     default_priority: Literal["high", "normal", "low"] = "normal"
+    batch_timeout_s: float = Field(30.0, gt=0, description="a batch taking longer is a model failure")
+    breaker_failures: int = Field(5, ge=1, description="failed batches in a row that open a model's circuit")
+    breaker_open_s: float = Field(5.0, gt=0, description="how long an open circuit fails fast before one probe")
 
 
 class AppArgs(BaseModel):

@@ -54,6 +54,7 @@ class OnnxModel:
         )
         self._latency_hist.set_default_tags({"model": name})
         self.faults: FaultConfig = self.config.faults
+        self._faults_since: float | None = None
         self.apply_batching(self.config.batching)
         self.warm_up()
 
@@ -71,6 +72,8 @@ class OnnxModel:
         """Live-tune batching (and fault drills) through the Serve config's `user_config`, without a restart."""
         tuning = ReplicaTuning.model_validate(user_config)
         self.apply_batching(BatchingConfig(**tuning.model_dump(exclude={"faults"})))
+        if tuning.faults != self.faults:
+            self._faults_since = None  # a changed drill starts its clock again
         self.faults = tuning.faults
 
     def record_batch(self, size: int, started: float) -> None:

@@ -82,6 +82,12 @@ class Classifier(OnnxModel):
 
     def _inject_faults(self) -> None:
         """Drills: a slow or failing model, set live through `user_config` (see FaultConfig)."""
+        if self.faults.duration_s is not None:
+            now = time.monotonic()
+            if self._faults_since is None:
+                self._faults_since = now
+            if now - self._faults_since > self.faults.duration_s:
+                return
         if self.faults.delay_s:
             time.sleep(self.faults.delay_s)
         if self.faults.error_rate and random.random() < self.faults.error_rate:

@@ -23,7 +23,7 @@ from ray.serve.handle import DeploymentHandle
 
 from serve_app import __version__
 from serve_app.config import AppArgs
-from serve_app.errors import DeadlineExceeded, InvalidInput, ModelFailure, NotFound, Overloaded, ServeAppError
+from serve_app.errors import DeadlineExceeded, InvalidInput, ModelFailure, NotFound, Overloaded, ServeAppError, Unavailable
 from serve_app.manifest import Manifest
 from serve_app.protocols import openai, v2
 from serve_app.protocols.errors import error_response
@@ -31,6 +31,7 @@ from serve_app.router import catalog
 from serve_app.router.cascade import CascadePolicy, softmax
 from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER, QoS, parse_qos
 from serve_app.router.telemetry import RouterTelemetry
+from serve_app.scheduling.breaker import BreakerState
 from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings
 from serve_app.scheduling.queue import Priority
 
@@ -99,6 +100,9 @@ class Router:
                 max_queue_delay_s=sched.max_queue_delay_s,
                 max_batch_size=batching.max_batch_size,
                 batch_wait_timeout_s=batching.batch_wait_timeout_s,
+                batch_timeout_s=sched.batch_timeout_s,
+                breaker_failures=sched.breaker_failures,
+                breaker_open_s=sched.breaker_open_s,
             )
             handle = self.handles[model]
 
@@ -115,7 +119,8 @@ class Router:
         while True:
             await asyncio.sleep(telemetry.interval_s)
             try:
-                telemetry.export(self.dispatchers, self.cascade_items, {})
+                breakers = {m: int(d.breaker.state) for m, d in self.dispatchers.items()}
+                telemetry.export(self.dispatchers, self.cascade_items, breakers)
             except Exception:  # metrics must never take the router down
                 logger.exception("exporting router metrics failed")
 
@@ -271,25 +276,31 @@ class Router:
             logits = await self._dispatcher(name).submit(payload, n, qos.priority, qos.deadline)
             return ClassifierResult(logits, [name] * n)
         route = self.args.routes[name]
-        light = await self._dispatcher(route.light).submit(payload, n, qos.priority, qos.deadline)
+        light_tier = self._dispatcher(route.light)
+        if light_tier.breaker.state != BreakerState.CLOSED and not light_tier.breaker.allow():
+            # The light tier is failing: the heavy one answers everything, and the response says so.
+            light_tier.stats.shed["breaker_open"] += 1
+            logits = await self._dispatcher(route.heavy).submit(payload, n, qos.priority, qos.deadline)
+            self.cascade_items[(name, "fallback")] += n
+            return ClassifierResult(logits, [route.heavy] * n, f"{route.light} circuit open; answered by {route.heavy}")
+        light = await light_tier.submit(payload, n, qos.priority, qos.deadline)
         escalate = self.policies[name].escalate(light)
+        escalated = int(escalate.sum())
         served_by = [route.heavy if e else route.light for e in escalate]
         degraded = None
-        if escalate.any():
+        if escalated:
             idx = np.flatnonzero(escalate)
             subset = [payload[i] for i in idx] if isinstance(payload, list) else payload[idx]
             try:
-                heavy = await self._dispatcher(route.heavy).submit(subset, len(idx), qos.priority, qos.deadline)
+                heavy = await self._dispatcher(route.heavy).submit(subset, escalated, qos.priority, qos.deadline)
                 light = light.copy()
                 light[idx] = heavy
-            except (Overloaded, DeadlineExceeded) as e:
-                # The light answer now beats an error later: say so rather than hide it.
+            except (Overloaded, DeadlineExceeded, Unavailable) as e:
+                # Overloaded, too late or circuit open: the light answer now beats an error later.
                 degraded = f"{route.heavy} {e.code}; answered by {route.light}"
                 served_by = [route.light] * n
-        heavy_rows = 0 if degraded else int(escalate.sum())
-        self.cascade_items[(name, "light")] += n - int(escalate.sum())
-        self.cascade_items[(name, "heavy")] += heavy_rows
-        self.cascade_items[(name, "degraded")] += 0 if not degraded else int(escalate.sum())
+        self.cascade_items[(name, "light")] += n - escalated
+        self.cascade_items[(name, "degraded" if degraded else "heavy")] += escalated
         return ClassifierResult(light, served_by, degraded)
 
     async def _infer_classify(

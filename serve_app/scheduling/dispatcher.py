@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.errors import DeadlineExceeded, Overloaded
+from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
+from serve_app.scheduling.breaker import CircuitBreaker
 from serve_app.scheduling.estimate import LatencyEstimator
 from serve_app.scheduling.limit import AdaptiveLimit
 from serve_app.scheduling.queue import Priority, QueueFull, QueuePolicy, RequestQueue, Ticket
@@ -48,6 +49,9 @@ class DispatchSettings:
     max_queue_delay_s: float = 2.0
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.004
+    batch_timeout_s: float = 30.0  # a batch taking longer counts as a model failure
+    breaker_failures: int = 5  # failed batches in a row that open the circuit
+    breaker_open_s: float = 5.0
 
 
 @dataclass
@@ -78,6 +82,7 @@ class Dispatcher:
         self.queue = RequestQueue(self.settings.policy, self.settings.max_queue_items)
         self.limit = limit or AdaptiveLimit()
         self.estimator = LatencyEstimator()
+        self.breaker = CircuitBreaker(self.settings.breaker_failures, self.settings.breaker_open_s, clock)
         self.clock = clock
         self.inflight = 0
         self.stats = DispatchStats()
@@ -106,6 +111,11 @@ class Dispatcher:
     def admit(self, payload: Any, items: int, priority: Priority, deadline: float | None) -> Ticket:
         """Queue a request or raise Overloaded; never spends model time on a refused one."""
         now = self.clock()
+        if not self.breaker.allow():
+            self.stats.shed["breaker_open"] += 1
+            raise Unavailable(
+                f"{self.model}: circuit open after repeated failures", retry_after_s=max(1.0, self.breaker.retry_after_s())
+            )
         if self.prioritized:
             predicted = self.predicted_s(items, priority)
             if deadline is not None and now + predicted > deadline:
@@ -146,6 +156,7 @@ class Dispatcher:
             "inflight_batches": self.inflight,
             "inflight_limit": round(self.limit.value, 2),
             "replica_queue_estimate": round(self.limit.queue_estimate, 3),
+            "breaker": self.breaker.state.name.lower(),
             "max_batch_size": s.max_batch_size,
             "batch_ms": {
                 "one": round(self.estimator.batch_s(1) * 1e3, 3),
@@ -194,13 +205,18 @@ class Dispatcher:
         for ticket in batch:
             self.stats.queue_wait_s.append(sent - ticket.enqueued)
         try:
-            reply = await self.send([t.payload for t in batch], self.queue.items)
+            reply = await asyncio.wait_for(self.send([t.payload for t in batch], self.queue.items), self.settings.batch_timeout_s)
         except Exception as e:  # the whole batch failed: every request gets the error
-            self.limit.on_failure()
+            if isinstance(e, TimeoutError):
+                e = Unavailable(f"{self.model}: batch timed out after {self.settings.batch_timeout_s:g} s")
+            if not (isinstance(e, ServeAppError) and e.status_code < 500):  # a client's bad input is no model failure
+                self.limit.on_failure()
+                self.breaker.on_failure()
             for ticket in batch:
                 if not ticket.result.done():
                     ticket.result.set_exception(e)
         else:
+            self.breaker.on_success()
             rtt = self.clock() - sent
             items = sum(t.items for t in batch)
             self.limit.on_batch(reply.wait_s, reply.exec_s, inflight)

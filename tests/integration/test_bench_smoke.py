@@ -83,3 +83,13 @@ def test_profile(tiny_model_dir: Path, tmp_path: Path) -> None:
     # py-spy needs ptrace; where it is allowed, both collapsed-stack files are there
     for name in r["profiles"].values():
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_priority(tiny_model_dir: Path, tmp_path: Path) -> None:
+    res = _bench("priority", tiny_model_dir, tmp_path, "bert-heavy")
+    e = res["result"]["models"]["bert-heavy"]
+    assert e["capacity_rps"] > 0 and e["rates_rps"]["low"] == pytest.approx(2 * e["capacity_rps"], rel=0.01)
+    for policy in ("priority", "fifo"):
+        assert set(e[policy]["loaded"]["streams"]) == {"bert-heavy/high", "bert-heavy/low"}
+        assert e[policy]["unloaded"]["streams"]["bert-heavy/high"]["requests"] > 0
+    assert "| priority |" in (tmp_path / "README.md").read_text()

@@ -1,6 +1,6 @@
 """Router scheduling on a real Serve app, started the way users start it (`ray start`,
-then `serve run CONFIG`): priority under a flood, deadline admission, and autoscaling
-driven by work the router holds.
+then `serve run CONFIG`): priority under a flood, deadline admission, circuit breaking
+on a replica with injected failures, and autoscaling driven by work the router holds.
 
 Models are the tiny presets slowed down with the fault drill (`faults.delay_s`), so a
 handful of requests is enough to overload them and the timings are the model's, not
@@ -28,6 +28,7 @@ URL = f"http://127.0.0.1:{PORT}"
 RAY_PORT = 6393
 BATCH_S = 0.1  # every batch of the slow models takes this long
 POLICY = "serve_app.scheduling.autoscale:router_demand_policy"
+OUTAGE_S = 6.0
 
 
 def _config(model_dir: Path) -> dict[str, Any]:
@@ -42,8 +43,20 @@ def _config(model_dir: Path) -> dict[str, Any]:
                 "import_path": "serve_app.app:build_app",
                 "args": {
                     "model_dir": str(model_dir),
-                    "models": {"slow": slow, "autoscaled": {**slow, "faults": {"delay_s": BATCH_S / 2}}},
-                    "scheduling": {"max_queue_items": 12, "max_queue_delay_s": 5.0},
+                    "models": {
+                        "slow": slow,
+                        "autoscaled": {**slow, "faults": {"delay_s": BATCH_S / 2}},
+                        # An outage drill: every batch fails for OUTAGE_S from the first one, then heals.
+                        "flaky": {"preset": "bert-tiny", "faults": {"error_rate": 1.0, "duration_s": OUTAGE_S}},
+                        "steady": {"preset": "bert-tiny"},
+                    },
+                    "routes": {"flaky-route": {"light": "flaky", "heavy": "steady", "threshold": 0.0}},
+                    "scheduling": {
+                        "max_queue_items": 12,
+                        "max_queue_delay_s": 5.0,
+                        "breaker_failures": 3,
+                        "breaker_open_s": 1.0,
+                    },
                 },
                 "deployments": [
                     {"name": "router", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
@@ -69,7 +82,7 @@ def _config(model_dir: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    for name in ("slow", "autoscaled"):
+    for name in ("slow", "autoscaled", "flaky", "steady"):
         link = tiny_model_dir / name
         if not link.exists():
             link.symlink_to(tiny_model_dir / "bert-light")
@@ -167,6 +180,32 @@ ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 states = serve.status().applications["default"].deployments[sys.argv[2]].replica_states
 print(states.get("RUNNING", 0))
 """
+
+
+def test_breaker_opens_on_a_failing_replica_falls_back_and_closes_when_it_heals(app):
+    failures = [httpx.post(f"{URL}/v2/models/flaky/infer", json=_body(), timeout=30) for _ in range(3)]
+    assert [r.status_code for r in failures] == [500] * 3
+    assert all("injected fault" in r.json()["error"] for r in failures)
+    started = time.monotonic()
+    fast = httpx.post(f"{URL}/v2/models/flaky/infer", json=_body(), timeout=30)
+    assert fast.status_code == 503 and "circuit open" in fast.json()["error"], fast.text
+    assert time.monotonic() - started < 0.5 and int(fast.headers["Retry-After"]) >= 1
+    assert _status()["models"]["flaky"]["breaker"] in ("open", "half_open")
+    # The route whose light tier is broken answers from its heavy tier, and says so.
+    routed = httpx.post(f"{URL}/v2/models/flaky-route/infer", json=_body(), timeout=30)
+    assert routed.status_code == 200, routed.text
+    assert routed.headers["X-Served-By"] == "steady"
+    assert "flaky circuit open" in routed.headers["X-Degraded"]
+    assert routed.json()["parameters"]["degraded"] == routed.headers["X-Degraded"]
+    # Probes keep failing during the outage; once it heals, one probe closes the breaker.
+    _wait_for(
+        lambda: httpx.post(f"{URL}/v2/models/flaky/infer", json=_body(), timeout=30).status_code == 200,
+        OUTAGE_S + 20,
+        "the breaker never closed after the replica healed",
+    )
+    assert _status()["models"]["flaky"]["breaker"] == "closed"
+    healed = httpx.post(f"{URL}/v2/models/flaky-route/infer", json=_body(), timeout=30)
+    assert healed.headers["X-Served-By"] == "flaky" and "X-Degraded" not in healed.headers
 
 
 def _replicas(env: dict[str, str], deployment: str) -> int:

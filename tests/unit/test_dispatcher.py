@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from serve_app.errors import DeadlineExceeded, InvalidInput, Overloaded
+from serve_app.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
 from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings
 from serve_app.scheduling.limit import AdaptiveLimit
 from serve_app.scheduling.queue import Priority
@@ -179,3 +179,41 @@ async def test_partial_batch_waits_for_more_only_while_the_model_is_busy():
     follow = [asyncio.ensure_future(d.submit(f"f{i}", 1)) for i in range(3)]
     await asyncio.gather(busy, *follow)
     assert ["f0", "f1", "f2"] in model.batches
+
+
+async def test_breaker_opens_fails_fast_then_a_probe_closes_it():
+    calls = 0
+    healthy = False
+
+    async def model(payloads: list[str], queued: int) -> BatchReply:
+        nonlocal calls
+        calls += 1
+        if not healthy:
+            raise RuntimeError("replica keeps crashing")
+        return BatchReply(list(payloads), 0.0, 0.001)
+
+    d = Dispatcher("m", model, DispatchSettings(breaker_failures=2, breaker_open_s=0.05, batch_wait_timeout_s=0.0))
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            await d.submit("x", 1)
+    assert calls == 2
+    with pytest.raises(Unavailable, match="circuit open") as refused:
+        await d.submit("x", 1)
+    assert calls == 2 and refused.value.retry_after_s >= 1  # failed fast, never reached the model
+    assert d.stats.shed["breaker_open"] == 1
+    await asyncio.sleep(0.06)
+    healthy = True
+    assert await d.submit("probe", 1) == "probe"
+    assert d.snapshot()["breaker"] == "closed"
+    assert await d.submit("y", 1) == "y"
+
+
+async def test_a_hung_batch_times_out_and_counts_as_a_failure():
+    async def hung(payloads: list[str], queued: int) -> BatchReply:
+        await asyncio.sleep(10)
+        raise AssertionError("unreachable")
+
+    d = Dispatcher("m", hung, DispatchSettings(batch_timeout_s=0.05, breaker_failures=1))
+    with pytest.raises(Unavailable, match="timed out"):
+        await d.submit("x", 1)
+    assert d.snapshot()["breaker"] == "open"

@@ -37,6 +37,23 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
     return subprocess.call(["serve", "run", ns.config, *ns.serve_args])
 
 
+def _cmd_keys_new(ns: argparse.Namespace) -> int:
+    import secrets
+
+    from serve_app.scheduling.tenants import key_digest
+
+    key = "sk-" + secrets.token_urlsafe(32)
+    print(f"key:        {key}\nkey_sha256: {key_digest(key).hex()}")
+    return 0
+
+
+def _cmd_keys_hash(ns: argparse.Namespace) -> int:
+    from serve_app.scheduling.tenants import key_digest
+
+    print(key_digest(sys.stdin.read().strip()).hex())
+    return 0
+
+
 def _cmd_k8s_render(ns: argparse.Namespace) -> int:
     from serve_app.kuberay import render
 
@@ -76,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--model-dir")
     serve.add_argument("serve_args", nargs=argparse.REMAINDER, help="passed on to `serve run`")
     serve.set_defaults(func=_cmd_serve)
+
+    keys = sub.add_parser("keys", help="API keys for `tenants`").add_subparsers(dest="action", required=True)
+    new_key = keys.add_parser("new", help="print a new random key and the key_sha256 to put in the config")
+    new_key.set_defaults(func=_cmd_keys_new)
+    hash_key = keys.add_parser("hash", help="print the key_sha256 of a key read from stdin")
+    hash_key.set_defaults(func=_cmd_keys_hash)
 
     k8s = sub.add_parser("k8s", help="Kubernetes (KubeRay) manifests").add_subparsers(dest="action", required=True)
     render = k8s.add_parser("render", help="write the RayService manifest from a Serve config")

@@ -102,11 +102,31 @@ class SchedulingConfig(BaseModel):
     breaker_open_s: float = Field(5.0, gt=0, description="how long an open circuit fails fast before one probe")
 
 
+class TenantConfig(BaseModel):
+    """One API client. Its key is given hashed (`key_sha256`) or read from an env var or a file, never in clear."""
+
+    name: str
+    key_sha256: str | None = Field(None, description="hex SHA-256 of the key (`serve-app keys hash`)")
+    key_env: str | None = Field(None, description="environment variable holding the key")
+    key_file: str | None = Field(None, description="file holding the key (e.g. a mounted Kubernetes secret)")
+    max_priority: Literal["high", "normal", "low"] = Field("high", description="the best priority this tenant may ask for")
+    rate_per_s: float | None = Field(None, gt=0, description="sustained requests per second; None: unlimited")
+    burst: int = Field(20, ge=1, description="requests allowed at once above the rate")
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> TenantConfig:
+        sources = [x for x in (self.key_sha256, self.key_env, self.key_file) if x]
+        if len(sources) != 1:
+            raise ValueError(f"tenant {self.name!r} needs exactly one of key_sha256, key_env, key_file")
+        return self
+
+
 class AppArgs(BaseModel):
     model_dir: str = Field("models", description=f"root of model directories; ${MODEL_DIR_ENV} overrides it")
     models: dict[str, ModelConfig]
     routes: dict[str, RouteConfig] = Field(default_factory=dict)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    tenants: list[TenantConfig] = Field(default_factory=list, description="API keys; none configured = open server")
 
     @model_validator(mode="after")
     def _routes_consistent(self) -> AppArgs:

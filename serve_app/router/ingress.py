@@ -22,7 +22,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from serve_app import __version__
-from serve_app.config import AppArgs
+from serve_app.config import AppArgs, TenantConfig
 from serve_app.errors import DeadlineExceeded, InvalidInput, ModelFailure, NotFound, Overloaded, ServeAppError, Unavailable
 from serve_app.manifest import Manifest
 from serve_app.protocols import openai, v2
@@ -34,6 +34,7 @@ from serve_app.router.telemetry import RouterTelemetry
 from serve_app.scheduling.breaker import BreakerState
 from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings
 from serve_app.scheduling.queue import Priority
+from serve_app.scheduling.tenants import Tenant, TenantRegistry, TokenBucket, resolve_key
 
 logger = logging.getLogger("ray.serve")
 READY_TIMEOUT_S = 5.0
@@ -63,6 +64,20 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     return error_response(request.url.path, ModelFailure(f"internal error: {type(exc).__name__}"))
 
 
+def build_registry(configs: list[TenantConfig]) -> TenantRegistry:
+    return TenantRegistry(
+        [
+            Tenant(
+                c.name,
+                Priority.parse(c.max_priority),
+                TokenBucket(c.rate_per_s, c.burst) if c.rate_per_s else None,
+                [resolve_key(c.key_sha256, c.key_env, c.key_file)],
+            )
+            for c in configs
+        ]
+    )
+
+
 class ClassifierResult:
     """Logits for N items, which model answered each, and why the heavy tier was skipped, if it was."""
 
@@ -86,6 +101,9 @@ class Router:
         self.default_priority = Priority.parse(self.args.scheduling.default_priority)
         self.router_id = serve.get_replica_context().replica_id.unique_id
         self._telemetry_task: asyncio.Task[None] | None = None
+        self.tenants = build_registry(self.args.tenants)
+        if self.tenants.open:
+            logger.warning("no API keys configured: this server is OPEN to every caller (set `tenants` in the config)")
         if self.args.scheduling.policy == "fifo":
             logger.warning("router scheduling policy is fifo: no priorities, deadlines or shedding (a benchmark baseline)")
 
@@ -124,9 +142,16 @@ class Router:
             except Exception:  # metrics must never take the router down
                 logger.exception("exporting router metrics failed")
 
-    def _qos(self, priority: str | None, timeout_ms: str | None, parameters: dict[str, Any] | None) -> QoS:
+    def _caller(self, authorization: str | None) -> Tenant:
+        """Authenticate (401) and rate-limit (429) before any other work."""
+        tenant = self.tenants.authenticate(authorization)
+        tenant.admit()
+        return tenant
+
+    def _qos(self, tenant: Tenant, priority: str | None, timeout_ms: str | None, parameters: dict[str, Any] | None) -> QoS:
         headers = {k: v for k, v in ((PRIORITY_HEADER, priority), (TIMEOUT_HEADER, timeout_ms)) if v is not None}
-        return parse_qos(headers, parameters, time.monotonic(), self.default_priority)
+        qos = parse_qos(headers, parameters, time.monotonic(), self.default_priority)
+        return QoS(tenant.cap(qos.priority), qos.deadline)
 
     # -- catalog -------------------------------------------------------------
 
@@ -166,8 +191,9 @@ class Router:
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/router/status")
-    async def router_status(self) -> dict[str, Any]:
+    async def router_status(self, authorization: str | None = Header(None)) -> dict[str, Any]:
         """This router replica's queues, learned limits, shedding and cascade counts."""
+        self.tenants.authenticate(authorization)
         cascade: dict[str, dict[str, int]] = {}
         for (route, outcome), n in self.cascade_items.items():
             cascade.setdefault(route, {})[outcome] = n
@@ -182,7 +208,8 @@ class Router:
         return v2.ServerMetadata(name="serve-app", version=__version__, extensions=[])
 
     @app.get("/v2/models/{name}")
-    async def model_metadata(self, name: str) -> v2.ModelMetadata:
+    async def model_metadata(self, name: str, authorization: str | None = Header(None)) -> v2.ModelMetadata:
+        self.tenants.authenticate(authorization)
         self._known(name)
         manifest = await self._manifest(self._answering_model(name))
         platform = "ensemble" if name in self.args.routes else "onnxruntime_onnx"
@@ -196,7 +223,8 @@ class Router:
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/v2/models/{name}/config")
-    async def model_config(self, name: str) -> dict[str, Any]:
+    async def model_config(self, name: str, authorization: str | None = Header(None)) -> dict[str, Any]:
+        self.tenants.authenticate(authorization)
         self._known(name)
         model = self._answering_model(name)
         manifest = await self._manifest(model)
@@ -212,11 +240,13 @@ class Router:
         body: v2.InferRequest,
         x_priority: str | None = Header(None, description="high, normal or low (capped by the caller's tenant)"),
         x_request_timeout_ms: str | None = Header(None, description="deadline; refused at once if it cannot be met"),
+        authorization: str | None = Header(None, description="Bearer <API key>, when keys are configured"),
     ) -> JSONResponse:
+        tenant = self._caller(authorization)
         self._known(name)
         model = self._answering_model(name)
         params = body.parameters or {}
-        qos = self._qos(x_priority, x_request_timeout_ms, params)
+        qos = self._qos(tenant, x_priority, x_request_timeout_ms, params)
         manifest = await self._manifest(model)
         degraded = None
         if manifest.family == "gpt":
@@ -343,11 +373,13 @@ class Router:
         return [n for n, m in self.args.models.items() if m.family == "gpt"]
 
     @app.get("/v1/models")
-    async def openai_models(self) -> openai.ModelList:
+    async def openai_models(self, authorization: str | None = Header(None)) -> openai.ModelList:
+        self.tenants.authenticate(authorization)
         return openai.ModelList(data=[openai.ModelCard(id=n) for n in self._generators()])
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(self, body: openai.CompletionRequest) -> Response:
+    async def completions(self, body: openai.CompletionRequest, authorization: str | None = Header(None)) -> Response:
+        self._caller(authorization)
         if body.model not in self._generators():
             raise NotFound(f"model {body.model!r} does not generate text; available: {self._generators()}")
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt

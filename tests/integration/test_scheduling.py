@@ -10,6 +10,7 @@ the 2-core machine's noise.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import subprocess
 import sys
@@ -28,6 +29,9 @@ URL = f"http://127.0.0.1:{PORT}"
 RAY_PORT = 6393
 BATCH_S = 0.1  # every batch of the slow models takes this long
 POLICY = "serve_app.scheduling.autoscale:router_demand_policy"
+GOLD_KEY, FREE_KEY = "gold-key-for-tests", "free-key-for-tests"
+AUTH = {"Authorization": f"Bearer {GOLD_KEY}"}
+FREE = {"Authorization": f"Bearer {FREE_KEY}"}
 OUTAGE_S = 6.0
 
 
@@ -51,6 +55,11 @@ def _config(model_dir: Path) -> dict[str, Any]:
                         "steady": {"preset": "bert-tiny"},
                     },
                     "routes": {"flaky-route": {"light": "flaky", "heavy": "steady", "threshold": 0.0}},
+                    "tenants": [
+                        {"name": "gold", "key_sha256": hashlib.sha256(GOLD_KEY.encode()).hexdigest()},
+                        # Read from the replicas' environment, as a Kubernetes secret would be.
+                        {"name": "free", "key_env": "SCHED_TEST_FREE_KEY", "max_priority": "low", "rate_per_s": 0.2, "burst": 3},
+                    ],
                     "scheduling": {
                         "max_queue_items": 12,
                         "max_queue_delay_s": 5.0,
@@ -86,7 +95,7 @@ def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         link = tiny_model_dir / name
         if not link.exists():
             link.symlink_to(tiny_model_dir / "bert-light")
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_SERVE_ENABLE_HA_PROXY": "0", "SCHED_TEST_FREE_KEY": FREE_KEY}
     start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=8", "--include-dashboard=false", "--disable-usage-stats"]
     subprocess.run(start, check=True, env=env, capture_output=True)
     path = tmp_path_factory.mktemp("sched") / "config.yaml"
@@ -130,12 +139,16 @@ async def _timed_post(client: httpx.AsyncClient, model: str, headers: dict[str, 
 
 
 def _status() -> dict[str, Any]:
-    return httpx.get(f"{URL}/router/status", timeout=10).json()
+    return httpx.get(f"{URL}/router/status", headers=AUTH, timeout=10).json()
+
+
+def _post(url: str, headers: dict[str, str] | None = None, **kwargs: Any) -> httpx.Response:
+    return httpx.post(url, headers={**AUTH, **(headers or {})}, timeout=30, **kwargs)
 
 
 def test_high_priority_overtakes_a_low_flood_and_the_excess_is_shed(app):
     async def go() -> tuple[list[Any], list[Any]]:
-        async with httpx.AsyncClient(base_url=URL, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=URL, timeout=60, headers=AUTH) as client:
             await _timed_post(client, "slow", {})  # let the router learn the batch time
             flood = [asyncio.ensure_future(_timed_post(client, "slow", {"X-Priority": "low"})) for _ in range(30)]
             await asyncio.sleep(3 * BATCH_S)
@@ -160,7 +173,7 @@ def test_high_priority_overtakes_a_low_flood_and_the_excess_is_shed(app):
 def test_deadline_that_cannot_be_met_is_refused_before_the_model_runs(app):
     before = _status()["models"]["slow"]
     started = time.monotonic()
-    resp = httpx.post(f"{URL}/v2/models/slow/infer", json=_body(), headers={"X-Request-Timeout-Ms": str(BATCH_S * 1000 / 4)})
+    resp = _post(f"{URL}/v2/models/slow/infer", {"X-Request-Timeout-Ms": str(BATCH_S * 1000 / 4)}, json=_body())
     elapsed = time.monotonic() - started
     assert resp.status_code == 503, resp.text
     assert "deadline" in resp.json()["error"] and int(resp.headers["Retry-After"]) >= 1
@@ -169,7 +182,7 @@ def test_deadline_that_cannot_be_met_is_refused_before_the_model_runs(app):
     assert after["shed"].get("deadline", 0) == before["shed"].get("deadline", 0) + 1
     assert after["completed_items"] == before["completed_items"]
     # A feasible deadline on the same model is served.
-    ok = httpx.post(f"{URL}/v2/models/slow/infer", json=_body(), headers={"X-Request-Timeout-Ms": "5000"}, timeout=30)
+    ok = _post(f"{URL}/v2/models/slow/infer", {"X-Request-Timeout-Ms": "5000"}, json=_body())
     assert ok.status_code == 200
 
 
@@ -183,29 +196,44 @@ print(states.get("RUNNING", 0))
 
 
 def test_breaker_opens_on_a_failing_replica_falls_back_and_closes_when_it_heals(app):
-    failures = [httpx.post(f"{URL}/v2/models/flaky/infer", json=_body(), timeout=30) for _ in range(3)]
+    failures = [_post(f"{URL}/v2/models/flaky/infer", json=_body()) for _ in range(3)]
     assert [r.status_code for r in failures] == [500] * 3
     assert all("injected fault" in r.json()["error"] for r in failures)
     started = time.monotonic()
-    fast = httpx.post(f"{URL}/v2/models/flaky/infer", json=_body(), timeout=30)
+    fast = _post(f"{URL}/v2/models/flaky/infer", json=_body())
     assert fast.status_code == 503 and "circuit open" in fast.json()["error"], fast.text
     assert time.monotonic() - started < 0.5 and int(fast.headers["Retry-After"]) >= 1
     assert _status()["models"]["flaky"]["breaker"] in ("open", "half_open")
     # The route whose light tier is broken answers from its heavy tier, and says so.
-    routed = httpx.post(f"{URL}/v2/models/flaky-route/infer", json=_body(), timeout=30)
+    routed = _post(f"{URL}/v2/models/flaky-route/infer", json=_body())
     assert routed.status_code == 200, routed.text
     assert routed.headers["X-Served-By"] == "steady"
     assert "flaky circuit open" in routed.headers["X-Degraded"]
     assert routed.json()["parameters"]["degraded"] == routed.headers["X-Degraded"]
     # Probes keep failing during the outage; once it heals, one probe closes the breaker.
     _wait_for(
-        lambda: httpx.post(f"{URL}/v2/models/flaky/infer", json=_body(), timeout=30).status_code == 200,
+        lambda: _post(f"{URL}/v2/models/flaky/infer", json=_body()).status_code == 200,
         OUTAGE_S + 20,
         "the breaker never closed after the replica healed",
     )
     assert _status()["models"]["flaky"]["breaker"] == "closed"
-    healed = httpx.post(f"{URL}/v2/models/flaky-route/infer", json=_body(), timeout=30)
+    healed = _post(f"{URL}/v2/models/flaky-route/infer", json=_body())
     assert healed.headers["X-Served-By"] == "flaky" and "X-Degraded" not in healed.headers
+
+
+def test_api_keys_tenants_priority_ceiling_and_rate_limit(app):
+    for headers, needle in (({}, "missing API key"), ({"Authorization": "Bearer wrong"}, "invalid API key")):
+        resp = httpx.post(f"{URL}/v2/models/steady/infer", json=_body(), headers=headers, timeout=30)
+        assert resp.status_code == 401 and needle in resp.json()["error"], resp.text
+    assert httpx.get(f"{URL}/v2/health/ready", timeout=10).status_code == 200  # probes need no key
+    before = _status()["models"]["steady"]["admitted"]
+    # "free" asks for high priority but its ceiling is low; its burst is 3, then 429.
+    answers = [_post(f"{URL}/v2/models/steady/infer", {**FREE, "X-Priority": "high"}, json=_body()) for _ in range(4)]
+    assert [r.status_code for r in answers] == [200, 200, 200, 429], [r.text for r in answers]
+    assert "rate limit" in answers[-1].json()["error"] and int(answers[-1].headers["Retry-After"]) >= 1
+    after = _status()["models"]["steady"]["admitted"]
+    assert after.get("low", 0) - before.get("low", 0) == 3
+    assert after.get("high", 0) == before.get("high", 0)
 
 
 def _replicas(env: dict[str, str], deployment: str) -> int:
@@ -229,7 +257,7 @@ def test_router_held_load_scales_the_model_up_and_back_down(app):
 
     async def load() -> None:
         nonlocal peak_queue, stop
-        async with httpx.AsyncClient(base_url=URL, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=URL, timeout=60, headers=AUTH) as client:
 
             async def worker() -> None:
                 while not stop:

@@ -1,0 +1,67 @@
+import pytest
+
+from serve_app.errors import RateLimited, Unauthorized
+from serve_app.scheduling.queue import Priority
+from serve_app.scheduling.tenants import Tenant, TenantRegistry, TokenBucket, key_digest, resolve_key
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_bucket_allows_a_burst_then_the_rate():
+    clock = Clock()
+    bucket = TokenBucket(rate_per_s=2, burst=3, clock=clock)
+    assert [bucket.take() for _ in range(3)] == [0, 0, 0]
+    assert bucket.take() == pytest.approx(0.5)
+    clock.now = 0.5
+    assert bucket.take() == 0
+    clock.now = 100
+    assert [bucket.take() for _ in range(4)][-1] > 0  # saved tokens never exceed the burst
+
+
+def test_open_registry_without_keys():
+    reg = TenantRegistry([])
+    assert reg.open and reg.authenticate(None).name == "anonymous"
+
+
+def test_keys_map_to_tenants_and_bad_keys_are_401():
+    gold = Tenant("gold", digests=[key_digest("k-gold")])
+    free = Tenant("free", Priority.LOW, digests=[key_digest("k-free")])
+    reg = TenantRegistry([gold, free])
+    assert reg.authenticate("Bearer k-gold") is gold
+    assert reg.authenticate("bearer  k-free ") is free
+    for bad in (None, "", "Bearer", "Basic k-gold", "Bearer nope"):
+        with pytest.raises(Unauthorized):
+            reg.authenticate(bad)
+
+
+def test_priority_ceiling_caps_what_a_tenant_asks_for():
+    free = Tenant("free", Priority.LOW)
+    assert free.cap(Priority.HIGH) is Priority.LOW
+    assert Tenant("std", Priority.NORMAL).cap(Priority.LOW) is Priority.LOW
+
+
+def test_rate_limit_is_a_429_with_retry_after():
+    t = Tenant("t", bucket=TokenBucket(1, 1, clock=Clock()))
+    t.admit()
+    with pytest.raises(RateLimited) as e:
+        t.admit()
+    assert e.value.status_code == 429 and e.value.retry_after_s == pytest.approx(1)
+
+
+def test_keys_come_hashed_from_config_env_or_file(tmp_path, monkeypatch):
+    digest = key_digest("s3cret")
+    assert resolve_key(digest.hex(), None, None) == digest
+    monkeypatch.setenv("TEAM_KEY", "s3cret\n")
+    assert resolve_key(None, "TEAM_KEY", None) == digest
+    (tmp_path / "key").write_text("s3cret\n")
+    assert resolve_key(None, None, str(tmp_path / "key")) == digest
+    with pytest.raises(ValueError, match="not set"):
+        resolve_key(None, "MISSING_KEY_VAR", None)
+    with pytest.raises(ValueError, match="64 hex"):
+        resolve_key("abcd", None, None)

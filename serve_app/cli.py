@@ -15,8 +15,24 @@ def _cmd_build(ns: argparse.Namespace) -> int:
 
     if ns.model_dir:
         os.environ[MODEL_DIR_ENV] = ns.model_dir
+    from serve_app.catalog_calibrate import calibrate_missing
+
     for args in load_app_args(ns.config):
         build_missing(args, force=ns.force)
+        # Routes without a pinned threshold take theirs from calibration: fit any that are missing or stale.
+        calibrate_missing(args)
+    return 0
+
+
+def _cmd_calibrate(ns: argparse.Namespace) -> int:
+    from serve_app.catalog_build import load_app_args
+    from serve_app.catalog_calibrate import calibrate_route, describe
+
+    if ns.model_dir:
+        os.environ[MODEL_DIR_ENV] = ns.model_dir
+    for args in load_app_args(ns.config):
+        for name in ns.route or list(args.routes):
+            print(describe(calibrate_route(args, name, ns.max_drop_pp / 100, ns.n)))
     return 0
 
 
@@ -93,6 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--model-dir")
     serve.add_argument("serve_args", nargs=argparse.REMAINDER, help="passed on to `serve run`")
     serve.set_defaults(func=_cmd_serve)
+
+    cal = sub.add_parser("calibrate", help="fit each route's escalation threshold on held-out data")
+    cal.add_argument("--config", default="configs/local.yaml")
+    cal.add_argument("--model-dir")
+    cal.add_argument("--route", nargs="+", help="default: every route of the config")
+    cal.add_argument("--max-drop-pp", type=float, default=0.5, help="accuracy points the cascade may lose vs heavy-only")
+    cal.add_argument("--n", type=int, default=2000, help="items per split (validation fits, test reports)")
+    cal.set_defaults(func=_cmd_calibrate)
 
     keys = sub.add_parser("keys", help="API keys for `tenants`").add_subparsers(dest="action", required=True)
     new_key = keys.add_parser("new", help="print a new random key and the key_sha256 to put in the config")

@@ -78,12 +78,16 @@ class ModelConfig(BaseModel):
 
 
 class RouteConfig(BaseModel):
-    """Tiered route: the light model answers unless its confidence is below `threshold`."""
+    """Tiered route: the light model answers unless its confidence is below `threshold`.
+
+    Leave `threshold` out to use the one `serve-app calibrate` fitted on held-out data
+    (stored in the light model's manifest); set it to pin a value by hand.
+    """
 
     light: str
     heavy: str
-    threshold: float = Field(0.9, ge=0.0, le=1.0)
-    signal: Literal["max_prob", "margin"] = "max_prob"
+    threshold: float | None = Field(None, ge=0.0, le=1.0)
+    signal: Literal["max_prob", "margin", "entropy"] = "max_prob"
 
 
 class SchedulingConfig(BaseModel):

@@ -45,6 +45,9 @@ class Manifest(BaseModel):
     generation: GenerationSpec | None = None
     # Where the weights came from: preset, training figures, parity, fingerprint.
     source: dict[str, Any] = Field(default_factory=dict)
+    # Cascade thresholds fitted with this model as the light tier, by heavy model name
+    # (`serve-app calibrate`): signal, threshold, target, and the held-out scores.
+    calibrations: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @classmethod
     def load(cls, model_dir: str | Path) -> Manifest:

@@ -7,7 +7,8 @@ from typing import Literal
 
 import numpy as np
 
-Signal = Literal["max_prob", "margin"]
+Signal = Literal["max_prob", "margin", "entropy"]
+SIGNALS: tuple[Signal, ...] = ("max_prob", "margin", "entropy")
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -17,10 +18,13 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def confidence(logits: np.ndarray, signal: Signal) -> np.ndarray:
-    """Per-row confidence in [0, 1] from (N, C) logits."""
+    """Per-row confidence in [0, 1] from (N, C) logits; higher = surer."""
     p = softmax(logits.astype(np.float64))
     if signal == "max_prob":
         return p.max(axis=-1)
+    if signal == "entropy":  # 1 - normalised entropy: 1 for one-hot, 0 for uniform
+        h = -(p * np.log(np.clip(p, 1e-12, 1.0))).sum(axis=-1)
+        return 1.0 - h / np.log(p.shape[-1])
     top2 = np.sort(p, axis=-1)[:, -2:]
     return top2[:, 1] - top2[:, 0]
 

@@ -93,7 +93,7 @@ class Router:
     def __init__(self, args: dict[str, Any], handles: dict[str, DeploymentHandle]) -> None:
         self.args = AppArgs.model_validate(args)
         self.handles = handles
-        self.policies = {name: CascadePolicy(r.threshold, r.signal) for name, r in self.args.routes.items()}
+        self.policies = {name: self._cascade_policy(name) for name in self.args.routes}
         self._manifests: dict[str, Manifest] = {}
         self._batching: dict[str, dict[str, Any]] = {}
         self.dispatchers: dict[str, Dispatcher] = {}
@@ -106,6 +106,19 @@ class Router:
             logger.warning("no API keys configured: this server is OPEN to every caller (set `tenants` in the config)")
         if self.args.scheduling.policy == "fifo":
             logger.warning("router scheduling policy is fifo: no priorities, deadlines or shedding (a benchmark baseline)")
+
+    def _cascade_policy(self, name: str) -> CascadePolicy:
+        route = self.args.routes[name]
+        if route.threshold is not None:
+            return CascadePolicy(route.threshold, route.signal)
+        fitted = Manifest.load(self.args.model_path(route.light)).calibrations.get(route.heavy)
+        if fitted is None:
+            raise ValueError(
+                f"route {name!r} has no threshold and {route.light} was never calibrated against {route.heavy}: "
+                "run `serve-app calibrate --config <this config>` or set `threshold`"
+            )
+        logger.info("route %s: calibrated %s >= %.4f answers from %s", name, fitted["signal"], fitted["threshold"], route.light)
+        return CascadePolicy(float(fitted["threshold"]), fitted["signal"])
 
     # -- scheduling ----------------------------------------------------------------
 

@@ -1,0 +1,38 @@
+"""Classifier logits on generated, labelled data, through ONNX Runtime (no torch, no Ray):
+what `serve-app calibrate` fits and checks cascade thresholds on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from serve_app.manifest import Manifest
+from serve_app.models.batching import pad_right
+from serve_app.tokenization import TextTokenizer
+from serve_app.zoo.data import sentiment_dataset, shapes_dataset
+
+CHUNK = 64
+
+
+def classifier_logits(model_dir: Path, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(N, C) logits and (N,) labels for `n` generated items of this model's task."""
+    manifest = Manifest.load(model_dir)
+    session = ort.InferenceSession(str(model_dir / manifest.onnx_file), providers=["CPUExecutionProvider"])
+    if manifest.family == "bert":
+        assert manifest.tokenizer_file, f"{model_dir}: text model manifest names no tokenizer"
+        texts, labels = sentiment_dataset(n, seed)
+        tok = TextTokenizer.from_file(model_dir / manifest.tokenizer_file)
+        limit = manifest.max_sequence_length or 512
+        seqs = [ids[:limit] or [tok.pad_id] for ids in tok.encode_batch(texts)]
+        parts = []
+        for i in range(0, n, CHUNK):
+            ids, mask = pad_right(seqs[i : i + CHUNK], tok.pad_id)
+            parts.append(session.run(None, {"input_ids": ids, "attention_mask": mask})[0])
+        return np.concatenate(parts), np.asarray(labels)
+    if manifest.family == "resnet":
+        images, labels = shapes_dataset(n, seed, manifest.image_size or 32)
+        parts = [session.run(None, {"image": images[i : i + CHUNK].astype(np.float32)})[0] for i in range(0, n, CHUNK)]
+        return np.concatenate(parts), np.asarray(labels)
+    raise ValueError(f"{model_dir}: {manifest.family} is not a classifier")

@@ -202,8 +202,10 @@ def ingress_markdown(res: dict[str, Any]) -> str:
 def priority_markdown(res: dict[str, Any]) -> str:
     r = res["result"]
     lines = [
-        f"Ours ({r['ingress']}). Capacity: closed loop at concurrency {res['settings']['headline_concurrency']} "
-        "(priority policy). Then, open loop (Poisson), per policy on a fresh Ray: *unloaded* = the high-priority stream "
+        f"Ours ({r['ingress']}). Capacity: the best closed-loop throughput at concurrency "
+        f"{max(2, res['settings']['headline_concurrency'] // 4)} and {res['settings']['headline_concurrency']} "
+        "(priority policy). "
+        "Then, open loop (Poisson), per policy on a fresh Ray: *unloaded* = the high-priority stream "
         "alone; *loaded* = the same high stream plus low priority at the overload rate. Latency percentiles are of "
         "answered (2xx) requests; *high refused* counts every other outcome of a high-priority request.",
         "",

@@ -85,6 +85,7 @@ class Dispatcher:
         self.breaker = CircuitBreaker(self.settings.breaker_failures, self.settings.breaker_open_s, clock)
         self.clock = clock
         self.inflight = 0
+        self.inflight_items = 0
         self.stats = DispatchStats()
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -98,7 +99,7 @@ class Dispatcher:
     def predicted_s(self, items: int, priority: Priority) -> float:
         s = self.settings
         ahead = self.queue.items_ahead(priority)
-        return self.estimator.completion_s(ahead, items, s.max_batch_size, self.limit.slots, self.inflight)
+        return self.estimator.completion_s(ahead, items, s.max_batch_size, self.limit.slots, self.inflight, self.inflight_items)
 
     def _retry_after(self) -> float:
         s = self.settings
@@ -188,6 +189,7 @@ class Dispatcher:
             if not batch:
                 continue
             self.inflight += 1
+            self.inflight_items += sum(t.items for t in batch)
             task = asyncio.get_running_loop().create_task(self._run(batch, self.inflight, now))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -233,6 +235,7 @@ class Dispatcher:
                     ticket.result.set_result(result)
         finally:
             self.inflight -= 1
+            self.inflight_items -= sum(t.items for t in batch)
             self._dispatch()
 
     def _adopt(self, reply: BatchReply) -> None:

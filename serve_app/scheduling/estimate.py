@@ -43,15 +43,18 @@ class LatencyEstimator:
     def batch_s(self, items: int) -> float:
         return self.overhead_s + max(items - 1, 0) * self.per_item_s
 
-    def completion_s(self, items_ahead: int, items: int, batch_size: int, slots: int, inflight: int) -> float:
-        """Predicted seconds until a request of `items` rows, queued behind `items_ahead`
-        rows and `inflight` running batches, completes."""
+    def completion_s(
+        self, items_ahead: int, items: int, batch_size: int, slots: int, inflight: int, inflight_items: int = 0
+    ) -> float:
+        """Predicted seconds until a request of `items` rows completes, queued behind `items_ahead`
+        rows and `inflight` running batches (`inflight_items` rows between them)."""
         if self.samples == 0:
             return 0.0  # nothing learned yet: admit, and learn
-        batches_ahead = -(-items_ahead // max(batch_size, 1))
-        # Every slot busy means waiting for one to free up; queued batches go `slots` at a time.
-        rounds = (batches_ahead + (inflight if inflight >= slots else 0)) / max(slots, 1)
-        return rounds * self.batch_s(batch_size) + self.batch_s(items)
+        # Every slot busy: wait for one running batch (of the size actually running) to end.
+        slot_wait = self.batch_s(-(-inflight_items // inflight)) if inflight and inflight >= slots else 0.0
+        # Rows ahead leave in full batches, `slots` batches at a time.
+        rounds = -(-items_ahead // max(batch_size, 1)) / max(slots, 1)
+        return slot_wait + rounds * self.batch_s(batch_size) + self.batch_s(items)
 
     def drain_s(self, items: int, batch_size: int, slots: int) -> float:
         """Seconds to serve `items` queued rows: what Retry-After tells a refused client."""

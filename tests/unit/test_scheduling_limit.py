@@ -64,7 +64,10 @@ def test_completion_counts_queued_batches_per_slot():
     assert est.completion_s(1000, 1, 16, 1, 1) == 0.0  # nothing learned: admit
     est.observe(items=1, rtt_s=0.01, wait_s=0.0)
     est.observe(items=16, rtt_s=0.04, wait_s=0.0)
-    one_slot = est.completion_s(64, 1, 16, slots=1, inflight=1)
-    two_slots = est.completion_s(64, 1, 16, slots=2, inflight=1)
+    one_slot = est.completion_s(64, 1, 16, slots=1, inflight=1, inflight_items=16)
+    two_slots = est.completion_s(64, 1, 16, slots=2, inflight=1, inflight_items=16)
     assert one_slot == pytest.approx(5 * est.batch_s(16) + est.batch_s(1))
     assert two_slots < one_slot
+    # A small batch running is a short wait, not a full batch's.
+    small = est.completion_s(0, 1, 16, slots=1, inflight=1, inflight_items=1)
+    assert small == pytest.approx(2 * est.batch_s(1))

@@ -20,6 +20,8 @@ scenarios (each runs its setups side by side, in one invocation, on the same mod
   profile  ours under load with py-spy on the router and model replicas (collapsed stacks)
   priority high-priority traffic (10% of capacity) alone, then under a low-priority flood
            at 2x capacity: the router's priority policy vs plain FIFO, each on a fresh Ray
+  cascade  each route (light first, heavy when unsure) vs its heavy model alone: throughput,
+           latency, who answered; with the calibrated accuracies from the light manifest
 
 Results go to benchmarks/results/<scenario>/<config name>/: result.json (all raw
 figures, machine info, the command), README.md (tables) and PNG plots.
@@ -31,7 +33,7 @@ Examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", choices=["compare", "sweep", "ingress", "profile", "priority"])
+    p.add_argument("scenario", choices=["compare", "sweep", "ingress", "profile", "priority", "cascade"])
     p.add_argument("--config", type=Path, default=Path("configs/local.yaml"), help="Serve config of ours (default: %(default)s)")
     p.add_argument("--model-dir", type=Path, help="built models (default: the config's model_dir)")
     p.add_argument("--models", nargs="+", default=["bert-heavy", "resnet-heavy"], help="default: %(default)s")
@@ -56,6 +58,12 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     if ns.concurrency:
         s.concurrencies = ns.concurrency
         s.headline_concurrency = max(ns.concurrency) if s.headline_concurrency not in ns.concurrency else s.headline_concurrency
+    # Routes that take their threshold from calibration need one for these model files,
+    # as `serve-app models build` does for users.
+    from serve_app.catalog_calibrate import calibrate_missing
+    from serve_app.config import AppArgs
+
+    calibrate_missing(AppArgs.model_validate({**config["applications"][0]["args"], "model_dir": str(model_dir)}))
     out_dir = ns.out or Path("benchmarks/results") / ns.scenario / ns.config.stem
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"bench {ns.scenario}: models {s.models} from {model_dir}; writing {out_dir}", flush=True)

@@ -207,7 +207,8 @@ def priority_markdown(res: dict[str, Any]) -> str:
         "(priority policy). "
         "Then, open loop (Poisson), per policy on a fresh Ray: *unloaded* = the high-priority stream "
         "alone; *loaded* = the same high stream plus low priority at the overload rate. Latency percentiles are of "
-        "answered (2xx) requests; *high refused* counts every other outcome of a high-priority request.",
+        "answered (2xx) requests; *high refused* counts every other outcome of a high-priority request; goodput "
+        "counts 2xx answers that arrived inside the measured window.",
         "",
     ]
     for m, e in r["models"].items():
@@ -229,13 +230,40 @@ def priority_markdown(res: dict[str, Any]) -> str:
             hu, hl = un[f"{m}/high"], lo[f"{m}/high"]
             ll = lo.get(f"{m}/low", {"goodput_rps": 0})
             refused = hl["requests"] - hl["statuses"].get("200", 0)
-            goodput = e[policy]["loaded"]["goodput_rps"]
+            loaded = e[policy]["loaded"]
+            low_ok = ll.get("goodput_in_window_rps", ll["goodput_rps"])
+            goodput = loaded.get("goodput_in_window_rps", loaded["goodput_rps"])
             lines.append(
                 f"| {policy} | {_fmt(hu['p50_ms'])} | {_fmt(hu['p99_ms'])} | {_fmt(hl['p50_ms'])} | {_fmt(hl['p99_ms'])} | "
-                f"{_ratio(hl['p99_ms'], hu['p99_ms'])} | {refused} of {hl['requests']} | {ll['goodput_rps']} | {goodput} | "
+                f"{_ratio(hl['p99_ms'], hu['p99_ms'])} | {refused} of {hl['requests']} | {low_ok} | {goodput} | "
                 f"{_ratio(goodput, cap)} |"
             )
         lines.append("")
+    return "\n".join(lines)
+
+
+def cascade_markdown(res: dict[str, Any]) -> str:
+    r = res["result"]
+    lines = [
+        f"Ours ({r['ingress']}), closed loop at concurrency {r['concurrency']}, held-out inputs. Accuracy figures are "
+        "`serve-app calibrate`'s on the test split (threshold fitted on the validation split).",
+        "",
+        "| route | signal >= threshold | light answers (calibration) | light answered (this run) | cascade acc | "
+        "heavy-only acc | light-only acc | route req/s | heavy-only req/s | route / heavy-only | route p50 ms | heavy p50 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, e in r["routes"].items():
+        cal, run, heavy = e["calibration"] or {}, e["route"], e["heavy_only"]
+        test = cal.get("test", {})
+        served = run.get("served_by", {})
+        light_share = served.get(e["light"], 0) / max(1, sum(served.values()))
+        pct = lambda v: f"{v:.2%}" if isinstance(v, float) else "-"  # noqa: E731
+        rule = f"{cal['signal']} >= {cal['threshold']:.3f}" if cal else "pinned"
+        lines.append(
+            f"| {name} | {rule} | {pct(test.get('light_share'))} | {light_share:.1%} | {pct(test.get('cascade_acc'))} | "
+            f"{pct(test.get('heavy_acc'))} | {pct(test.get('light_acc'))} | {run['goodput_rps']} | {heavy['goodput_rps']} | "
+            f"{_ratio(run['goodput_rps'], heavy['goodput_rps'])} | {_fmt(run['p50_ms'])} | {_fmt(heavy['p50_ms'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -322,6 +350,7 @@ MARKDOWN = {
     "ingress": ingress_markdown,
     "profile": profile_markdown,
     "priority": priority_markdown,
+    "cascade": cascade_markdown,
 }
 
 

@@ -10,6 +10,8 @@ that `benchmarks.report` writes out.
 - profile: ours under load with py-spy on the router and model replicas.
 - priority: high-priority latency while low-priority traffic floods the stack at
   twice its capacity, with the router's priority policy and with plain FIFO.
+- cascade:  each route (light first, heavy when unsure) vs its heavy model alone,
+  closed loop on held-out inputs: throughput, latency, who answered.
 """
 
 from __future__ import annotations
@@ -315,4 +317,33 @@ def priority(s: Settings) -> dict[str, Any]:
     return out
 
 
-SCENARIOS = {"compare": compare, "sweep": sweep, "ingress": ingress, "priority": priority}
+def cascade(s: Settings) -> dict[str, Any]:
+    """Throughput of each route against its heavy tier alone, on one deployment of ours.
+    The accuracy side comes from `serve-app calibrate` (stored in the light model's manifest)."""
+    from serve_app.config import AppArgs
+    from serve_app.manifest import Manifest
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+    config = ours_config(s)
+    args = AppArgs.model_validate(config["applications"][0]["args"])
+    out: dict[str, Any] = {"routes": {}, "ingress": DEFAULT_INGRESS.label, "concurrency": s.headline_concurrency}
+    url = f"http://127.0.0.1:{HTTP_PORT}"
+    with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
+        cluster.deploy(config, _probe(s, next(iter(args.routes.values())).heavy))
+        for name, route in args.routes.items():
+            heavy_dir = s.model_dir / route.heavy
+            load = {"concurrency": s.headline_concurrency}
+            via_route = workloads.write([workloads.v2_infer(name, heavy_dir)], tmp / f"{name}.json")
+            heavy_only = workloads.write([workloads.v2_infer(route.heavy, heavy_dir)], tmp / f"{route.heavy}.json")
+            out["routes"][name] = {
+                "light": route.light,
+                "heavy": route.heavy,
+                "calibration": Manifest.load(s.model_dir / route.light).calibrations.get(route.heavy),
+                "route": run_loadgen(url, via_route, load, s.seconds, s.warmup, (route.light, route.heavy, "router")),
+                "heavy_only": run_loadgen(url, heavy_only, load, s.seconds, s.warmup, (route.heavy, "router")),
+            }
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+SCENARIOS = {"compare": compare, "sweep": sweep, "ingress": ingress, "priority": priority, "cascade": cascade}

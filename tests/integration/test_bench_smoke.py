@@ -93,3 +93,14 @@ def test_priority(tiny_model_dir: Path, tmp_path: Path) -> None:
         assert set(e[policy]["loaded"]["streams"]) == {"bert-heavy/high", "bert-heavy/low"}
         assert e[policy]["unloaded"]["streams"]["bert-heavy/high"]["requests"] > 0
     assert "| priority |" in (tmp_path / "README.md").read_text()
+
+
+def test_cascade(tiny_model_dir: Path, tmp_path: Path) -> None:
+    res = _bench("cascade", tiny_model_dir, tmp_path, "bert-heavy")
+    routes = res["result"]["routes"]
+    assert set(routes) == {"text-classify", "image-classify"}
+    for e in routes.values():
+        _answered(e["route"])
+        _answered(e["heavy_only"])
+        assert e["calibration"]["signal"] in ("max_prob", "margin", "entropy")
+    assert "| text-classify |" in (tmp_path / "README.md").read_text()

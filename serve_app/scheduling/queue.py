@@ -129,7 +129,7 @@ class RequestQueue:
 
         A ticket is never split: a request's rows run in one model batch. The
         first ticket is taken even when it alone exceeds `max_items`; the replica
-        splits it.
+        splits it. Under the priority policy a batch holds one class only.
         """
         batch: list[Ticket] = []
         expired: list[Ticket] = []
@@ -145,6 +145,10 @@ class RequestQueue:
                 expired.append(ticket)
                 continue
             if batch and size + ticket.items > max_items:
+                break
+            # Never fill a batch led by a higher class with lower-class rows: that batch would
+            # run longer, and the high-priority rows in it would wait for the low ones.
+            if batch and self.policy == "priority" and ticket.priority != batch[0].priority:
                 break
             heapq.heappop(self._heap)
             self._discard(ticket)

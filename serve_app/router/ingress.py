@@ -31,7 +31,6 @@ from serve_app.router import catalog
 from serve_app.router.cascade import CascadePolicy, softmax
 from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER, QoS, parse_qos
 from serve_app.router.telemetry import RouterTelemetry
-from serve_app.scheduling.breaker import BreakerState
 from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings
 from serve_app.scheduling.queue import Priority
 from serve_app.scheduling.tenants import Tenant, TenantRegistry, TokenBucket, resolve_key
@@ -319,14 +318,18 @@ class Router:
             logits = await self._dispatcher(name).submit(payload, n, qos.priority, qos.deadline)
             return ClassifierResult(logits, [name] * n)
         route = self.args.routes[name]
-        light_tier = self._dispatcher(route.light)
-        if light_tier.breaker.state != BreakerState.CLOSED and not light_tier.breaker.allow():
-            # The light tier is failing: the heavy one answers everything, and the response says so.
-            light_tier.stats.shed["breaker_open"] += 1
+        try:
+            light = await self._dispatcher(route.light).submit(payload, n, qos.priority, qos.deadline)
+        except Exception as e:
+            # A client error, or a light tier merely busy or too slow for the deadline, is the
+            # answer. A failing light tier (circuit open, model error, timeout) is not: the
+            # heavy one answers and the response says so. The light breaker's half-open probe
+            # also comes through here, so route traffic alone can close it again.
+            if isinstance(e, Overloaded | DeadlineExceeded) or (isinstance(e, ServeAppError) and e.status_code < 500):
+                raise
             logits = await self._dispatcher(route.heavy).submit(payload, n, qos.priority, qos.deadline)
             self.cascade_items[(name, "fallback")] += n
-            return ClassifierResult(logits, [route.heavy] * n, f"{route.light} circuit open; answered by {route.heavy}")
-        light = await light_tier.submit(payload, n, qos.priority, qos.deadline)
+            return ClassifierResult(logits, [route.heavy] * n, f"{route.light} unavailable; answered by {route.heavy}")
         escalate = self.policies[name].escalate(light)
         escalated = int(escalate.sum())
         served_by = [route.heavy if e else route.light for e in escalate]

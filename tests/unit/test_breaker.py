@@ -1,14 +1,7 @@
 import pytest
 
 from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.fakes import Clock
 
 
 def test_opens_after_consecutive_failures_only():

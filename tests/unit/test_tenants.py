@@ -3,14 +3,7 @@ import pytest
 from serve_app.errors import RateLimited, Unauthorized
 from serve_app.scheduling.queue import Priority
 from serve_app.scheduling.tenants import Tenant, TenantRegistry, TokenBucket, key_digest, resolve_key
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.fakes import Clock
 
 
 def test_bucket_allows_a_burst_then_the_rate():

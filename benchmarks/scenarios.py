@@ -16,11 +16,13 @@ that `benchmarks.report` writes out.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,7 @@ class Settings:
     profile_seconds: float = 15.0
     high_share: float = 0.1  # high-priority rate, as a share of the measured capacity
     overload: float = 2.0  # low-priority rate, as a multiple of the measured capacity
+    priority_seconds: float = 15.0  # measured window of the priority scenario's open-loop runs
 
     @classmethod
     def smoke(cls, models: list[str], model_dir: Path, config: Path) -> Settings:
@@ -62,7 +65,7 @@ class Settings:
         return cls(
             models=models, model_dir=model_dir, config=config, seconds=1.5, warmup=0.5, concurrencies=[1, 4],
             headline_concurrency=4, limit_batch_sizes=[1, 4], limit_seconds=0.3, sweep_batch_sizes=[1, 4],
-            sweep_concurrency=4, ingress_concurrencies=[4], profile_seconds=3.0,
+            sweep_concurrency=4, ingress_concurrencies=[4], profile_seconds=3.0, priority_seconds=1.5,
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -94,6 +97,15 @@ def ours_config(
         args["models"][model]["batching"].update(override)
     if scheduling:
         args["scheduling"] = {**args.get("scheduling", {}), **scheduling}
+    return config
+
+
+def pin_replicas(config: dict[str, Any], models: list[str], replicas: int = 1) -> dict[str, Any]:
+    """Fix the models' replica counts: a result at one replica count, not wherever autoscaling went."""
+    for d in config["applications"][0].get("deployments", []):
+        if d["name"] in models:
+            d.pop("autoscaling_config", None)
+            d["num_replicas"] = replicas
     return config
 
 
@@ -282,16 +294,25 @@ def inclusive_frames(collapsed: Path, n: int = 15) -> list[tuple[str, float]]:
     return _shares(counts, sum(k for _, k in stacks), n)
 
 
+def _router_status(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/router/status", timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
 def priority(s: Settings) -> dict[str, Any]:
     """Capacity first (closed loop, priority policy); then, per policy on a fresh Ray: high
     priority alone at `high_share` of capacity (its unloaded latency), and the same high
-    stream under a low-priority flood at `overload` x capacity (open loop, Poisson)."""
+    stream under a low-priority flood at `overload` x capacity (open loop, Poisson).
+
+    Replicas are pinned to one per model: capacity and the loaded runs must measure the same
+    replica set (autoscaling to a second replica on two cores only adds a model load)."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
     out: dict[str, Any] = {"models": {m: {} for m in s.models}, "ingress": DEFAULT_INGRESS.label}
     url = f"http://127.0.0.1:{HTTP_PORT}"
     for policy in ("priority", "fifo"):
         with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
-            cluster.deploy(ours_config(s, scheduling={"policy": policy}), _probe(s, s.models[0]))
+            config = pin_replicas(ours_config(s, scheduling={"policy": policy}), s.models)
+            cluster.deploy(config, _probe(s, s.models[0]))
             for m in s.models:
                 entry = out["models"][m]
                 if "capacity_rps" not in entry:
@@ -309,10 +330,13 @@ def priority(s: Settings) -> dict[str, Any]:
                 low = workloads.v2_infer(m, s.model_dir / m, "low", weight=low_rate)
                 alone = workloads.write([high], tmp / f"{m}.high.json")
                 mixed = workloads.write([high, low], tmp / f"{m}.mixed.json")
+                window = s.priority_seconds
                 entry[policy] = {
-                    "unloaded": run_loadgen(url, alone, {"rate": high_rate}, s.seconds, s.warmup, (m, "router")),
-                    "loaded": run_loadgen(url, mixed, {"rate": high_rate + low_rate}, s.seconds, s.warmup, (m, "router")),
+                    "unloaded": run_loadgen(url, alone, {"rate": high_rate}, window, s.warmup, (m, "router")),
+                    "loaded": run_loadgen(url, mixed, {"rate": high_rate + low_rate}, window, s.warmup, (m, "router")),
                 }
+                # The router's own view right after the flood: shed counts by reason, lanes, limits.
+                entry[policy]["router_status"] = _router_status(url).get("models", {}).get(m)
     shutil.rmtree(tmp, ignore_errors=True)
     return out
 

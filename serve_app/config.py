@@ -60,6 +60,11 @@ class ModelConfig(BaseModel):
     intra_op_threads: int | None = Field(
         None, ge=1, le=256, description="ONNX Runtime threads per replica; default: the replica's num_cpus, rounded up"
     )
+    urgent_lane: bool = Field(
+        True,
+        description="classifiers: run high-priority batches on a second session beside the bulk one, so they never "
+        "wait for a running batch (costs one more copy of the weights in replica memory)",
+    )
     faults: FaultConfig = Field(default_factory=FaultConfig)
 
     def tuning(self) -> ReplicaTuning:

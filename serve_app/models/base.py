@@ -26,6 +26,8 @@ class OnnxModel:
 
     # The `@serve.batch` method that `user_config` tunes; None where batching lives elsewhere.
     batched_method: str | None = "_run_batch"
+    # Whether this family can run an urgent lane (a second session for high-priority batches).
+    supports_lanes = False
 
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
         self.name = name
@@ -36,8 +38,12 @@ class OnnxModel:
         self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
         num_cpus = ctx.get_assigned_resources().get("CPU")
         self.providers = select_providers(self.gpu_ids)
-        threads = self.config.intra_op_threads or intra_op_threads(num_cpus)
-        self.session = create_session(self.model_dir / self.manifest.onnx_file, self.providers, threads)
+        self.threads = self.config.intra_op_threads or intra_op_threads(num_cpus)
+        self.lanes_enabled = self.supports_lanes and self.config.urgent_lane
+        # With two sessions sharing the cores, neither pool may spin while idle (runtime.create_session).
+        self.session = create_session(
+            self.model_dir / self.manifest.onnx_file, self.providers, self.threads, spinning=not self.lanes_enabled
+        )
         self.batch_sizes: Counter[int] = Counter()
         self._batch_hist = metrics.Histogram(
             "serve_app_batch_size",

@@ -4,6 +4,12 @@ The router sends a batch as one call (`run`): a list of payloads, one per
 client request. A batch returns exactly one result per payload; a payload
 that fails validation fails alone (its slot holds the exception) while the
 rest run.
+
+Lanes: the router sends high-priority batches on the urgent lane and the rest
+on the bulk lane (serve_app.scheduling.dispatcher). Each lane has its own
+ONNX Runtime session and thread; the bulk lane's threads run at the lowest CPU
+priority, so an urgent batch started while a bulk batch runs takes the cores
+at once instead of waiting for it (stopping an ORT run would throw its work away).
 """
 
 from __future__ import annotations
@@ -11,9 +17,12 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 from ray import serve
 
 from serve_app.config import BatchingConfig
@@ -21,7 +30,8 @@ from serve_app.errors import InvalidInput, ModelFailure, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.batching import length_buckets, pad_right
 from serve_app.models.executor import BatchExecutor
-from serve_app.scheduling.dispatcher import BatchReply
+from serve_app.models.runtime import create_session, lower_thread_priority
+from serve_app.scheduling.dispatcher import BULK, URGENT, BatchReply
 from serve_app.scheduling.router_load import RouterLoad
 from serve_app.tokenization import TextTokenizer
 
@@ -39,29 +49,54 @@ class Classifier(OnnxModel):
     """The batch path both classifier families share; subclasses turn payloads into logits."""
 
     batched_method = None
+    supports_lanes = True
 
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
-        self.executor = BatchExecutor(self._run_payloads, max_items=16)
+        self.lanes: dict[str, BatchExecutor] = {}
         self.router_load = RouterLoad()
-        super().__init__(name, model_path, config)
+        super().__init__(name, model_path, config)  # loads and warms `self.session`
+        size = self.batching.max_batch_size
+        if not self.lanes_enabled:
+            self.lanes[BULK] = BatchExecutor(partial(self._run_payloads, session=self.session), size)
+            return
+        # `self.session` serves the urgent lane at normal priority; the bulk lane gets a
+        # second session whose threads, and the one thread that drives it, run in the background.
+        bulk = create_session(
+            self.model_dir / self.manifest.onnx_file, self.providers, self.threads, spinning=False, background=True
+        )
+        self._warm(bulk)
+        pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-bulk", initializer=lower_thread_priority)
+        self.lanes[BULK] = BatchExecutor(partial(self._run_payloads, session=bulk), size, pool)
+        urgent_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-urgent")
+        self.lanes[URGENT] = BatchExecutor(partial(self._run_payloads, session=self.session), size, urgent_pool)
+
+    def warm_up(self) -> None:
+        self._warm(self.session)
+
+    def _warm(self, session: ort.InferenceSession) -> None:
+        """Run the graph once so the first real request doesn't pay for lazy init."""
+        raise NotImplementedError
 
     def apply_batching(self, batching: BatchingConfig) -> None:
         super().apply_batching(batching)
-        self.executor.max_items = batching.max_batch_size
+        for lane in self.lanes.values():
+            lane.max_items = batching.max_batch_size
 
-    async def run(self, payloads: list[Any], router: str = "", router_queued: int = 0) -> BatchReply:
+    async def run(self, payloads: list[Any], router: str = "", router_queued: int = 0, lane: str = BULK) -> BatchReply:
         """One batch from a router: a result or error per payload, and the timings the router learns from."""
         self.router_load.report(router, router_queued / self.batching.max_batch_size, time.monotonic())
         items = sum(payload_items(p) for p in payloads)
-        results, wait_s, exec_s = await self.executor.submit(payloads, items)
+        # A router configured for lanes may meet a replica without them (urgent_lane: false).
+        executor = self.lanes.get(lane) or self.lanes[BULK]
+        results, wait_s, exec_s = await executor.submit(payloads, items)
         return BatchReply(results, wait_s, exec_s, self.batching.max_batch_size, self.batching.batch_wait_timeout_s)
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Work the routers hold for this model, in batches: what the autoscaling policy adds to ongoing requests."""
         return {RouterLoad.METRIC: self.router_load.total(time.monotonic())}
 
-    def _run_payloads(self, payloads: list[Any]) -> list[Result]:
-        """Runs in the executor's thread: validate each payload, run the valid rows, split back."""
+    def _run_payloads(self, payloads: list[Any], session: ort.InferenceSession) -> list[Result]:
+        """Runs in a lane's thread: validate each payload, run the valid rows on the lane's session, split back."""
         results: list[Result | None] = []
         prepared: list[Any] = []
         for payload in payloads:
@@ -73,7 +108,7 @@ class Classifier(OnnxModel):
         if prepared:
             started = time.perf_counter()
             self._inject_faults()
-            logits = self._forward_all(prepared)
+            logits = self._forward_all(prepared, session)
             self.record_batch(len(logits), started)
             bounds = np.cumsum([0, *(self._rows(p) for p in prepared)])
             parts = iter(logits[a:b] for a, b in itertools.pairwise(bounds))
@@ -99,7 +134,7 @@ class Classifier(OnnxModel):
     def _rows(self, prepared: Any) -> int:
         raise NotImplementedError
 
-    def _forward_all(self, prepared: list[Any]) -> np.ndarray:
+    def _forward_all(self, prepared: list[Any], session: ort.InferenceSession) -> np.ndarray:
         raise NotImplementedError
 
 
@@ -114,16 +149,20 @@ class TextClassifier(Classifier):
     def warm_up(self) -> None:
         assert self.manifest.tokenizer_file, f"{self.name}: text model manifest names no tokenizer"
         self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file)
-        self._forward([[self.tokenizer.pad_id]])
+        super().warm_up()
+
+    def _warm(self, session: ort.InferenceSession) -> None:
+        assert self.tokenizer is not None
+        self._forward([[self.tokenizer.pad_id]], session)
 
     @property
     def max_len(self) -> int:
         return self.manifest.max_sequence_length or 512
 
-    def _forward(self, seqs: list[list[int]]) -> np.ndarray:
+    def _forward(self, seqs: list[list[int]], session: ort.InferenceSession) -> np.ndarray:
         assert self.tokenizer is not None
         ids, mask = pad_right(seqs, self.tokenizer.pad_id)
-        (logits,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
+        (logits,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
         return logits
 
     def _prepare(self, texts: Any) -> list[list[int]]:
@@ -138,14 +177,14 @@ class TextClassifier(Classifier):
     def _rows(self, prepared: list[list[int]]) -> int:
         return len(prepared)
 
-    def _forward_all(self, prepared: list[list[list[int]]]) -> np.ndarray:
+    def _forward_all(self, prepared: list[list[list[int]]], session: ort.InferenceSession) -> np.ndarray:
         seqs = [s for p in prepared for s in p]
         out: np.ndarray | None = None
         step = self.batching.max_batch_size
         for bucket in length_buckets([len(s) for s in seqs]):
             for i in range(0, len(bucket), step):
                 rows = bucket[i : i + step]
-                logits = self._forward([seqs[r] for r in rows])
+                logits = self._forward([seqs[r] for r in rows], session)
                 if out is None:
                     out = np.empty((len(seqs), logits.shape[1]), dtype=logits.dtype)
                 out[rows] = logits
@@ -157,9 +196,9 @@ class TextClassifier(Classifier):
 class ImageClassifier(Classifier):
     """(N, 3, H, W) images in: float32 in [0, 1], or uint8 (4x less to send), out (N, C) logits."""
 
-    def warm_up(self) -> None:
+    def _warm(self, session: ort.InferenceSession) -> None:
         s = self.manifest.image_size or 32
-        self.session.run(None, {"image": np.zeros((1, 3, s, s), dtype=np.float32)})
+        session.run(None, {"image": np.zeros((1, 3, s, s), dtype=np.float32)})
 
     def _prepare(self, images: Any) -> np.ndarray:
         s = self.manifest.image_size
@@ -177,8 +216,8 @@ class ImageClassifier(Classifier):
     def _rows(self, prepared: np.ndarray) -> int:
         return len(prepared)
 
-    def _forward_all(self, prepared: list[np.ndarray]) -> np.ndarray:
+    def _forward_all(self, prepared: list[np.ndarray], session: ort.InferenceSession) -> np.ndarray:
         batch = np.concatenate(prepared)
         step = self.batching.max_batch_size
-        parts = [self.session.run(None, {"image": batch[i : i + step]})[0] for i in range(0, len(batch), step)]
+        parts = [session.run(None, {"image": batch[i : i + step]})[0] for i in range(0, len(batch), step)]
         return np.concatenate(parts)

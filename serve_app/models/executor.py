@@ -7,6 +7,11 @@ would only fight the first for the same cores), and it merges the calls
 queued behind a running batch up to `max_items`, so batches from several
 router replicas still fill. It reports how long each call waited, which is
 the router's capacity signal. No Ray here.
+
+A replica with an urgent lane has two executors, one per session: each runs
+its batches in a thread of its own (`pool`), and the bulk lane's thread runs
+at the lowest CPU priority (serve_app.models.runtime), so a high-priority
+batch started beside a running bulk batch gets the cores.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +36,10 @@ class _Call:
 
 
 class BatchExecutor:
-    def __init__(self, run: RunBatch, max_items: int) -> None:
+    def __init__(self, run: RunBatch, max_items: int, pool: Executor | None = None) -> None:
         self.run = run
         self.max_items = max_items
+        self.pool = pool  # None: asyncio's default thread pool
         self._pending: list[_Call] = []
         self._worker: asyncio.Task[None] | None = None
 
@@ -63,7 +70,7 @@ class BatchExecutor:
             payloads = [p for c in calls for p in c.payloads]
             started = time.perf_counter()
             try:
-                results = await asyncio.to_thread(self.run, payloads)
+                results = await asyncio.get_running_loop().run_in_executor(self.pool, self.run, payloads)
             except Exception as e:  # a bug in the batch function fails this batch, not the replica
                 for c in calls:
                     if not c.future.done():

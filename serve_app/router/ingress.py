@@ -123,7 +123,8 @@ class Router:
 
     def _dispatcher(self, model: str) -> Dispatcher:
         if model not in self.dispatchers:
-            batching, sched = self.args.models[model].batching, self.args.scheduling
+            config, sched = self.args.models[model], self.args.scheduling
+            batching = config.batching
             settings = DispatchSettings(
                 policy=sched.policy,
                 max_queue_items=sched.max_queue_items,
@@ -133,11 +134,12 @@ class Router:
                 batch_timeout_s=sched.batch_timeout_s,
                 breaker_failures=sched.breaker_failures,
                 breaker_open_s=sched.breaker_open_s,
+                urgent_lane=config.urgent_lane,
             )
             handle = self.handles[model]
 
-            async def send(payloads: list[Any], queued: int) -> BatchReply:
-                return await handle.run.remote(payloads, self.router_id, queued)
+            async def send(payloads: list[Any], queued: int, lane: str) -> BatchReply:
+                return await handle.run.remote(payloads, self.router_id, queued, lane)
 
             self.dispatchers[model] = Dispatcher(model, send, settings)
             if self._telemetry_task is None:

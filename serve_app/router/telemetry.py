@@ -12,7 +12,6 @@ from collections import Counter
 from ray.serve import metrics
 
 from serve_app.scheduling.dispatcher import Dispatcher
-from serve_app.scheduling.queue import Priority
 
 QUEUE_WAIT_MS_BOUNDARIES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
 
@@ -28,8 +27,8 @@ class RouterTelemetry:
         )
         self.inflight_limit = metrics.Gauge(
             "serve_app_inflight_limit",
-            description="Batches the router may have in flight per model (learned).",
-            tag_keys=("model",),
+            description="Batches the router may have in flight per model and lane (learned).",
+            tag_keys=("model", "lane"),
         )
         self.admitted = metrics.Counter(
             "serve_app_admitted", description="Requests admitted to a model's queue.", tag_keys=("model", "priority")
@@ -66,9 +65,10 @@ class RouterTelemetry:
 
     def export(self, dispatchers: dict[str, Dispatcher], cascade: Counter[tuple[str, str]], breakers: dict[str, int]) -> None:
         for model, d in dispatchers.items():
-            for p in Priority:
-                self.queue_depth.set(d.queue.items_by_priority[p], tags={"model": model, "priority": p.name.lower()})
-            self.inflight_limit.set(d.limit.value, tags={"model": model})
+            for p, n in d.items_by_priority().items():
+                self.queue_depth.set(n, tags={"model": model, "priority": p.name.lower()})
+            for lane in d.lanes:
+                self.inflight_limit.set(lane.limit.value, tags={"model": model, "lane": lane.name})
             for priority, n in self._delta(f"admitted/{model}", d.stats.admitted).items():
                 self.admitted.inc(n, tags={"model": model, "priority": priority})
             for reason, n in self._delta(f"shed/{model}", d.stats.shed).items():

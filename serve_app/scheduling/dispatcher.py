@@ -9,13 +9,20 @@ of the router->model hop (measured in benchmarks/results/profile/).
 
 No Ray here: `send` is any coroutine that runs a batch, so the policy is
 tested with a fake model.
+
+Lanes: with `urgent_lane` on, high-priority work has a lane of its own (its
+own queue, limit and latency model) that the replica runs on a second
+session beside the bulk one, at a higher CPU priority (see
+serve_app/models/executor.py). A high-priority request then never waits for
+a running low-priority batch, which is what keeps its latency flat under a
+flood: a batch cannot be interrupted once ONNX Runtime runs it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +45,10 @@ class BatchReply:
     batch_wait_timeout_s: float | None = None
 
 
-# (payloads, rows still queued in this router for the model) -> reply
-SendBatch = Callable[[list[Any], int], Awaitable[BatchReply]]
+# (payloads, rows still queued in this router for the model, lane name) -> reply
+SendBatch = Callable[[list[Any], int, str], Awaitable[BatchReply]]
+
+BULK, URGENT = "bulk", "urgent"
 
 
 @dataclass
@@ -52,6 +61,37 @@ class DispatchSettings:
     batch_timeout_s: float = 30.0  # a batch taking longer counts as a model failure
     breaker_failures: int = 5  # failed batches in a row that open the circuit
     breaker_open_s: float = 5.0
+    urgent_lane: bool = False  # the replica runs high-priority batches on a lane of their own
+
+
+@dataclass
+class Lane:
+    """One path to the model: a queue, the batches in flight on it, and what it learned."""
+
+    name: str
+    queue: RequestQueue
+    limit: AdaptiveLimit
+    estimator: LatencyEstimator = field(default_factory=LatencyEstimator)
+    inflight: int = 0
+    inflight_items: int = 0
+    timer: asyncio.TimerHandle | None = None
+    # Recent batches as (router queue s, round trip s, replica wait s, exec s): where latency goes.
+    recent: deque[tuple[float, float, float, float]] = field(default_factory=lambda: deque(maxlen=512))
+
+    def latency_breakdown(self) -> dict[str, dict[str, float]]:
+        if not self.recent:
+            return {}
+        columns = zip(*self.recent, strict=True)
+        names = ("router_queue", "round_trip", "replica_wait", "exec")
+        return {
+            n: {"p50": round(_quantile(c, 0.5) * 1e3, 2), "p99": round(_quantile(c, 0.99) * 1e3, 2)}
+            for n, c in zip(names, columns, strict=True)
+        }
+
+
+def _quantile(values: tuple[float, ...], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclass
@@ -78,40 +118,66 @@ class Dispatcher:
     ) -> None:
         self.model = model
         self.send = send
-        self.settings = settings or DispatchSettings()
-        self.queue = RequestQueue(self.settings.policy, self.settings.max_queue_items)
-        self.limit = limit or AdaptiveLimit()
-        self.estimator = LatencyEstimator()
-        self.breaker = CircuitBreaker(self.settings.breaker_failures, self.settings.breaker_open_s, clock)
+        self.settings = s = settings or DispatchSettings()
+        self.bulk = Lane(BULK, RequestQueue(s.policy, s.max_queue_items), limit or AdaptiveLimit())
+        self.lanes = [self.bulk]
+        if s.urgent_lane and self.prioritized:
+            # Its own bound: high-priority work neither evicts nor is crowded out by the bulk queue.
+            self.lanes.insert(0, Lane(URGENT, RequestQueue(s.policy, s.max_queue_items), AdaptiveLimit(initial=1)))
+        self.breaker = CircuitBreaker(s.breaker_failures, s.breaker_open_s, clock)
         self.clock = clock
-        self.inflight = 0
-        self.inflight_items = 0
         self.stats = DispatchStats()
-        self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def prioritized(self) -> bool:
         return self.settings.policy == "priority"
 
+    def lane_for(self, priority: Priority) -> Lane:
+        return self.lanes[0] if priority == Priority.HIGH else self.bulk
+
+    # The bulk lane's state under the names a single-lane dispatcher has.
+    @property
+    def queue(self) -> RequestQueue:
+        return self.bulk.queue
+
+    @property
+    def limit(self) -> AdaptiveLimit:
+        return self.bulk.limit
+
+    @property
+    def estimator(self) -> LatencyEstimator:
+        return self.bulk.estimator
+
+    @property
+    def inflight(self) -> int:
+        return sum(lane.inflight for lane in self.lanes)
+
+    @property
+    def queued_items(self) -> int:
+        return sum(lane.queue.items for lane in self.lanes)
+
+    def items_by_priority(self) -> dict[Priority, int]:
+        return {p: sum(lane.queue.items_by_priority[p] for lane in self.lanes) for p in Priority}
+
     # -- admission -------------------------------------------------------------
 
     def predicted_s(self, items: int, priority: Priority) -> float:
-        s = self.settings
-        ahead = self.queue.items_ahead(priority)
-        return self.estimator.completion_s(ahead, items, s.max_batch_size, self.limit.slots, self.inflight, self.inflight_items)
+        s, lane = self.settings, self.lane_for(priority)
+        ahead = lane.queue.items_ahead(priority)
+        return lane.estimator.completion_s(ahead, items, s.max_batch_size, lane.limit.slots, lane.inflight, lane.inflight_items)
 
-    def _retry_after(self) -> float:
-        s = self.settings
-        return max(1.0, self.estimator.drain_s(self.queue.items, s.max_batch_size, self.limit.slots))
+    def _retry_after(self, lane: Lane) -> float:
+        return max(1.0, lane.estimator.drain_s(lane.queue.items, self.settings.max_batch_size, lane.limit.slots))
 
-    def _refuse(self, reason: str, message: str) -> Overloaded:
+    def _refuse(self, lane: Lane, reason: str, message: str) -> Overloaded:
         self.stats.shed[reason] += 1
-        return Overloaded(f"{self.model}: {message}", retry_after_s=self._retry_after())
+        return Overloaded(f"{self.model}: {message}", retry_after_s=self._retry_after(lane))
 
     def admit(self, payload: Any, items: int, priority: Priority, deadline: float | None) -> Ticket:
         """Queue a request or raise Overloaded; never spends model time on a refused one."""
         now = self.clock()
+        lane = self.lane_for(priority)
         if not self.breaker.allow():
             self.stats.shed["breaker_open"] += 1
             raise Unavailable(
@@ -120,22 +186,22 @@ class Dispatcher:
         if self.prioritized:
             predicted = self.predicted_s(items, priority)
             if deadline is not None and now + predicted > deadline:
-                raise self._refuse("deadline", f"cannot meet the deadline (about {predicted * 1000:.0f} ms of work ahead)")
+                raise self._refuse(lane, "deadline", f"cannot meet the deadline (about {predicted * 1000:.0f} ms of work ahead)")
             if predicted > self.settings.max_queue_delay_s:
-                raise self._refuse("queue_delay", f"overloaded (about {predicted:.1f} s of work queued)")
+                raise self._refuse(lane, "queue_delay", f"overloaded (about {predicted:.1f} s of work queued)")
         ticket = Ticket(payload, items, priority, deadline if self.prioritized else None, now)
         try:
-            evicted = self.queue.push(ticket)
+            evicted = lane.queue.push(ticket)
         except QueueFull as e:
-            raise self._refuse("queue_full", f"overloaded ({e})") from None
+            raise self._refuse(lane, "queue_full", f"overloaded ({e})") from None
         ticket.result = asyncio.get_running_loop().create_future()
         for victim in evicted:
             self.stats.shed["evicted"] += 1
             victim.result.set_exception(
-                Overloaded(f"{self.model}: shed for higher-priority work", retry_after_s=self._retry_after())
+                Overloaded(f"{self.model}: shed for higher-priority work", retry_after_s=self._retry_after(lane))
             )
         self.stats.admitted[priority.name.lower()] += 1
-        self._dispatch()
+        self._dispatch(lane)
         return ticket
 
     async def submit(self, payload: Any, items: int, priority: Priority = Priority.NORMAL, deadline: float | None = None) -> Any:
@@ -145,7 +211,7 @@ class Dispatcher:
             return await ticket.result
         except asyncio.CancelledError:
             # The client went away: free its place so it costs no model time.
-            self.queue.cancel(ticket)
+            self.lane_for(ticket.priority).queue.cancel(ticket)
             raise
 
     def snapshot(self) -> dict[str, Any]:
@@ -153,15 +219,22 @@ class Dispatcher:
         s = self.settings
         return {
             "policy": s.policy,
-            "queued_items": {p.name.lower(): n for p, n in self.queue.items_by_priority.items()},
-            "inflight_batches": self.inflight,
-            "inflight_limit": round(self.limit.value, 2),
-            "replica_queue_estimate": round(self.limit.queue_estimate, 3),
+            "queued_items": {p.name.lower(): n for p, n in self.items_by_priority().items()},
             "breaker": self.breaker.state.name.lower(),
             "max_batch_size": s.max_batch_size,
-            "batch_ms": {
-                "one": round(self.estimator.batch_s(1) * 1e3, 3),
-                "full": round(self.estimator.batch_s(s.max_batch_size) * 1e3, 3),
+            "lanes": {
+                lane.name: {
+                    "queued_items": lane.queue.items,
+                    "inflight_batches": lane.inflight,
+                    "inflight_limit": round(lane.limit.value, 2),
+                    "replica_queue_estimate": round(lane.limit.queue_estimate, 3),
+                    "batch_ms": {
+                        "one": round(lane.estimator.batch_s(1) * 1e3, 3),
+                        "full": round(lane.estimator.batch_s(s.max_batch_size) * 1e3, 3),
+                    },
+                    "recent_ms": lane.latency_breakdown(),
+                }
+                for lane in self.lanes
             },
             "admitted": dict(self.stats.admitted),
             "shed": dict(self.stats.shed),
@@ -171,48 +244,51 @@ class Dispatcher:
 
     # -- release -----------------------------------------------------------------
 
-    def _dispatch(self) -> None:
-        """Send batches while slots are free. Runs on every admission and completion."""
-        s = self.settings
-        while self.queue.items and self.inflight < self.limit.slots:
+    def _dispatch(self, lane: Lane) -> None:
+        """Send batches on `lane` while it has free slots. Runs on every admission and completion."""
+        s, queue = self.settings, lane.queue
+        while queue.items and lane.inflight < lane.limit.slots:
             now = self.clock()
-            if self.inflight and self.queue.items < s.max_batch_size:
+            if lane.inflight and queue.items < s.max_batch_size:
                 # A batch is running anyway: let this one fill for up to the batch timeout.
-                waited = self.queue.oldest_wait(now)
+                waited = queue.oldest_wait(now)
                 if waited < s.batch_wait_timeout_s:
-                    self._arm_timer(s.batch_wait_timeout_s - waited)
+                    self._arm_timer(lane, s.batch_wait_timeout_s - waited)
                     return
-            batch, expired = self.queue.pop_batch(s.max_batch_size, now)
+            batch, expired = queue.pop_batch(s.max_batch_size, now)
             for ticket in expired:
                 self.stats.shed["expired"] += 1
                 ticket.result.set_exception(DeadlineExceeded(f"{self.model}: deadline passed while queued"))
             if not batch:
                 continue
-            self.inflight += 1
-            self.inflight_items += sum(t.items for t in batch)
-            task = asyncio.get_running_loop().create_task(self._run(batch, self.inflight, now))
+            lane.inflight += 1
+            lane.inflight_items += sum(t.items for t in batch)
+            task = asyncio.get_running_loop().create_task(self._run(lane, batch, lane.inflight, now))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _arm_timer(self, delay_s: float) -> None:
-        if self._timer is None:
+    def _arm_timer(self, lane: Lane, delay_s: float) -> None:
+        if lane.timer is None:
 
             def fire() -> None:
-                self._timer = None
-                self._dispatch()
+                lane.timer = None
+                self._dispatch(lane)
 
-            self._timer = asyncio.get_running_loop().call_later(delay_s, fire)
+            lane.timer = asyncio.get_running_loop().call_later(delay_s, fire)
 
-    async def _run(self, batch: list[Ticket], inflight: int, sent: float) -> None:
+    async def _run(self, lane: Lane, batch: list[Ticket], inflight: int, sent: float) -> None:
         for ticket in batch:
             self.stats.queue_wait_s.append(sent - ticket.enqueued)
+        queued_s = max(sent - t.enqueued for t in batch)
         try:
-            reply = await asyncio.wait_for(self.send([t.payload for t in batch], self.queue.items), self.settings.batch_timeout_s)
+            reply = await asyncio.wait_for(
+                self.send([t.payload for t in batch], self.queued_items, lane.name), self.settings.batch_timeout_s
+            )
         except Exception as e:  # the whole batch failed: every request gets the error
             if isinstance(e, TimeoutError):
                 e = Unavailable(f"{self.model}: batch timed out after {self.settings.batch_timeout_s:g} s")
             if not (isinstance(e, ServeAppError) and e.status_code < 500):  # a client's bad input is no model failure
-                self.limit.on_failure()
+                lane.limit.on_failure()
                 self.breaker.on_failure()
             for ticket in batch:
                 if not ticket.result.done():
@@ -221,8 +297,9 @@ class Dispatcher:
             self.breaker.on_success()
             rtt = self.clock() - sent
             items = sum(t.items for t in batch)
-            self.limit.on_batch(reply.wait_s, reply.exec_s, inflight)
-            self.estimator.observe(items, rtt, reply.wait_s)
+            lane.limit.on_batch(reply.wait_s, reply.exec_s, inflight)
+            lane.estimator.observe(items, rtt, reply.wait_s)
+            lane.recent.append((queued_s, rtt, reply.wait_s, reply.exec_s))
             self._adopt(reply)
             self.stats.completed_items += items
             self.stats.batches += 1
@@ -234,9 +311,9 @@ class Dispatcher:
                 else:
                     ticket.result.set_result(result)
         finally:
-            self.inflight -= 1
-            self.inflight_items -= sum(t.items for t in batch)
-            self._dispatch()
+            lane.inflight -= 1
+            lane.inflight_items -= sum(t.items for t in batch)
+            self._dispatch(lane)
 
     def _adopt(self, reply: BatchReply) -> None:
         """Follow the replica's live batching config (`user_config` is set on the model)."""

@@ -100,3 +100,20 @@ def test_refused_connections_are_recorded_not_raised(tmp_path: Path) -> None:
     assert loadgen.main(argv) == 0
     r = json.loads(out.read_text())
     assert set(r["statuses"]) == {str(loadgen.STATUS_CONN_ERROR)} and r["goodput_rps"] == 0
+
+
+def test_goodput_in_window_counts_what_arrived_in_it_whenever_it_was_sent() -> None:
+    from benchmarks.loadgen import Record, Run, summarize
+
+    run = Run(
+        records=[
+            Record("a", sent=0.5, latency_ms=200, status=200, served_by="m"),  # inside
+            Record("a", sent=1.9, latency_ms=500, status=200, served_by="m"),  # answered after the window
+            Record("a", sent=1.0, latency_ms=10, status=503, served_by=""),  # not good
+        ],
+        carried_in={"a": 3},  # warm-up requests answered inside the window
+    )
+    out = summarize(run, seconds=2.0)
+    assert out["goodput_rps"] == 1.0  # 2 answers sent in the window, over 2 s
+    assert out["goodput_in_window_rps"] == 2.0  # 1 + 3 carried in, over 2 s
+    assert out["streams"]["a"]["goodput_in_window_rps"] == 2.0

@@ -25,7 +25,7 @@ class FakeModel:
         self.queued_seen: list[int] = []
         self.max_batch_size: int | None = None
 
-    async def send(self, payloads: list[str], queued: int) -> BatchReply:
+    async def send(self, payloads: list[str], queued: int, lane: str = "bulk") -> BatchReply:
         arrived = asyncio.get_running_loop().time()
         self.queued_seen.append(queued)
         async with self.slots:
@@ -60,7 +60,7 @@ async def test_bad_item_fails_alone():
 
 
 async def test_whole_batch_failure_reaches_every_request_and_backs_off():
-    async def broken(payloads: list[str], queued: int) -> BatchReply:
+    async def broken(payloads: list[str], queued: int, lane: str) -> BatchReply:
         raise RuntimeError("replica died")
 
     d = Dispatcher("m", broken, limit=AdaptiveLimit(initial=4))
@@ -185,7 +185,7 @@ async def test_breaker_opens_fails_fast_then_a_probe_closes_it():
     calls = 0
     healthy = False
 
-    async def model(payloads: list[str], queued: int) -> BatchReply:
+    async def model(payloads: list[str], queued: int, lane: str) -> BatchReply:
         nonlocal calls
         calls += 1
         if not healthy:
@@ -209,7 +209,7 @@ async def test_breaker_opens_fails_fast_then_a_probe_closes_it():
 
 
 async def test_a_hung_batch_times_out_and_counts_as_a_failure():
-    async def hung(payloads: list[str], queued: int) -> BatchReply:
+    async def hung(payloads: list[str], queued: int, lane: str) -> BatchReply:
         await asyncio.sleep(10)
         raise AssertionError("unreachable")
 
@@ -217,3 +217,44 @@ async def test_a_hung_batch_times_out_and_counts_as_a_failure():
     with pytest.raises(Unavailable, match="timed out"):
         await d.submit("x", 1)
     assert d.snapshot()["breaker"] == "open"
+
+
+class LanedModel(FakeModel):
+    """One replica with a bulk and an urgent lane, each running one batch at a time."""
+
+    def __init__(self, base_s: float) -> None:
+        super().__init__(base_s=base_s, per_item_s=0.0)
+        self.lane_slots = {"bulk": asyncio.Semaphore(1), "urgent": asyncio.Semaphore(1)}
+        self.lanes_seen: dict[str, list[str]] = {"bulk": [], "urgent": []}
+
+    async def send(self, payloads: list[str], queued: int, lane: str = "bulk") -> BatchReply:
+        arrived = asyncio.get_running_loop().time()
+        async with self.lane_slots[lane]:
+            started = asyncio.get_running_loop().time()
+            self.lanes_seen[lane] += payloads
+            await asyncio.sleep(self.base_s)
+        return BatchReply([p.upper() for p in payloads], wait_s=started - arrived, exec_s=self.base_s)
+
+
+async def test_urgent_lane_serves_high_priority_beside_a_running_bulk_batch():
+    model = LanedModel(base_s=0.2)
+    d = Dispatcher("m", model.send, DispatchSettings(max_batch_size=2, batch_wait_timeout_s=0.0, urgent_lane=True))
+    lows = [asyncio.ensure_future(d.submit(f"low{i}", 1, Priority.LOW)) for i in range(6)]
+    await asyncio.sleep(0.01)  # a bulk batch is running, more low work queued behind it
+    started = asyncio.get_running_loop().time()
+    assert await d.submit("high", 1, Priority.HIGH) == "HIGH"
+    # One batch time, not the rest of the running bulk batch plus its own.
+    assert asyncio.get_running_loop().time() - started < 0.3
+    assert model.lanes_seen["urgent"] == ["high"]
+    assert "high" not in model.lanes_seen["bulk"]
+    assert d.snapshot()["lanes"]["urgent"]["queued_items"] == 0
+    await asyncio.gather(*lows)
+    assert sorted(model.lanes_seen["bulk"]) == sorted(f"low{i}" for i in range(6))
+
+
+async def test_fifo_policy_has_one_lane_even_when_the_replica_offers_two():
+    model = LanedModel(base_s=0.01)
+    d = Dispatcher("m", model.send, DispatchSettings(policy="fifo", urgent_lane=True))
+    assert [lane.name for lane in d.lanes] == ["bulk"]
+    await d.submit("high", 1, Priority.HIGH)
+    assert model.lanes_seen == {"bulk": ["high"], "urgent": []}

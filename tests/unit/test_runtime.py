@@ -1,0 +1,40 @@
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from serve_app.models.runtime import create_session, is_background, lower_thread_priority
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+
+
+@linux_only
+def test_background_session_threads_run_at_the_lowest_priority(tiny_model_dir):
+    path = tiny_model_dir / "resnet-heavy" / "model.onnx"
+    before = {int(t) for t in os.listdir("/proc/self/task")}
+    normal = create_session(path, ["CPUExecutionProvider"], threads=2, spinning=False)
+    normal_threads = {int(t) for t in os.listdir("/proc/self/task")} - before
+    background = create_session(path, ["CPUExecutionProvider"], threads=2, spinning=False, background=True)
+    background_threads = {int(t) for t in os.listdir("/proc/self/task")} - before - normal_threads
+    assert background_threads, "a 2-thread session starts a pool thread"
+    assert all(is_background(t) for t in background_threads)
+    assert not any(is_background(t) for t in normal_threads)
+    image = np.zeros((1, 3, 32, 32), dtype=np.float32)
+    np.testing.assert_allclose(background.run(None, {"image": image})[0], normal.run(None, {"image": image})[0])
+
+
+@linux_only
+def test_lower_thread_priority_changes_only_the_calling_thread():
+    seen: dict[str, int] = {}
+
+    def worker() -> None:
+        lower_thread_priority()
+        seen["worker"] = is_background(threading.get_native_id())
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["worker"] is True
+    assert not is_background(threading.get_native_id())

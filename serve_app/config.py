@@ -109,6 +109,13 @@ class SchedulingConfig(BaseModel):
     batch_timeout_s: float = Field(30.0, gt=0, description="a batch taking longer is a model failure")
     breaker_failures: int = Field(5, ge=1, description="failed batches in a row that open a model's circuit")
     breaker_open_s: float = Field(5.0, gt=0, description="how long an open circuit fails fast before one probe")
+    router_nice: int | None = Field(
+        19,
+        ge=-20,
+        le=19,
+        description="niceness of the router's threads: 19 lets model replicas' urgent lanes on the same node take "
+        "the cores first (serve_app/cpu_priority.py); None keeps Ray's worker default",
+    )
 
 
 class TenantConfig(BaseModel):

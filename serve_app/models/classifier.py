@@ -26,11 +26,12 @@ import onnxruntime as ort
 from ray import serve
 
 from serve_app.config import BatchingConfig
+from serve_app.cpu_priority import lower_thread_priority
 from serve_app.errors import InvalidInput, ModelFailure, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.batching import length_buckets, pad_right
 from serve_app.models.executor import BatchExecutor
-from serve_app.models.runtime import create_session, lower_thread_priority
+from serve_app.models.runtime import create_session
 from serve_app.scheduling.dispatcher import BULK, URGENT, BatchReply
 from serve_app.scheduling.router_load import RouterLoad
 from serve_app.tokenization import TextTokenizer

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import sys
-import threading
 from pathlib import Path
 
 import onnxruntime as ort
+
+from serve_app.cpu_priority import thread_ids, to_background
 
 logger = logging.getLogger("ray.serve")
 
@@ -36,35 +35,11 @@ def intra_op_threads(num_cpus: float | None) -> int:
     return max(1, math.ceil(num_cpus)) if num_cpus else 1
 
 
-# Background threads run under SCHED_IDLE: CFS weight 3, against 36 for the nice-15 threads
-# Ray starts its workers with (RAY_worker_niceness) and 1024 for nice 0. nice 19 alone
-# (weight 15) would leave a bulk batch 30% of the cores beside an urgent one at nice 15;
-# SCHED_IDLE leaves it about 8%, and still every idle cycle. Any user may select it.
-
-
-def _thread_ids() -> set[int]:
-    return {int(t) for t in os.listdir("/proc/self/task")}
-
-
-def _to_background(tid: int) -> None:
-    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-
-
-def lower_thread_priority() -> None:
-    """Make the calling thread a background thread (Linux; elsewhere a no-op)."""
-    if sys.platform.startswith("linux"):
-        _to_background(threading.get_native_id())
-
-
-def is_background(tid: int) -> bool:
-    return sys.platform.startswith("linux") and os.sched_getscheduler(tid) == os.SCHED_IDLE
-
-
 def create_session(
     path: Path, providers: list[str], threads: int, spinning: bool = True, background: bool = False
 ) -> ort.InferenceSession:
     """One ONNX Runtime session. `background`: its intra-op threads run at the lowest CPU
-    priority, SCHED_IDLE (the caller lowers its own thread with `lower_thread_priority`).
+    priority, SCHED_IDLE (serve_app.cpu_priority; the caller lowers its own thread).
 
     `spinning=False` where two sessions share the cores: an idle pool spinning at normal
     priority would take the cores from the other session's batch.
@@ -75,17 +50,16 @@ def create_session(
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if not spinning:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    linux = sys.platform.startswith("linux")
-    before = _thread_ids() if background and linux else set()
+    before = thread_ids() if background else set()
     session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
-    if background and linux:
+    if background:
         # ORT creates the session's thread pool in the constructor and offers no hook to set
         # its threads' priority, so lower the threads that the constructor started. A thread
         # that another part of the process started meanwhile would be lowered too; replicas
         # build their sessions before they take traffic, when nothing else starts threads.
-        for tid in _thread_ids() - before:
+        for tid in thread_ids() - before:
             try:
-                _to_background(tid)
+                to_background(tid)
             except (ProcessLookupError, PermissionError):
                 pass
     if providers[0] != session.get_providers()[0]:

@@ -23,6 +23,7 @@ from ray.serve.handle import DeploymentHandle
 
 from serve_app import __version__
 from serve_app.config import AppArgs, TenantConfig
+from serve_app.cpu_priority import renice_process
 from serve_app.errors import DeadlineExceeded, InvalidInput, ModelFailure, NotFound, Overloaded, ServeAppError, Unavailable
 from serve_app.manifest import Manifest
 from serve_app.protocols import openai, v2
@@ -100,6 +101,8 @@ class Router:
         self.default_priority = Priority.parse(self.args.scheduling.default_priority)
         self.router_id = serve.get_replica_context().replica_id.unique_id
         self._telemetry_task: asyncio.Task[None] | None = None
+        if self.args.scheduling.router_nice is not None:
+            renice_process(self.args.scheduling.router_nice)
         self.tenants = build_registry(self.args.tenants)
         if self.tenants.open:
             logger.warning("no API keys configured: this server is OPEN to every caller (set `tenants` in the config)")

@@ -5,7 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-from serve_app.models.runtime import create_session, is_background, lower_thread_priority
+from serve_app.cpu_priority import is_background, lower_thread_priority, renice_process
+from serve_app.models.runtime import create_session
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
 
@@ -38,3 +39,35 @@ def test_lower_thread_priority_changes_only_the_calling_thread():
     t.join()
     assert seen["worker"] is True
     assert not is_background(threading.get_native_id())
+
+
+@linux_only
+def test_renice_process_lowers_every_thread_including_later_ones():
+    def ask(out: dict[str, int]) -> None:
+        out["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def body(out: dict[str, int]) -> None:
+        idle = threading.Event()
+        running = threading.Thread(target=idle.wait)
+        running.start()
+        base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        renice_process(min(base + 2, 19))
+        out["existing"] = os.getpriority(os.PRIO_PROCESS, running.native_id or 0)
+        later: dict[str, int] = {}
+        t = threading.Thread(target=ask, args=(later,))
+        t.start()
+        t.join()
+        out["later"], out["target"] = later["nice"], min(base + 2, 19)
+        idle.set()
+        running.join()
+
+    # In a child process: niceness cannot be raised back without privilege.
+    import multiprocessing
+
+    with multiprocessing.Manager() as manager:
+        out = manager.dict()
+        child = multiprocessing.get_context("fork").Process(target=body, args=(out,))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        assert out["existing"] == out["later"] == out["target"]

@@ -1,0 +1,65 @@
+"""CPU priority of threads, for processes that share cores (Linux; elsewhere no-ops).
+
+Three tiers where a router and model replicas share a node, best first:
+1. a model's urgent lane, at the niceness Ray gives every worker (15 by
+   default, `RAY_worker_niceness`);
+2. the router, at nice 19: about 1 ms of work per request, never the
+   bottleneck of a high-priority request, so it yields to urgent batches;
+3. a model's bulk lane, under SCHED_IDLE: it gets every idle cycle and
+   nothing more.
+
+CFS weights: nice 15 is 36, nice 19 is 15, SCHED_IDLE is 3. nice 19 alone for
+the bulk lane would leave it 30% of the cores beside an urgent batch at nice
+15; SCHED_IDLE leaves it about 8%. Every step here lowers a priority, which
+needs no privilege (raising one needs CAP_SYS_NICE, which pods rarely have).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+
+logger = logging.getLogger("ray.serve")
+LINUX = sys.platform.startswith("linux")
+
+
+def thread_ids() -> set[int]:
+    """Kernel thread ids of this process's threads."""
+    return {int(t) for t in os.listdir("/proc/self/task")} if LINUX else set()
+
+
+def to_background(tid: int) -> None:
+    """Run thread `tid` under SCHED_IDLE."""
+    if LINUX:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+
+
+def lower_thread_priority() -> None:
+    """Make the calling thread a background thread."""
+    to_background(threading.get_native_id())
+
+
+def is_background(tid: int) -> bool:
+    return LINUX and os.sched_getscheduler(tid) == os.SCHED_IDLE
+
+
+def renice_process(nice: int) -> None:
+    """Give every thread of this process niceness `nice` (threads started later inherit it).
+
+    Linux keeps niceness per thread, so `os.nice` would change the calling thread only.
+    Raising priority (a lower value than now) needs CAP_SYS_NICE: then this logs and
+    leaves the process as it is.
+    """
+    if not LINUX:
+        return
+    for tid in thread_ids():
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass
+        except PermissionError:
+            logger.warning("could not set this process's niceness to %d", nice)
+            return

@@ -258,3 +258,16 @@ async def test_fifo_policy_has_one_lane_even_when_the_replica_offers_two():
     assert [lane.name for lane in d.lanes] == ["bulk"]
     await d.submit("high", 1, Priority.HIGH)
     assert model.lanes_seen == {"bulk": ["high"], "urgent": []}
+
+
+async def test_queue_delay_counts_the_wait_not_the_requests_own_batch():
+    model = FakeModel(base_s=0.1, per_item_s=0.0)
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0, max_queue_delay_s=0.05)
+    await d.submit("learn", 1)  # one batch takes ~0.1 s: longer than the allowed wait
+    assert await d.submit("idle", 1) == "IDLE"  # nothing ahead of it: admitted
+    backlog = [asyncio.ensure_future(d.submit(f"b{i}", 1)) for i in range(3)]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded):
+        await d.submit("late", 1)
+    assert d.stats.shed["queue_delay"] >= 1
+    await asyncio.gather(*backlog, return_exceptions=True)

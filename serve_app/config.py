@@ -137,12 +137,28 @@ class TenantConfig(BaseModel):
         return self
 
 
+class LimitsConfig(BaseModel):
+    """What one request may ask of the router; past these it gets a 4xx before any model time is spent."""
+
+    max_request_bytes: int = Field(
+        64 * 2**20,
+        ge=1024,
+        description="request body limit (413); 64 MiB holds 64 ResNet-50 images as binary FP32, or ~1.5 of them in JSON",
+    )
+    max_text_chars: int = Field(
+        20_000,
+        ge=1,
+        description="characters per text or prompt; text classifiers truncate to their token window after this check",
+    )
+
+
 class AppArgs(BaseModel):
     model_dir: str = Field("models", description=f"root of model directories; ${MODEL_DIR_ENV} overrides it")
     models: dict[str, ModelConfig]
     routes: dict[str, RouteConfig] = Field(default_factory=dict)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     tenants: list[TenantConfig] = Field(default_factory=list, description="API keys; none configured = open server")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
     @model_validator(mode="after")
     def _routes_consistent(self) -> AppArgs:

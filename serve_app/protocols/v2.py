@@ -1,13 +1,27 @@
-"""Open Inference Protocol v2 (KServe v2 / Triton HTTP), JSON tensor form."""
+"""Open Inference Protocol v2 (KServe v2 / Triton HTTP): tensors in JSON or in the binary extension.
+
+The binary tensor data extension (Triton's `binary_tensor_data`): the body is a
+JSON header of `Inference-Header-Content-Length` bytes followed by raw tensor
+bytes, one blob per input that names its `parameters.binary_data_size`, in
+input order. Numbers are little-endian and row-major; a BYTES element is a
+4-byte little-endian length and then its bytes. Outputs come back the same way
+when the request asks (`parameters.binary_data_output`, or per output
+`parameters.binary_data`).
+"""
 
 from __future__ import annotations
 
+import json
+import struct
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from serve_app.errors import InvalidInput
+
+HEADER_LENGTH = "inference-header-content-length"
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration"]
 
 # v2 datatype -> numpy dtype (BYTES is handled apart: a list of str).
 NUMPY_DTYPES: dict[str, Any] = {
@@ -28,12 +42,30 @@ class RequestInput(BaseModel):
     shape: list[int]
     datatype: str
     parameters: dict[str, Any] | None = None
-    data: list[Any]
+    data: list[Any] | None = Field(None, description="row-major values; omitted when the tensor travels as binary data")
+    # The tensor's bytes when it came in the binary extension, not in `data`.
+    _raw: bytes | None = PrivateAttr(None)
+
+    def binary_size(self) -> int | None:
+        size = (self.parameters or {}).get("binary_data_size")
+        if size is None:
+            return None
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InvalidInput(f"input {self.name!r}: parameters.binary_data_size must be a non-negative integer")
+        return size
+
+    def element_count(self) -> int:
+        if any(d < 0 for d in self.shape):
+            raise InvalidInput(f"input {self.name!r}: shape {self.shape} has a negative dimension")
+        return int(np.prod(self.shape, dtype=np.int64))
 
 
 class RequestOutput(BaseModel):
     name: str
     parameters: dict[str, Any] | None = None
+
+    def wants_binary(self, default: bool) -> bool:
+        return bool((self.parameters or {}).get("binary_data", default))
 
 
 class InferRequest(BaseModel):
@@ -48,7 +80,7 @@ class ResponseOutput(BaseModel):
     shape: list[int]
     datatype: str
     parameters: dict[str, Any] | None = None
-    data: list[Any]
+    data: list[Any] | None = None
 
 
 class InferResponse(BaseModel):
@@ -91,32 +123,112 @@ def _flatten(data: list[Any]) -> list[Any]:
     return out
 
 
-def decode_bytes(tensor: RequestInput) -> list[str]:
+def parse_request(body: bytes, header_length: str | None) -> InferRequest:
+    """An infer request from its raw body, JSON or binary-extension; every fault is an InvalidInput."""
+    json_part, rest = body, b""
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise InvalidInput(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
+        if not 0 < n <= len(body):
+            raise InvalidInput(f"Inference-Header-Content-Length is {n}, but the body has {len(body)} bytes")
+        json_part, rest = body[:n], body[n:]
+    try:
+        obj = json.loads(json_part)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InvalidInput(f"request body is not valid JSON: {e}") from None
+    try:
+        request = InferRequest.model_validate(obj)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()[:5])
+        raise InvalidInput(f"malformed request body: {problems}") from None
+    offset = 0
+    for tensor in request.inputs:
+        size = tensor.binary_size()
+        if size is None:
+            if tensor.data is None:
+                raise InvalidInput(f"input {tensor.name!r} has neither `data` nor parameters.binary_data_size")
+            continue
+        if tensor.data is not None:
+            raise InvalidInput(f"input {tensor.name!r} has both `data` and parameters.binary_data_size; send one")
+        if offset + size > len(rest):
+            raise InvalidInput(
+                f"input {tensor.name!r} declares {size} binary bytes, but only {len(rest) - offset} follow the JSON header"
+            )
+        tensor._raw = rest[offset : offset + size]
+        offset += size
+    if offset != len(rest):
+        raise InvalidInput(f"{len(rest) - offset} bytes after the JSON header belong to no input (binary_data_size)")
+    return request
+
+
+def _split_bytes_elements(name: str, raw: bytes) -> list[bytes]:
+    out, i = [], 0
+    while i < len(raw):
+        if i + 4 > len(raw):
+            raise InvalidInput(f"input {name!r}: binary BYTES data ends inside a 4-byte length prefix")
+        (n,) = struct.unpack_from("<I", raw, i)
+        if i + 4 + n > len(raw):
+            raise InvalidInput(f"input {name!r}: a BYTES element declares {n} bytes, past the end of its data")
+        out.append(raw[i + 4 : i + 4 + n])
+        i += 4 + n
+    return out
+
+
+def decode_raw_bytes(tensor: RequestInput) -> list[bytes | str]:
+    """BYTES elements as sent: bytes from the binary extension, str from JSON."""
     if tensor.datatype != "BYTES":
         raise InvalidInput(f"input {tensor.name!r} must have datatype BYTES, got {tensor.datatype}")
-    values = _flatten(tensor.data)
-    if len(values) != int(np.prod(tensor.shape)):
-        raise InvalidInput(
-            f"input {tensor.name!r}: shape {tensor.shape} needs {int(np.prod(tensor.shape))} elements, got {len(values)}"
-        )
-    if not all(isinstance(v, str) for v in values):
+    n = tensor.element_count()
+    values: list[Any] = (
+        _split_bytes_elements(tensor.name, tensor._raw) if tensor._raw is not None else _flatten(tensor.data or [])
+    )
+    if len(values) != n:
+        raise InvalidInput(f"input {tensor.name!r}: shape {tensor.shape} needs {n} elements, got {len(values)}")
+    if not all(isinstance(v, str | bytes) for v in values):
         raise InvalidInput(f"input {tensor.name!r}: BYTES elements must be strings in JSON")
     return values
+
+
+def decode_bytes(tensor: RequestInput, max_chars: int | None = None) -> list[str]:
+    """BYTES elements as text: binary elements must be valid UTF-8."""
+    texts: list[str] = []
+    for i, v in enumerate(decode_raw_bytes(tensor)):
+        if isinstance(v, bytes):
+            try:
+                v = v.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InvalidInput(
+                    f"input {tensor.name!r}: element {i} is not valid UTF-8 ({e.reason} at byte {e.start})"
+                ) from None
+        if max_chars is not None and len(v) > max_chars:
+            raise InvalidInput(f"input {tensor.name!r}: element {i} has {len(v)} characters; at most {max_chars} are allowed")
+        texts.append(v)
+    return texts
 
 
 def decode_numeric(tensor: RequestInput) -> np.ndarray:
     dtype = NUMPY_DTYPES.get(tensor.datatype)
     if dtype is None:
         raise InvalidInput(f"input {tensor.name!r}: unsupported datatype {tensor.datatype}; use one of {sorted(NUMPY_DTYPES)}")
-    if any(d < 0 for d in tensor.shape):
-        raise InvalidInput(f"input {tensor.name!r}: shape {tensor.shape} has a negative dimension")
-    values = _flatten(tensor.data)
-    n = int(np.prod(tensor.shape))
+    n = tensor.element_count()
+    if tensor._raw is not None:
+        want = n * np.dtype(dtype).itemsize
+        if len(tensor._raw) != want:
+            raise InvalidInput(
+                f"input {tensor.name!r}: shape {tensor.shape} of {tensor.datatype} "
+                f"needs {want} binary bytes, got {len(tensor._raw)}"
+            )
+        return np.frombuffer(tensor._raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(tensor.shape)
+    values = _flatten(tensor.data or [])
     if len(values) != n:
         raise InvalidInput(f"input {tensor.name!r}: shape {tensor.shape} needs {n} elements, got {len(values)}")
+    if any(isinstance(v, str | bool) for v in values) and tensor.datatype != "BOOL":
+        raise InvalidInput(f"input {tensor.name!r}: data is not {tensor.datatype}: found a string or boolean")
     try:
         arr = np.asarray(values, dtype=dtype)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise InvalidInput(f"input {tensor.name!r}: data is not {tensor.datatype}: {e}") from None
     return arr.reshape(tensor.shape)
 
@@ -127,3 +239,42 @@ def encode(name: str, value: np.ndarray | list[str]) -> ResponseOutput:
     datatype = next((k for k, v in NUMPY_DTYPES.items() if np.dtype(v) == value.dtype), None)
     assert datatype is not None, f"no v2 datatype for {value.dtype}"
     return ResponseOutput(name=name, shape=list(value.shape), datatype=datatype, data=value.ravel().tolist())
+
+
+def _binary_blob(output: ResponseOutput) -> bytes:
+    data = output.data or []
+    if output.datatype == "BYTES":
+        parts = []
+        for v in data:
+            b = v.encode("utf-8") if isinstance(v, str) else bytes(v)
+            parts.append(struct.pack("<I", len(b)) + b)
+        return b"".join(parts)
+    return np.asarray(data, dtype=np.dtype(NUMPY_DTYPES[output.datatype]).newbyteorder("<")).tobytes()
+
+
+def render_response(response: InferResponse, binary: set[str]) -> tuple[bytes, dict[str, str]]:
+    """The response body and its extra headers; outputs named in `binary` travel as raw bytes after the JSON."""
+    if not binary:
+        return json.dumps(response.model_dump(exclude_none=True), separators=(",", ":")).encode(), {
+            "content-type": "application/json"
+        }
+    blobs: list[bytes] = []
+    outputs = []
+    for out in response.outputs:
+        if out.name in binary:
+            blob = _binary_blob(out)
+            blobs.append(blob)
+            params = {**(out.parameters or {}), "binary_data_size": len(blob)}
+            out = out.model_copy(update={"data": None, "parameters": params})
+        outputs.append(out)
+    header = json.dumps(response.model_copy(update={"outputs": outputs}).model_dump(exclude_none=True), separators=(",", ":"))
+    head = header.encode()
+    return head + b"".join(blobs), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
+
+
+def binary_outputs(request: InferRequest, produced: list[str]) -> set[str]:
+    """Which outputs the client asked to get as binary data."""
+    default = bool((request.parameters or {}).get("binary_data_output", False))
+    if request.outputs is None:
+        return set(produced) if default else set()
+    return {o.name for o in request.outputs if o.wants_binary(default)}

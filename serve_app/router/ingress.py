@@ -7,28 +7,38 @@ in `serve_app.router.cascade`; this module wires them to deployment handles.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from serve_app import __version__
 from serve_app.config import AppArgs, TenantConfig
 from serve_app.cpu_priority import renice_process
-from serve_app.errors import DeadlineExceeded, InvalidInput, ModelFailure, NotFound, Overloaded, ServeAppError, Unavailable
+from serve_app.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    ModelFailure,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    ServeAppError,
+    Unavailable,
+)
 from serve_app.manifest import Manifest
 from serve_app.protocols import openai, v2
 from serve_app.protocols.errors import error_response
-from serve_app.router import catalog
+from serve_app.protocols.images import decode_images
+from serve_app.router import catalog, generation
 from serve_app.router.cascade import CascadePolicy, softmax
 from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER, QoS, parse_qos
 from serve_app.router.telemetry import RouterTelemetry
@@ -44,6 +54,60 @@ app = FastAPI(
     version=__version__,
     description="Multi-model inference: Open Inference Protocol v2 and OpenAI-compatible generation.",
 )
+
+
+class V2Error(BaseModel):
+    """The Open Inference Protocol's error shape."""
+
+    error: str
+
+
+V2_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": V2Error, "description": why}
+    for code, why in [
+        (400, "invalid input"),
+        (401, "missing or unknown API key"),
+        (404, "unknown model, route or version"),
+        (413, "body too large"),
+        (429, "tenant rate limit (Retry-After)"),
+        (503, "overloaded or circuit open (Retry-After)"),
+        (504, "deadline passed while queued"),
+    ]
+}
+OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {code: {**v, "model": openai.ErrorBody} for code, v in V2_ERRORS.items()}
+
+# /infer reads its body itself (the binary extension is not JSON), so its schema is added here.
+INFER_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "JSON tensors; or, with the Inference-Header-Content-Length header, this JSON followed by "
+        "binary tensor data (Triton's binary_tensor_data extension)",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/InferRequest"}}},
+    }
+}
+
+
+def _the_request(request: Request) -> Request:
+    """Serve's class-based views rebuild method signatures, which leaves a bare `Request`
+    parameter unresolved (it becomes a query parameter); a dependency resolves it."""
+    return request
+
+
+THE_REQUEST = Depends(_the_request)
+
+
+def _openapi() -> dict[str, Any]:
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        defs = v2.InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(defs.pop("$defs", {}))
+        components["InferRequest"] = defs
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+app.openapi = _openapi  # type: ignore[method-assign]
 
 
 @app.exception_handler(ServeAppError)
@@ -222,49 +286,89 @@ class Router:
 
     @app.get("/v2")
     async def server_metadata(self) -> v2.ServerMetadata:
-        return v2.ServerMetadata(name="serve-app", version=__version__, extensions=[])
+        return v2.ServerMetadata(name="serve-app", version=__version__, extensions=v2.EXTENSIONS)
 
-    @app.get("/v2/models/{name}")
-    async def model_metadata(self, name: str, authorization: str | None = Header(None)) -> v2.ModelMetadata:
+    def _check_version(self, name: str, version: str | None, manifest: Manifest) -> None:
+        if version is not None and version != manifest.version:
+            raise NotFound(f"model {name!r} has no version {version!r}; available: [{manifest.version!r}]")
+
+    @app.get("/v2/models/{name}", responses=V2_ERRORS)
+    @app.get("/v2/models/{name}/versions/{version}", responses=V2_ERRORS)
+    async def model_metadata(
+        self, name: str, version: str | None = None, authorization: str | None = Header(None)
+    ) -> v2.ModelMetadata:
         self.tenants.authenticate(authorization)
         self._known(name)
         manifest = await self._manifest(self._answering_model(name))
+        self._check_version(name, version, manifest)
         platform = "ensemble" if name in self.args.routes else "onnxruntime_onnx"
         return catalog.model_metadata(name, manifest, platform)
 
-    @app.get("/v2/models/{name}/ready")
-    async def model_ready(self, name: str) -> JSONResponse:
+    @app.get("/v2/models/{name}/ready", responses=V2_ERRORS)
+    @app.get("/v2/models/{name}/versions/{version}/ready", responses=V2_ERRORS)
+    async def model_ready(self, name: str, version: str | None = None) -> JSONResponse:
         self._known(name)
+        if version is not None:
+            self._check_version(name, version, await self._manifest(self._answering_model(name)))
         models = [self.args.routes[name].light, self.args.routes[name].heavy] if name in self.args.routes else [name]
         ok = all(await asyncio.gather(*(self._is_ready(m) for m in models)))
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
-    @app.get("/v2/models/{name}/config")
-    async def model_config(self, name: str, authorization: str | None = Header(None)) -> dict[str, Any]:
+    @app.get("/v2/models/{name}/config", responses=V2_ERRORS)
+    @app.get("/v2/models/{name}/versions/{version}/config", responses=V2_ERRORS)
+    async def model_config(
+        self, name: str, version: str | None = None, authorization: str | None = Header(None)
+    ) -> dict[str, Any]:
         self.tenants.authenticate(authorization)
         self._known(name)
         model = self._answering_model(name)
         manifest = await self._manifest(model)
+        self._check_version(name, version, manifest)
         platform = "ensemble" if name in self.args.routes else "onnxruntime_onnx"
         return catalog.triton_config(name, manifest, int(self._batching[model]["max_batch_size"]), platform)
 
     # -- inference -------------------------------------------------------------
 
-    @app.post("/v2/models/{name}/infer")
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, refused with 413 as soon as it is known to pass the limit (never buffered past it)."""
+        limit = self.args.limits.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body is {int(declared)} bytes; at most {limit} are allowed")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body is over {limit} bytes; at most {limit} are allowed")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @app.post("/v2/models/{name}/infer", openapi_extra=INFER_BODY, responses={200: {"model": v2.InferResponse}, **V2_ERRORS})
+    @app.post(
+        "/v2/models/{name}/versions/{version}/infer",
+        openapi_extra=INFER_BODY,
+        responses={200: {"model": v2.InferResponse}, **V2_ERRORS},
+    )
     async def infer(
         self,
         name: str,
-        body: v2.InferRequest,
+        version: str | None = None,
+        request: Request = THE_REQUEST,
         x_priority: str | None = Header(None, description="high, normal or low (capped by the caller's tenant)"),
         x_request_timeout_ms: str | None = Header(None, description="deadline; refused at once if it cannot be met"),
         authorization: str | None = Header(None, description="Bearer <API key>, when keys are configured"),
-    ) -> JSONResponse:
+        inference_header_content_length: str | None = Header(
+            None, description="binary tensor data extension: length of the JSON part of the body"
+        ),
+    ) -> Response:
         tenant = self._caller(authorization)
         self._known(name)
+        body = v2.parse_request(await self._read_body(request), inference_header_content_length)
         model = self._answering_model(name)
         params = body.parameters or {}
         qos = self._qos(tenant, x_priority, x_request_timeout_ms, params)
         manifest = await self._manifest(model)
+        self._check_version(name, version, manifest)
         degraded = None
         if manifest.family == "gpt":
             outputs, served_by = await self._infer_generate(model, body, params)
@@ -281,10 +385,11 @@ class Router:
         headers = {"X-Served-By": ",".join(dict.fromkeys(served_by))}
         if degraded:
             parameters["degraded"] = headers["X-Degraded"] = degraded
-        response = v2.InferResponse(
+        response = v2.InferResponse.model_construct(
             model_name=name, model_version=manifest.version, id=body.id, parameters=parameters, outputs=outputs
         )
-        return JSONResponse(response.model_dump(exclude_none=True), headers=headers)
+        content, extra = v2.render_response(response, v2.binary_outputs(body, [o.name for o in outputs]))
+        return Response(content, headers={**headers, **extra})
 
     def _single_input(self, body: v2.InferRequest, expected: str) -> v2.RequestInput:
         match = [t for t in body.inputs if t.name == expected]
@@ -301,13 +406,19 @@ class Router:
 
     def _decode_classifier_input(self, model: str, manifest: Manifest, body: v2.InferRequest) -> list[str] | np.ndarray:
         if manifest.family == "bert":
-            texts = v2.decode_bytes(self._single_input(body, catalog.TEXT_INPUT))
+            texts = v2.decode_bytes(self._single_input(body, catalog.TEXT_INPUT), self.args.limits.max_text_chars)
             self._check_count(model, len(texts))
             return texts
         tensor = self._single_input(body, catalog.IMAGE_INPUT)
-        s = manifest.image_size
+        s = manifest.image_size or 0
+        if tensor.datatype == "BYTES":
+            # Encoded PNG/JPEG, one per element: decoded and resized here, sent on as uint8 pixels.
+            if len(tensor.shape) != 1:
+                raise InvalidInput(f"input 'image' as BYTES (encoded PNG/JPEG) must have shape [N], got {tensor.shape}")
+            self._check_count(model, tensor.element_count())
+            return decode_images(v2.decode_raw_bytes(tensor), s)
         if tensor.datatype not in ("FP32", "UINT8"):
-            raise InvalidInput(f"input 'image' must be FP32 in [0, 1] or UINT8, got {tensor.datatype}")
+            raise InvalidInput(f"input 'image' must be FP32 in [0, 1], UINT8, or BYTES (encoded PNG/JPEG), got {tensor.datatype}")
         if len(tensor.shape) != 4 or tensor.shape[1:] != [3, s, s]:
             raise InvalidInput(f"input 'image' must have shape [N, 3, {s}, {s}], got {tensor.shape}")
         self._check_count(model, tensor.shape[0])
@@ -372,76 +483,105 @@ class Router:
             result.degraded,
         )
 
-    async def _generate_text(self, model: str, prompt: str, params: dict[str, Any]) -> tuple[str, str | None, int, int]:
-        text, finish, prompt_tokens, completion_tokens = [], None, 0, 0
-        async for event in self.handles[model].options(stream=True).generate.remote(prompt, params):
-            text.append(event.text)
-            finish, prompt_tokens, completion_tokens = event.finish_reason, event.prompt_tokens, event.completion_tokens
-        return "".join(text), finish, prompt_tokens, completion_tokens
-
     async def _infer_generate(
         self, model: str, body: v2.InferRequest, params: dict[str, Any]
     ) -> tuple[list[v2.ResponseOutput], list[str]]:
-        prompts = v2.decode_bytes(self._single_input(body, catalog.PROMPT_INPUT))
+        prompts = v2.decode_bytes(self._single_input(body, catalog.PROMPT_INPUT), self.args.limits.max_text_chars)
         self._check_count(model, len(prompts))
         sampling = {k: params[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop") if k in params}
-        results = await asyncio.gather(*(self._generate_text(model, p, sampling) for p in prompts))
-        return [v2.encode(catalog.GENERATED_OUTPUT, [r[0] for r in results])], [model] * len(prompts)
+        handle = self.handles[model]
+        results = await asyncio.gather(*(generation.generate_text(handle, p, sampling) for p in prompts))
+        return [v2.encode(catalog.GENERATED_OUTPUT, [r.text for r in results])], [model] * len(prompts)
 
     # -- OpenAI ----------------------------------------------------------------
 
     def _generators(self) -> list[str]:
         return [n for n, m in self.args.models.items() if m.family == "gpt"]
 
-    @app.get("/v1/models")
+    def _generator_for(self, body: openai.SamplingFields, prompts: list[str]) -> DeploymentHandle:
+        if body.model not in self._generators():
+            raise NotFound(f"model {body.model!r} does not generate text; available: {self._generators()}")
+        self._check_count(body.model, len(prompts) * body.n)
+        limit = self.args.limits.max_text_chars
+        for i, p in enumerate(prompts):
+            if len(p) > limit:
+                raise InvalidInput(f"prompt {i} has {len(p)} characters; at most {limit} are allowed")
+        if body.stream and (len(prompts) != 1 or body.n != 1):
+            raise InvalidInput("streaming takes exactly one prompt and n = 1")
+        return self.handles[body.model]
+
+    @app.get("/v1/models", responses=OPENAI_ERRORS)
     async def openai_models(self, authorization: str | None = Header(None)) -> openai.ModelList:
         self.tenants.authenticate(authorization)
         return openai.ModelList(data=[openai.ModelCard(id=n) for n in self._generators()])
 
-    @app.post("/v1/completions", response_model=None)
+    @app.post(
+        "/v1/completions",
+        response_model=None,
+        responses={200: {"model": openai.CompletionResponse, "description": "JSON, or SSE when stream"}, **OPENAI_ERRORS},
+    )
     async def completions(self, body: openai.CompletionRequest, authorization: str | None = Header(None)) -> Response:
         self._caller(authorization)
-        if body.model not in self._generators():
-            raise NotFound(f"model {body.model!r} does not generate text; available: {self._generators()}")
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        self._check_count(body.model, len(prompts))
+        handle = self._generator_for(body, prompts)
         headers = {"X-Served-By": body.model}
         if body.stream:
-            return await self._stream_completion(body, prompts, headers)
-        results = await asyncio.gather(*(self._generate_text(body.model, p, body.sampling()) for p in prompts))
-        choices = [openai.CompletionChoice(index=i, text=r[0], finish_reason=r[1]) for i, r in enumerate(results)]
-        p_tok, c_tok = sum(r[2] for r in results), sum(r[3] for r in results)
-        response = openai.CompletionResponse(
-            model=body.model,
-            choices=choices,
-            usage=openai.Usage(prompt_tokens=p_tok, completion_tokens=c_tok, total_tokens=p_tok + c_tok),
-        )
+            stream = generation.open_stream(handle, prompts[0], body.sampling())
+            first = await generation.first_event(stream)
+            cid, created = generation.new_id("cmpl"), generation.now()
+
+            def render(event: Any, is_first: bool) -> dict[str, Any]:
+                choice = openai.CompletionChoice(index=0, text=event.text, finish_reason=event.finish_reason)
+                return openai.CompletionResponse(id=cid, created=created, model=body.model, choices=[choice]).model_dump()
+
+            def final(last: Any) -> dict[str, Any] | None:
+                if not body.include_usage():
+                    return None
+                use = generation.usage([generation.Generated("", None, last.prompt_tokens, last.completion_tokens)], 1)
+                return openai.CompletionResponse(id=cid, created=created, model=body.model, choices=[], usage=use).model_dump()
+
+            events = generation.sse_events(stream, first, render, final)
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        results = await generation.generate_all(handle, prompts, body)
+        choices = [openai.CompletionChoice(index=i, text=r.text, finish_reason=r.finish_reason) for i, r in enumerate(results)]  # type: ignore[arg-type]
+        response = openai.CompletionResponse(model=body.model, choices=choices, usage=generation.usage(results, body.n))
         return JSONResponse(response.model_dump(), headers=headers)
 
-    async def _stream_completion(self, body: openai.CompletionRequest, prompts: list[str], headers: dict[str, str]) -> Response:
-        if len(prompts) != 1:
-            raise InvalidInput("streaming takes exactly one prompt")
-        stream = self.handles[body.model].options(stream=True).generate.remote(prompts[0], body.sampling())
-        # Pull the first event before answering 200, so that a bad request is a 4xx, not a broken stream.
-        first = await stream.__anext__()
-        template = openai.CompletionResponse(model=body.model, choices=[])
+    @app.post(
+        "/v1/chat/completions",
+        response_model=None,
+        responses={200: {"model": openai.ChatCompletionResponse, "description": "JSON, or SSE when stream"}, **OPENAI_ERRORS},
+    )
+    async def chat_completions(self, body: openai.ChatCompletionRequest, authorization: str | None = Header(None)) -> Response:
+        self._caller(authorization)
+        prompt = body.prompt()
+        handle = self._generator_for(body, [prompt])
+        headers = {"X-Served-By": body.model}
+        if body.stream:
+            stream = generation.open_stream(handle, prompt, body.sampling())
+            first = await generation.first_event(stream)
+            cid, created = generation.new_id("chatcmpl"), generation.now()
 
-        async def sse() -> AsyncIterator[str]:
-            event = first
-            while True:
-                chunk = template.model_copy(
-                    update={"choices": [openai.CompletionChoice(index=0, text=event.text, finish_reason=event.finish_reason)]}
-                )
-                yield f"data: {json.dumps(chunk.model_dump())}\n\n"
-                if event.finish_reason is not None:
-                    break
-                try:
-                    event = await stream.__anext__()
-                except StopAsyncIteration:
-                    break
-                except ServeAppError as e:
-                    yield f"data: {json.dumps({'error': {'message': e.message, 'code': e.code}})}\n\n"
-                    break
-            yield "data: [DONE]\n\n"
+            def render(event: Any, is_first: bool) -> dict[str, Any]:
+                # OpenAI's first chunk carries the role; later ones only content.
+                delta = openai.ChatDelta(role="assistant" if is_first else None, content=event.text)
+                choice = openai.ChatChunkChoice(index=0, delta=delta, finish_reason=event.finish_reason)
+                chunk = openai.ChatCompletionChunk(id=cid, created=created, model=body.model, choices=[choice])
+                return chunk.model_dump(exclude_none=True)
 
-        return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
+            def final(last: Any) -> dict[str, Any] | None:
+                if not body.include_usage():
+                    return None
+                use = generation.usage([generation.Generated("", None, last.prompt_tokens, last.completion_tokens)], 1)
+                chunk = openai.ChatCompletionChunk(id=cid, created=created, model=body.model, choices=[], usage=use)
+                return chunk.model_dump(exclude_none=True)
+
+            events = generation.sse_events(stream, first, render, final)
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        results = await generation.generate_all(handle, [prompt], body)
+        choices = [
+            openai.ChatChoice(index=i, message=openai.ChatReply(content=r.text), finish_reason=r.finish_reason)  # type: ignore[arg-type]
+            for i, r in enumerate(results)
+        ]
+        response = openai.ChatCompletionResponse(model=body.model, choices=choices, usage=generation.usage(results, body.n))
+        return JSONResponse(response.model_dump(), headers=headers)

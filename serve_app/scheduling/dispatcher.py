@@ -101,6 +101,7 @@ class DispatchStats:
     admitted: Counter[str] = field(default_factory=Counter)  # by priority name
     shed: Counter[str] = field(default_factory=Counter)  # by reason
     completed_items: int = 0
+    cancelled_items: int = 0  # dropped from the queue because their caller went away
     batches: int = 0
     queue_wait_s: list[float] = field(default_factory=list)  # drained by the exporter
 
@@ -216,6 +217,8 @@ class Dispatcher:
             return await ticket.result
         except asyncio.CancelledError:
             # The client went away: free its place so it costs no model time.
+            if not ticket.done:
+                self.stats.cancelled_items += ticket.items
             self.lane_for(ticket.priority).queue.cancel(ticket)
             raise
 
@@ -244,6 +247,7 @@ class Dispatcher:
             "admitted": dict(self.stats.admitted),
             "shed": dict(self.stats.shed),
             "completed_items": self.stats.completed_items,
+            "cancelled_items": self.stats.cancelled_items,
             "batches": self.stats.batches,
         }
 

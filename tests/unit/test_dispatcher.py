@@ -149,6 +149,7 @@ async def test_cancelled_request_costs_no_model_time():
     await asyncio.sleep(0.06)
     assert ["gone"] not in model.batches
     assert d.queue.items == 0
+    assert d.stats.cancelled_items == 1 and d.snapshot()["cancelled_items"] == 1
 
 
 async def test_router_queue_depth_travels_with_each_batch():

@@ -1,0 +1,52 @@
+"""Encoded images (PNG/JPEG) in a BYTES tensor -> the uint8 pixel tensor an image model takes."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import warnings
+
+import numpy as np
+from PIL import Image
+
+from serve_app.errors import InvalidInput
+
+FORMATS = ("PNG", "JPEG")
+# A 16-megapixel image is far beyond any model input here; past it, a small file may be a
+# decompression bomb that would exhaust the router's memory once decoded.
+MAX_PIXELS = 4096 * 4096
+
+
+def decode_image(value: bytes | str, size: int, index: int = 0) -> np.ndarray:
+    """One encoded image as uint8 (3, size, size), resized when it is another size.
+
+    JSON cannot carry raw bytes, so a str element is base64 (the binary extension sends bytes as they are).
+    """
+    if isinstance(value, str):
+        try:
+            value = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidInput(f"image {index}: a BYTES image in JSON must be base64-encoded PNG or JPEG") from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(value))
+            if img.format not in FORMATS:
+                raise InvalidInput(f"image {index}: format {img.format} is not accepted; send one of {list(FORMATS)}")
+            if img.width * img.height > MAX_PIXELS:
+                raise InvalidInput(f"image {index}: {img.width}x{img.height} pixels; at most {MAX_PIXELS} are allowed")
+            rgb = img.convert("RGB")
+    except InvalidInput:
+        raise
+    except Image.UnidentifiedImageError:
+        raise InvalidInput(f"image {index}: not a PNG or JPEG image (its bytes match no known image format)") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+        raise InvalidInput(f"image {index}: cannot decode it as PNG or JPEG ({type(e).__name__}: {e})") from None
+    if rgb.size != (size, size):
+        rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
+    return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
+
+
+def decode_images(values: list[bytes | str], size: int) -> np.ndarray:
+    return np.stack([decode_image(v, size, i) for i, v in enumerate(values)])

@@ -1,0 +1,107 @@
+"""Generation through the `gpt` deployment's token stream: whole texts, and SSE streams in OpenAI's shapes.
+
+The router keeps no generation state: it reads TokenEvents from a streaming
+handle call and reshapes them. Closing a stream (the client went away)
+cancels the replica-side generator, which frees its row in the decode loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from serve_app.errors import ServeAppError
+from serve_app.protocols import openai
+
+
+@dataclass(frozen=True)
+class Generated:
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def open_stream(handle: DeploymentHandle, prompt: str, params: dict[str, Any]) -> DeploymentResponseGenerator:
+    return handle.options(stream=True).generate.remote(prompt, params)
+
+
+async def generate_text(handle: DeploymentHandle, prompt: str, params: dict[str, Any]) -> Generated:
+    stream = open_stream(handle, prompt, params)
+    text, finish, p_tok, c_tok = [], None, 0, 0
+    try:
+        async for event in stream:
+            text.append(event.text)
+            finish, p_tok, c_tok = event.finish_reason, event.prompt_tokens, event.completion_tokens
+    except asyncio.CancelledError:
+        stream.cancel()  # the client left: stop the replica decoding for nobody
+        raise
+    return Generated("".join(text), finish, p_tok, c_tok)
+
+
+async def generate_all(handle: DeploymentHandle, prompts: list[str], body: openai.SamplingFields) -> list[Generated]:
+    """n choices per prompt, prompt-major (OpenAI's choice order)."""
+    calls = [generate_text(handle, p, body.sampling(i)) for p in prompts for i in range(body.n)]
+    return list(await asyncio.gather(*calls))
+
+
+def usage(results: list[Generated], n: int) -> openai.Usage:
+    """Prompt tokens count once per prompt, as OpenAI counts them, not once per choice."""
+    p_tok = sum(r.prompt_tokens for r in results[::n])
+    c_tok = sum(r.completion_tokens for r in results)
+    return openai.Usage(prompt_tokens=p_tok, completion_tokens=c_tok, total_tokens=p_tok + c_tok)
+
+
+async def first_event(stream: DeploymentResponseGenerator) -> Any:
+    """Pull the first event before answering 200, so that a bad request is a 4xx, not a broken stream."""
+    try:
+        return await stream.__anext__()
+    except BaseException:
+        stream.cancel()
+        raise
+
+
+async def sse_events(
+    stream: DeploymentResponseGenerator,
+    first: Any,
+    render: Callable[[Any, bool], dict[str, Any]],
+    final: Callable[[Any], dict[str, Any] | None],
+) -> AsyncIterator[str]:
+    """Server-sent events: `render(event, is_first)` per token event, then `final(last_event)` if not None."""
+    event, is_first = first, True
+    try:
+        while True:
+            yield f"data: {json.dumps(render(event, is_first), separators=(',', ':'))}\n\n"
+            is_first = False
+            if event.finish_reason is not None:
+                break
+            try:
+                event = await stream.__anext__()
+            except StopAsyncIteration:
+                break
+        if (tail := final(event)) is not None:
+            yield f"data: {json.dumps(tail, separators=(',', ':'))}\n\n"
+    except ServeAppError as e:
+        # Headers are gone: an error mid-stream can only be an event.
+        body = {"error": {"message": e.message, "type": "server_error", "param": None, "code": e.code}}
+        yield f"data: {json.dumps(body)}\n\n"
+    finally:
+        # A no-op when the stream ended. When the client left, Starlette closes this generator
+        # and the cancel reaches the replica, which stops decoding this row.
+        stream.cancel()
+    yield "data: [DONE]\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,174 @@
+"""Wire formats without Ray: the v2 binary tensor extension (checked against tritonclient's own
+encoders), encoded images, and OpenAI request models."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
+
+from serve_app.errors import InvalidInput
+from serve_app.protocols import openai, v2
+from serve_app.protocols.images import decode_image
+
+
+def _binary_body(tensors: list[tuple[str, str, np.ndarray, bytes]], **extra) -> tuple[bytes, str]:
+    header = {
+        "inputs": [
+            {"name": n, "datatype": dt, "shape": list(a.shape), "parameters": {"binary_data_size": len(blob)}}
+            for n, dt, a, blob in tensors
+        ],
+        **extra,
+    }
+    head = json.dumps(header).encode()
+    return head + b"".join(blob for *_, blob in tensors), str(len(head))
+
+
+def test_binary_numeric_and_bytes_tensors_round_trip_tritonclient_encoding():
+    image = np.random.default_rng(0).random((2, 3, 4, 4), dtype=np.float32)
+    texts = np.array(["héllo".encode(), b"", b"x" * 300], dtype=object)
+    body, n = _binary_body(
+        [("image", "FP32", image, image.tobytes()), ("text", "BYTES", texts, serialize_byte_tensor(texts).item())]
+    )
+    req = v2.parse_request(body, n)
+    np.testing.assert_array_equal(v2.decode_numeric(req.inputs[0]), image)
+    assert v2.decode_bytes(req.inputs[1]) == ["héllo", "", "x" * 300]
+
+
+def test_json_body_still_parses_without_the_header():
+    body = json.dumps({"inputs": [{"name": "t", "shape": [2], "datatype": "INT64", "data": [[1], [2]]}]}).encode()
+    assert v2.decode_numeric(v2.parse_request(body, None).inputs[0]).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("body", "header", "needle"),
+    [
+        (b"{not json", None, "not valid JSON"),
+        (b"\xff\xfe", None, "not valid JSON"),
+        (b'{"inputs": []}', None, "at least 1 item"),
+        (b'{"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES"}]}', None, "neither `data` nor"),
+        (b'{"inputs": [{"name": "t", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]}', None, "only 0"),
+        (b'{"inputs": [{"name": "t", "shape": [1], "datatype": "FP32", "data": [1]}]}xx', "74", "belong to no input"),
+        (b"{}", "99", "the body has 2 bytes"),
+        (b"{}", "abc", "must be an integer"),
+        (
+            b'{"inputs": [{"name": "t", "shape": [1], "datatype": "FP32", "data": [1], "parameters": {"binary_data_size": 0}}]}',
+            None,
+            "both `data` and",
+        ),
+        (
+            b'{"inputs": [{"name": "t", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": -4}}]}',
+            None,
+            "non-negative",
+        ),
+    ],
+)
+def test_malformed_bodies_are_invalid_input(body, header, needle):
+    with pytest.raises(InvalidInput, match=needle):
+        v2.parse_request(body, header)
+
+
+def test_binary_sizes_and_bytes_framing_are_checked():
+    body, n = _binary_body([("image", "FP32", np.zeros((1, 2), np.float32), b"\0" * 7)])
+    with pytest.raises(InvalidInput, match="needs 8 binary bytes, got 7"):
+        v2.decode_numeric(v2.parse_request(body, n).inputs[0])
+    body, n = _binary_body([("text", "BYTES", np.zeros(1), b"\x09\0\0\0abc")])
+    with pytest.raises(InvalidInput, match="past the end"):
+        v2.decode_bytes(v2.parse_request(body, n).inputs[0])
+    body, n = _binary_body([("text", "BYTES", np.zeros(1), b"\x02\0\0\0\xff\xfe")])
+    with pytest.raises(InvalidInput, match="not valid UTF-8"):
+        v2.decode_bytes(v2.parse_request(body, n).inputs[0])
+
+
+def test_json_numeric_data_rejects_strings_and_overflow():
+    for data, dt in ([["1.0"], "FP32"], [[True], "FP32"], [[300], "UINT8"]):
+        tensor = v2.RequestInput(name="t", shape=[1], datatype=dt, data=data)
+        with pytest.raises(InvalidInput, match="data is not"):
+            v2.decode_numeric(tensor)
+
+
+def test_text_length_limit():
+    tensor = v2.RequestInput(name="text", shape=[2], datatype="BYTES", data=["ok", "x" * 11])
+    with pytest.raises(InvalidInput, match="element 1 has 11 characters; at most 10"):
+        v2.decode_bytes(tensor, max_chars=10)
+
+
+def test_binary_response_is_what_tritonclient_decodes():
+    logits = np.arange(6, dtype=np.float32).reshape(3, 2)
+    response = v2.InferResponse(model_name="m", outputs=[v2.encode("logits", logits), v2.encode("label", ["a", "bé", ""])])
+    request = v2.InferRequest.model_validate(
+        {
+            "inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["x"]}],
+            "outputs": [{"name": "logits", "parameters": {"binary_data": True}}, {"name": "label"}],
+            "parameters": {"binary_data_output": True},
+        }
+    )
+    binary = v2.binary_outputs(request, ["logits", "label"])
+    assert binary == {"logits", "label"}  # per-output default comes from binary_data_output
+    body, headers = v2.render_response(response, binary)
+    n = int(headers[v2.HEADER_LENGTH])
+    header = json.loads(body[:n])
+    sizes = [o["parameters"]["binary_data_size"] for o in header["outputs"]]
+    assert all("data" not in o for o in header["outputs"])
+    blob_logits, blob_label = body[n : n + sizes[0]], body[n + sizes[0] :]
+    np.testing.assert_array_equal(np.frombuffer(blob_logits, np.float32).reshape(3, 2), logits)
+    assert deserialize_bytes_tensor(blob_label).tolist() == [b"a", "bé".encode(), b""]
+
+
+def test_json_response_unless_binary_is_asked():
+    request = v2.InferRequest.model_validate({"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["x"]}]})
+    assert v2.binary_outputs(request, ["a"]) == set()
+    body, headers = v2.render_response(v2.InferResponse(model_name="m", outputs=[v2.encode("a", ["z"])]), set())
+    assert headers["content-type"] == "application/json" and json.loads(body)["outputs"][0]["data"] == ["z"]
+
+
+def _png(rgb: np.ndarray, fmt: str = "PNG") -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def test_images_decode_resize_and_accept_base64():
+    rgb = np.random.default_rng(1).integers(0, 255, (8, 8, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(decode_image(_png(rgb), 8), rgb.transpose(2, 0, 1))
+    assert decode_image(base64.b64encode(_png(rgb)).decode(), 4).shape == (3, 4, 4)
+    assert decode_image(_png(rgb, "JPEG"), 8).shape == (3, 8, 8)
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        (b"not an image", "not a PNG or JPEG"),
+        ("%%%", "base64"),
+        (_png(np.zeros((4, 4, 3), np.uint8))[:20], "cannot decode"),
+    ],
+)
+def test_bad_images_are_invalid_input(value, needle):
+    with pytest.raises(InvalidInput, match=needle):
+        decode_image(value, 4)
+
+
+def test_gif_is_refused_by_format():
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buf, format="GIF")
+    with pytest.raises(InvalidInput, match="format GIF is not accepted"):
+        decode_image(buf.getvalue(), 4)
+
+
+def test_chat_prompt_and_sampling():
+    req = openai.ChatCompletionRequest(
+        model="gpt",
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        max_tokens=4,
+        max_completion_tokens=6,
+        seed=10,
+        n=2,
+        stop="x",
+    )
+    assert req.prompt() == "system: be brief\nuser: hi\nassistant:"
+    assert req.sampling(1) == {"max_tokens": 6, "temperature": 1.0, "top_p": 1.0, "stop": ["x"], "seed": 11}

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import onnxruntime as ort
 import pytest
 import ray
 from ray import serve
 
 from serve_app.app import build_app
 from serve_app.errors import InvalidInput
-from serve_app.models.batching import pad_left, pad_right
+from serve_app.models.batching import pad_right
 from serve_app.tokenization import TextTokenizer
 from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args
+from tests.integration.reference import greedy_text, session
 
 pytestmark = pytest.mark.integration
 PORT = 8123
@@ -45,10 +45,6 @@ def app_url(tiny_model_dir: Path):
     yield URL
     serve.shutdown()
     ray.shutdown()
-
-
-def _session(model_dir: Path, name: str) -> ort.InferenceSession:
-    return ort.InferenceSession(str(model_dir / name / "model.onnx"), providers=["CPUExecutionProvider"])
 
 
 def _text_body(texts: list[str]) -> dict:
@@ -91,7 +87,7 @@ def test_text_models_under_concurrency_match_onnx_runtime(app_url, tiny_model_di
     bodies = [_text_body([TEXTS[i % 4], TEXTS[(i + 1) % 4]]) for i in range(16)]
     responses = asyncio.run(_post_many(app_url, f"/v2/models/{model}/infer", bodies))
     tok = TextTokenizer.from_file(tiny_model_dir / model / "tokenizer.json")
-    sess = _session(tiny_model_dir, model)
+    sess = session(tiny_model_dir, model)
     for body, resp in zip(bodies, responses, strict=True):
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-served-by"] == model
@@ -110,7 +106,7 @@ def test_image_models_under_concurrency_match_onnx_runtime(app_url, tiny_model_d
     images, _ = shapes_dataset(16, seed=11)
     bodies = [_image_body(images[i : i + 1]) for i in range(16)]
     responses = asyncio.run(_post_many(app_url, f"/v2/models/{model}/infer", bodies))
-    (expected,) = _session(tiny_model_dir, model).run(None, {"image": images})
+    (expected,) = session(tiny_model_dir, model).run(None, {"image": images})
     for i, resp in enumerate(responses):
         assert resp.status_code == 200, resp.text
         np.testing.assert_allclose(_output(resp, "logits")[0], expected[i], atol=1e-4)
@@ -124,8 +120,8 @@ def test_routes_answer_from_the_tier_they_name(app_url, tiny_model_dir):
     served = resp.json()["parameters"]["served_by"]
     assert len(served) == 12 and set(served) <= {"resnet-light", "resnet-heavy"}
     assert set(resp.headers["x-served-by"].split(",")) == set(served)
-    (light,) = _session(tiny_model_dir, "resnet-light").run(None, {"image": images})
-    (heavy,) = _session(tiny_model_dir, "resnet-heavy").run(None, {"image": images})
+    (light,) = session(tiny_model_dir, "resnet-light").run(None, {"image": images})
+    (heavy,) = session(tiny_model_dir, "resnet-heavy").run(None, {"image": images})
     p = np.exp(light - light.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
     escalate = p.max(1) < 0.3
@@ -144,26 +140,6 @@ def test_batches_larger_than_one_form_under_load(app_url):
     assert any(size > 1 for size in grown), f"only single-item batches ran: {grown}"
 
 
-def _greedy_reference(model_dir: Path, prompt: str, max_tokens: int) -> str:
-    tok = TextTokenizer.from_file(model_dir / "gpt" / "tokenizer.json")
-    meta = json.loads((model_dir / "gpt" / "manifest.json").read_text())["generation"]
-    sess = _session(model_dir, "gpt")
-    ids, mask = pad_left([tok.encode(prompt)], tok.pad_id)
-    past = np.zeros((meta["n_layers"], 2, 1, meta["n_heads"], 0, meta["head_dim"]), np.float32)
-    pos = np.arange(ids.shape[1])[None]
-    out: list[int] = []
-    logits, past = sess.run(None, {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": past})
-    for _ in range(max_tokens):
-        nxt = int(logits[0, -1].argmax())
-        if nxt == tok.eos_id:
-            break
-        out.append(nxt)
-        mask = np.concatenate([mask, [[1]]], axis=1)
-        pos = pos[:, -1:] + 1
-        logits, past = sess.run(None, {"input_ids": np.array([[nxt]]), "position_ids": pos, "attention_mask": mask, "past": past})
-    return tok.decode(out)
-
-
 def test_openai_completion_is_the_greedy_reference_whatever_the_batch(app_url, tiny_model_dir):
     prompts = ["the food", "honestly , the service was", "a", "the movie was not"]
     bodies = [{"model": "gpt", "prompt": p, "max_tokens": 8, "temperature": 0} for p in prompts]
@@ -171,7 +147,7 @@ def test_openai_completion_is_the_greedy_reference_whatever_the_batch(app_url, t
     for p, resp in zip(prompts, responses, strict=True):
         assert resp.status_code == 200, resp.text
         body = resp.json()
-        assert body["choices"][0]["text"] == _greedy_reference(tiny_model_dir, p, 8)
+        assert body["choices"][0]["text"] == greedy_text(tiny_model_dir, p, 8)
         assert body["usage"]["completion_tokens"] <= 8
         assert resp.headers["x-served-by"] == "gpt"
 
@@ -185,7 +161,7 @@ def test_openai_streaming_sends_tokens_then_done(app_url, tiny_model_dir):
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
-    assert "".join(c["choices"][0]["text"] for c in chunks) == _greedy_reference(tiny_model_dir, "the food", 6)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == greedy_text(tiny_model_dir, "the food", 6)
 
 
 def test_v2_generation_and_models_list(app_url):

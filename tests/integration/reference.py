@@ -1,0 +1,43 @@
+"""What the served answers must equal: the same ONNX files run directly, one request at a time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from serve_app.models.batching import pad_left
+from serve_app.tokenization import TextTokenizer
+
+
+def session(model_dir: Path, name: str) -> ort.InferenceSession:
+    return ort.InferenceSession(str(model_dir / name / "model.onnx"), providers=["CPUExecutionProvider"])
+
+
+def greedy_tokens(model_dir: Path, prompt: str, max_tokens: int) -> list[int]:
+    """Greedy decoding of one prompt alone, with the KV cache: the batch-independent reference."""
+    tok = TextTokenizer.from_file(model_dir / "gpt" / "tokenizer.json")
+    meta = json.loads((model_dir / "gpt" / "manifest.json").read_text())["generation"]
+    sess = session(model_dir, "gpt")
+    ids, mask = pad_left([tok.encode(prompt) or [tok.eos_id]], tok.pad_id)
+    past = np.zeros((meta["n_layers"], 2, 1, meta["n_heads"], 0, meta["head_dim"]), np.float32)
+    pos = np.arange(ids.shape[1])[None]
+    out: list[int] = []
+    logits, past = sess.run(None, {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": past})
+    limit = min(max_tokens, meta["block_size"] - ids.shape[1])
+    while len(out) < limit:
+        nxt = int(logits[0, -1].argmax())
+        if nxt == tok.eos_id:
+            break
+        out.append(nxt)
+        mask = np.concatenate([mask, [[1]]], axis=1)
+        pos = pos[:, -1:] + 1
+        logits, past = sess.run(None, {"input_ids": np.array([[nxt]]), "position_ids": pos, "attention_mask": mask, "past": past})
+    return out
+
+
+def greedy_text(model_dir: Path, prompt: str, max_tokens: int) -> str:
+    tok = TextTokenizer.from_file(model_dir / "gpt" / "tokenizer.json")
+    return tok.decode(greedy_tokens(model_dir, prompt, max_tokens))

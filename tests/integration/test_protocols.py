@@ -1,0 +1,460 @@
+"""The clients users already have, unchanged, against a running application: Triton's
+`tritonclient.http` (JSON and binary tensors), the `openai` SDK (plain and streaming),
+a table of malformed requests, client disconnects, and an OpenAPI fuzzer.
+
+One Serve instance for the module, tiny models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+import zlib
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import ray
+import schemathesis
+import tritonclient.http as triton
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from PIL import Image
+from ray import serve
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+
+from serve_app.app import build_app
+from serve_app.zoo.data import shapes_dataset
+from tests.conftest import tiny_args
+from tests.integration.reference import greedy_text, session
+
+pytestmark = pytest.mark.integration
+PORT = 8125
+URL = f"http://127.0.0.1:{PORT}"
+TEXTS = ["the food was great", "i think the room was awful", "héllo wörld ✓"]
+CLASSIFIERS = ["bert-light", "bert-heavy", "text-classify", "resnet-light", "resnet-heavy", "image-classify"]
+SLOW_S = 0.4  # one batch of `bert-slow`, the model behind the disconnect test
+MAX_BODY = 256 * 1024
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_model_dir: Path):
+    args = tiny_args(tiny_model_dir)
+    args["models"]["bert-slow"] = {
+        "preset": "bert-tiny",
+        "path": str(tiny_model_dir / "bert-light"),
+        "batching": {"max_batch_size": 1, "batch_wait_timeout_s": 0.0},
+        "faults": {"delay_s": SLOW_S},
+    }
+    args["limits"] = {"max_request_bytes": MAX_BODY, "max_text_chars": 500}
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    serve.run(build_app(args), name="default", route_prefix="/")
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{URL}/v2/health/ready").status_code != 200:
+        assert time.monotonic() < deadline, "application never became ready"
+        time.sleep(0.5)
+    yield URL
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(app_url) -> triton.InferenceServerClient:
+    return triton.InferenceServerClient(app_url.removeprefix("http://"), network_timeout=60)
+
+
+def _images(n: int = 3) -> np.ndarray:
+    images, _ = shapes_dataset(n, seed=5)
+    return images.astype(np.float32)
+
+
+def _classifier_input(model: str, binary: bool) -> triton.InferInput:
+    if model.startswith(("bert", "text")):
+        tensor = triton.InferInput("text", [len(TEXTS)], "BYTES")
+        tensor.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object), binary_data=binary)
+    else:
+        images = _images()
+        tensor = triton.InferInput("image", list(images.shape), "FP32")
+        tensor.set_data_from_numpy(images, binary_data=binary)
+    return tensor
+
+
+# -- Triton's client ----------------------------------------------------------------------
+
+
+def test_tritonclient_server_and_model_metadata(client):
+    assert client.is_server_live() and client.is_server_ready()
+    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    for name in [*CLASSIFIERS, "gpt"]:
+        meta = client.get_model_metadata(name)
+        assert meta["name"] == name and meta["versions"] == ["1"]
+        assert client.get_model_metadata(name, model_version="1") == meta
+        config = client.get_model_config(name)
+        assert config["name"] == name and config["max_batch_size"] >= 1 and config["input"] and config["output"]
+        assert client.is_model_ready(name) and client.is_model_ready(name, "1")
+    assert not client.is_model_ready("bert-light", "2")
+
+
+@pytest.mark.parametrize("model", CLASSIFIERS)
+def test_tritonclient_json_and_binary_agree_with_onnx_runtime(client, tiny_model_dir, model):
+    results = {}
+    for binary in (False, True):
+        outputs = [triton.InferRequestedOutput(n, binary_data=binary) for n in ("logits", "label")]
+        result = client.infer(model, [_classifier_input(model, binary)], outputs=outputs, request_id="req-7")
+        assert result.get_response()["id"] == "req-7"
+        assert {o["name"] for o in result.get_response()["outputs"]} == {"logits", "label"}
+        results[binary] = result
+    np.testing.assert_allclose(results[True].as_numpy("logits"), results[False].as_numpy("logits"), atol=1e-6)
+    labels = [v.decode() if isinstance(v, bytes) else v for v in results[True].as_numpy("label")]
+    assert labels == [str(v) for v in results[False].as_numpy("label")]
+    if model in ("resnet-light", "resnet-heavy"):  # a single model: compare with ORT itself
+        (expected,) = session(tiny_model_dir, model).run(None, {"image": _images()})
+        np.testing.assert_allclose(results[True].as_numpy("logits"), expected, atol=1e-4)
+
+
+def test_tritonclient_binary_outputs_by_default_and_versioned_infer(client):
+    # No requested outputs: tritonclient asks for every output in binary.
+    result = client.infer("bert-light", [_classifier_input("bert-light", True)], model_version="1")
+    assert result.as_numpy("probabilities").shape == (len(TEXTS), 2)
+    with pytest.raises(triton.InferenceServerException, match="no version '9'"):
+        client.infer("bert-light", [_classifier_input("bert-light", True)], model_version="9")
+
+
+def test_tritonclient_encoded_png_and_jpeg_images(client):
+    images = _images()
+    pixels = (images * 255).round().astype(np.uint8)
+    raw = triton.InferInput("image", list(pixels.shape), "UINT8")
+    raw.set_data_from_numpy(pixels)
+    expected = client.infer("resnet-light", [raw]).as_numpy("logits")
+    for fmt in ("PNG", "JPEG"):
+        blobs = []
+        for img in pixels:
+            buf = io.BytesIO()
+            Image.fromarray(img.transpose(1, 2, 0)).save(buf, format=fmt, quality=100)
+            blobs.append(buf.getvalue())
+        encoded = triton.InferInput("image", [len(blobs)], "BYTES")
+        encoded.set_data_from_numpy(np.array(blobs, dtype=object))
+        got = client.infer("resnet-light", [encoded]).as_numpy("logits")
+        if fmt == "PNG":  # lossless: the same pixels give the same logits
+            np.testing.assert_allclose(got, expected, atol=1e-4)
+        else:  # lossy at 16x16: decoded and answered, not equal
+            assert got.shape == expected.shape and np.isfinite(got).all()
+
+
+def test_tritonclient_generation_with_parameters(client, tiny_model_dir):
+    prompts = ["the food", "a"]
+    tensor = triton.InferInput("text_input", [2], "BYTES")
+    tensor.set_data_from_numpy(np.array([p.encode() for p in prompts], dtype=object))
+    result = client.infer("gpt", [tensor], parameters={"max_tokens": 5, "temperature": 0})
+    texts = [t.decode() for t in result.as_numpy("text_output")]
+    assert texts == [greedy_text(tiny_model_dir, p, 5) for p in prompts]
+
+
+# -- OpenAI's SDK ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def oai(app_url) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_openai_sdk_models_and_completions(oai, tiny_model_dir):
+    assert [m.id for m in oai.models.list()] == ["gpt"]
+    reply = oai.completions.create(model="gpt", prompt="the food", max_tokens=6, temperature=0)
+    assert reply.choices[0].text == greedy_text(tiny_model_dir, "the food", 6)
+    assert reply.usage.completion_tokens <= 6 and reply.usage.prompt_tokens > 0
+    streamed = oai.completions.create(model="gpt", prompt="the food", max_tokens=6, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == reply.choices[0].text
+
+
+def test_openai_sdk_n_choices_are_seeded_and_reproducible(oai):
+    kwargs = {"model": "gpt", "prompt": ["the food", "a"], "max_tokens": 5, "temperature": 1.0, "n": 2, "seed": 7}
+    first, again = oai.completions.create(**kwargs), oai.completions.create(**kwargs)
+    assert [c.index for c in first.choices] == [0, 1, 2, 3]
+    assert [c.text for c in first.choices] == [c.text for c in again.choices]
+
+
+def test_openai_sdk_chat_plain_and_streaming(oai, tiny_model_dir):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "how was the food"}]
+    reply = oai.chat.completions.create(model="gpt", messages=messages, max_tokens=6, temperature=0)
+    prompt = "system: be brief\nuser: how was the food\nassistant:"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == greedy_text(tiny_model_dir, prompt, 6)
+    chunks = list(
+        oai.chat.completions.create(
+            model="gpt", messages=messages, max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reply.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+
+
+def test_openai_sdk_errors_are_its_exceptions(oai):
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be between"):
+        oai.completions.create(model="gpt", prompt="x", max_tokens=10_000)
+    with pytest.raises(openai.NotFoundError, match="does not generate text"):
+        oai.chat.completions.create(model="bert-light", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="streaming takes exactly one prompt"):
+        oai.completions.create(model="gpt", prompt=["a", "b"], stream=True)
+
+
+# -- malformed input -----------------------------------------------------------------------
+
+
+def _text(data: list, shape: list[int] | None = None, datatype: str = "BYTES", name: str = "text") -> dict:
+    return {"inputs": [{"name": name, "shape": shape or [len(data)], "datatype": datatype, "data": data}]}
+
+
+def _binary(header: dict, blob: bytes) -> tuple[bytes, dict[str, str]]:
+    head = json.dumps(header).encode()
+    return head + blob, {"Inference-Header-Content-Length": str(len(head))}
+
+
+S = 32  # resnet-tiny's image size
+BAD_V2 = [
+    # (what, path, json body or (raw bytes, headers), status, part of the message)
+    ("unknown model", "/v2/models/nope/infer", _text(["x"]), 404, "unknown model 'nope'; available:"),
+    ("unknown version", "/v2/models/bert-light/versions/3/infer", _text(["x"]), 404, "no version '3'"),
+    ("not JSON", "/v2/models/bert-light/infer", (b"{oops", {}), 400, "not valid JSON"),
+    ("invalid UTF-8 body", "/v2/models/bert-light/infer", (b'{"inputs": "\xff"}', {}), 400, "not valid JSON"),
+    ("no inputs", "/v2/models/bert-light/infer", {"inputs": []}, 400, "inputs: List should have at least 1 item"),
+    ("wrong input name", "/v2/models/bert-light/infer", _text(["x"], name="txt"), 400, "exactly one input named 'text'"),
+    ("shape mismatch", "/v2/models/bert-light/infer", _text(["x"], shape=[2]), 400, "needs 2 elements, got 1"),
+    ("wrong dtype", "/v2/models/bert-light/infer", _text([1.0], datatype="FP32"), 400, "must have datatype BYTES"),
+    ("empty batch", "/v2/models/bert-light/infer", _text([], shape=[0]), 400, "empty batch"),
+    ("too many items", "/v2/models/bert-light/infer", _text(["x"] * 65), 400, "at most 64 are allowed"),
+    ("text too long", "/v2/models/bert-light/infer", _text(["x" * 501]), 400, "501 characters; at most 500"),
+    (
+        "invalid UTF-8 in binary BYTES",
+        "/v2/models/bert-light/infer",
+        _binary(
+            {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 6}}]},
+            b"\x02\0\0\0\xff\xfe",
+        ),
+        400,
+        "not valid UTF-8",
+    ),
+    (
+        "binary size past the body",
+        "/v2/models/resnet-light/infer",
+        _binary(
+            {"inputs": [{"name": "image", "shape": [1, 3, S, S], "datatype": "FP32", "parameters": {"binary_data_size": 99}}]},
+            b"\0" * 12,
+        ),
+        400,
+        "declares 99 binary bytes, but only 12 follow",
+    ),
+    (
+        "binary size not the shape's",
+        "/v2/models/resnet-light/infer",
+        _binary(
+            {"inputs": [{"name": "image", "shape": [1, 3, S, S], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]},
+            b"\0" * 8,
+        ),
+        400,
+        f"needs {3 * S * S * 4} binary bytes, got 8",
+    ),
+    (
+        "NaN pixels",
+        "/v2/models/resnet-light/infer",
+        # Python's json writes NaN (JavaScript's literal), as some clients do.
+        (
+            json.dumps(
+                {"inputs": [{"name": "image", "shape": [1, 3, S, S], "datatype": "FP32", "data": [float("nan")] * 3 * S * S}]}
+            ).encode(),
+            {},
+        ),
+        400,
+        "NaN or Inf",
+    ),
+    (
+        "Inf pixels in binary",
+        "/v2/models/resnet-light/infer",
+        _binary(
+            {
+                "inputs": [
+                    {
+                        "name": "image",
+                        "shape": [1, 3, S, S],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 3 * S * S * 4},
+                    }
+                ]
+            },
+            np.full(3 * S * S, np.inf, np.float32).tobytes(),
+        ),
+        400,
+        "NaN or Inf",
+    ),
+    (
+        "wrong image shape",
+        "/v2/models/resnet-light/infer",
+        {"inputs": [{"name": "image", "shape": [1, 3, 2, 2], "datatype": "FP32", "data": [0.0] * 12}]},
+        400,
+        f"shape [N, 3, {S}, {S}]",
+    ),
+    (
+        "undecodable image",
+        "/v2/models/resnet-light/infer",
+        {"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": ["bm90IGFuIGltYWdl"]}]},
+        400,
+        "not a PNG or JPEG image",
+    ),
+    (
+        "unknown output",
+        "/v2/models/bert-light/infer",
+        {**_text(["x"]), "outputs": [{"name": "nope"}]},
+        400,
+        "unknown requested outputs",
+    ),
+    ("bad priority", "/v2/models/bert-light/infer", {**_text(["x"]), "parameters": {"priority": "urgent"}}, 400, "bad priority"),
+    ("body too large", "/v2/models/bert-light/infer", (b"x" * (MAX_BODY + 1), {}), 413, f"at most {MAX_BODY}"),
+    ("unknown model metadata", "/v2/models/nope", None, 404, "unknown model 'nope'"),
+    ("unknown version config", "/v2/models/gpt/versions/2/config", None, 404, "no version '2'"),
+]
+
+
+def _send(client: httpx.Client, path: str, body) -> httpx.Response:
+    if body is None:
+        return client.get(path)
+    if isinstance(body, tuple):
+        return client.post(path, content=body[0], headers=body[1])
+    return client.post(path, json=body)
+
+
+def test_malformed_v2_requests_get_4xx_in_v2_shape_and_harm_nobody(app_url):
+    with httpx.Client(base_url=app_url, timeout=30) as http:
+        before = http.post("/v2/models/text-classify/infer", json=_text(TEXTS)).json()
+        for what, path, body, status, needle in BAD_V2:
+            resp = _send(http, path, body)
+            assert resp.status_code == status, f"{what}: {resp.status_code} {resp.text}"
+            assert needle in resp.json()["error"], f"{what}: {resp.json()}"
+        after = http.post("/v2/models/text-classify/infer", json=_text(TEXTS)).json()
+    assert after["outputs"] == before["outputs"]
+
+
+BAD_OPENAI = [
+    ("/v1/completions", {"model": "gpt"}, 400, "prompt: Field required"),
+    ("/v1/completions", {"model": "gpt", "prompt": "x", "temperature": 9}, 400, "temperature"),
+    ("/v1/completions", {"model": "gpt", "prompt": "x", "n": 99}, 400, "n: Input should be less than or equal to 8"),
+    ("/v1/completions", {"model": "gpt", "prompt": "x" * 501}, 400, "at most 500 are allowed"),
+    ("/v1/completions", {"model": "gpt", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
+    ("/v1/chat/completions", {"model": "gpt", "messages": []}, 400, "messages: List should have at least 1 item"),
+    ("/v1/chat/completions", {"model": "gpt", "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
+    ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "does not generate"),
+]
+
+
+def test_malformed_openai_requests_get_4xx_in_openai_shape(app_url):
+    with httpx.Client(base_url=app_url, timeout=30) as http:
+        for path, body, status, needle in BAD_OPENAI:
+            resp = http.post(path, json=body)
+            assert resp.status_code == status, f"{body}: {resp.text}"
+            error = resp.json()["error"]
+            assert needle in error["message"] and error["type"] == "invalid_request_error", error
+
+
+def test_bad_requests_mixed_into_a_burst_never_fail_the_good_ones(app_url):
+    good = [_text([TEXTS[i % 3]]) for i in range(24)]
+    bad = [_text(["x"], shape=[3]), {"inputs": []}, _text([7], datatype="INT32")] * 8
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=app_url, timeout=60) as http:
+            calls = [http.post("/v2/models/bert-light/infer", json=b) for pair in zip(good, bad, strict=True) for b in pair]
+            return await asyncio.gather(*calls)
+
+    responses = asyncio.run(burst())
+    assert [r.status_code for r in responses[0::2]] == [200] * 24
+    assert [r.status_code for r in responses[1::2]] == [400] * 24
+
+
+# -- client disconnects ----------------------------------------------------------------------
+
+
+def _status(app_url: str, model: str) -> dict:
+    return httpx.get(f"{app_url}/router/status").json()["models"].get(model, {})
+
+
+def test_a_client_that_disconnects_frees_its_queued_work(app_url):
+    """Eight requests queue behind one slow batch; the clients give up after a fraction of it.
+    Their work is dropped from the router queue and never runs."""
+
+    async def impatient() -> None:
+        async with httpx.AsyncClient(base_url=app_url, timeout=SLOW_S / 4) as http:
+            calls = [http.post("/v2/models/bert-slow/infer", json=_text([f"t{i}"])) for i in range(8)]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(r, httpx.TimeoutException) for r in results)
+
+    with httpx.Client(base_url=app_url, timeout=30) as http:  # let the in-flight limit learn the batch time
+        for i in range(4):
+            assert http.post("/v2/models/bert-slow/infer", json=_text([f"warm {i}"])).status_code == 200
+    before = _status(app_url, "bert-slow")
+    asyncio.run(impatient())
+    time.sleep(SLOW_S * 4)  # long enough for every queued batch to have run, had it stayed
+    status = _status(app_url, "bert-slow")
+    # Work already sent to the replica when a client left runs (the limit allows a few
+    # batches in flight before it has learned the latency); every other item is dropped.
+    cancelled = status["cancelled_items"] - before["cancelled_items"]
+    completed = status["completed_items"] - before["completed_items"]
+    # The learned in-flight limit was ~3 batches here: at most those run, the rest never do.
+    assert cancelled >= 4 and completed <= 4, (cancelled, completed, status["lanes"])
+    assert httpx.post(f"{app_url}/v2/models/bert-slow/infer", json=_text(["ok"]), timeout=30).status_code == 200
+
+
+# -- OpenAPI fuzzing ------------------------------------------------------------------------
+
+
+FUZZ_NAMES = ["bert-light", "text-classify", "resnet-light", "image-classify", "gpt", "nope"]
+FUZZ_EXAMPLES = 20  # per operation and generation mode: about 600 requests, ~30 s
+
+
+def test_openapi_fuzz_finds_no_server_error(app_url):
+    """Schemathesis generates valid and invalid requests for every operation in /openapi.json;
+    none may get a 5xx (which is also how a crashed replica would show)."""
+    schema = schemathesis.openapi.from_url(f"{app_url}/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 15
+    failures: list[str] = []
+    for op in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+
+            @given(case=op.as_strategy(generation_mode=mode))
+            @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+            def run(case) -> None:
+                # Random names would only ever reach the 404 branch: aim most cases at real models.
+                if "name" in (case.path_parameters or {}):
+                    case.path_parameters["name"] = FUZZ_NAMES[zlib.crc32(repr(case.body).encode()) % len(FUZZ_NAMES)]
+                if "version" in (case.path_parameters or {}) and zlib.crc32(repr(case.query).encode()) % 2:
+                    case.path_parameters["version"] = "1"
+                case.call_and_validate(base_url=app_url, checks=[not_a_server_error], timeout=60)
+
+            try:
+                run()
+            except Unsatisfiable:  # no invalid request exists for an operation without inputs
+                continue
+            except Exception as e:  # collect every operation's failure, not only the first
+                failures.append(f"{op.label} ({mode.value}): {e}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_after_fuzzing_every_replica_still_answers(app_url):
+    with httpx.Client(base_url=app_url, timeout=60) as http:
+        assert http.get("/v2/health/ready").status_code == 200
+        for name in CLASSIFIERS:
+            body = (
+                _text(TEXTS)
+                if name.startswith(("bert", "text"))
+                else {
+                    "inputs": [{"name": "image", "shape": [1, 3, S, S], "datatype": "FP32", "data": _images(1).ravel().tolist()}]
+                }
+            )
+            assert http.post(f"/v2/models/{name}/infer", json=body).status_code == 200, name
+        completion = http.post("/v1/completions", json={"model": "gpt", "prompt": "a", "max_tokens": 2})
+        assert completion.status_code == 200

@@ -100,4 +100,5 @@ class OnnxModel:
             "batching": self.batching.model_dump(),
             "faults": self.faults.model_dump(),
             "batch_sizes": dict(self.batch_sizes),
+            "cancelled_rows": getattr(self, "cancelled_rows", 0),
         }

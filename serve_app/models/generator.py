@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,8 @@ from serve_app.tokenization import TextTokenizer
 class GenerateRequest:
     prompt: str
     params: GenerationParams
+    # Set when the caller goes away; the decode loop then stops this row at its next step.
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class TokenEvent:
 
 @dataclass
 class _Row:
+    request: GenerateRequest
     params: GenerationParams
     prompt: list[int]
     limit: int  # max new tokens, capped by the context window
@@ -56,6 +59,8 @@ KEEPALIVE = TokenEvent("", None, 0, 0, None)
 
 @serve.deployment(max_ongoing_requests=32)
 class TextGenerator(OnnxModel):
+    cancelled_rows = 0  # generations stopped because their caller left
+
     def warm_up(self) -> None:
         assert self.manifest.generation and self.manifest.tokenizer_file, f"{self.name}: not a generator manifest"
         self.gen = self.manifest.generation
@@ -68,6 +73,8 @@ class TextGenerator(OnnxModel):
         return np.zeros((g.n_layers, 2, batch, g.n_heads, 0, g.head_dim), dtype=np.float32)
 
     def _step(self, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.faults.delay_s:  # the fault drill: a generator's "batch" is one decode step
+            time.sleep(self.faults.delay_s)
         logits, present = self.session.run(None, {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": past})
         return logits[:, -1], present  # (B, V), (L, 2, B, nh, P+T, hs)
 
@@ -89,11 +96,16 @@ class TextGenerator(OnnxModel):
         if not isinstance(prompt, str):
             raise InvalidInput("prompt must be a string")
         request = GenerateRequest(prompt, self.params_from(raw_params))
-        async for event in self._run_batch(request):
-            if isinstance(event, ServeAppError):
-                raise event
-            if event is not KEEPALIVE:
-                yield event
+        try:
+            async for event in self._run_batch(request):
+                if isinstance(event, ServeAppError):
+                    raise event
+                if event is not KEEPALIVE:
+                    yield event
+        finally:
+            # Normal end, error, or the caller cancelled (client disconnect): in every case the
+            # row must stop decoding. Only the last matters here; the others are already done.
+            request.cancelled.set()
 
     def _new_row(self, req: GenerateRequest) -> _Row:
         assert self.tokenizer is not None
@@ -101,7 +113,7 @@ class TextGenerator(OnnxModel):
         if len(prompt) >= self.gen.block_size:
             raise InvalidInput(f"prompt is {len(prompt)} tokens; this model's context is {self.gen.block_size} tokens")
         limit = min(req.params.max_tokens, self.gen.block_size - len(prompt))
-        return _Row(req.params, prompt, limit, np.random.default_rng(req.params.seed), StreamingText(req.params.stop), [])
+        return _Row(req, req.params, prompt, limit, np.random.default_rng(req.params.seed), StreamingText(req.params.stop), [])
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
     async def _run_batch(self, requests: list[GenerateRequest]) -> AsyncGenerator[list[Any], None]:
@@ -132,6 +144,9 @@ class TextGenerator(OnnxModel):
             feed = np.full((len(live), 1), self.tokenizer.pad_id, dtype=np.int64)
             out: list[Any] = []
             for row in rows:
+                if row is not None and not row.done and row.request.cancelled.is_set():
+                    row.done = True
+                    self.cancelled_rows += 1
                 if row is None or row.done:
                     out.append(StopIteration)  # tells @serve.batch this caller's stream ended
                     continue

@@ -40,6 +40,7 @@ TEXTS = ["the food was great", "i think the room was awful", "héllo wörld ✓"
 CLASSIFIERS = ["bert-light", "bert-heavy", "text-classify", "resnet-light", "resnet-heavy", "image-classify"]
 SLOW_S = 0.4  # one batch of `bert-slow`, the model behind the disconnect test
 MAX_BODY = 256 * 1024
+STEP_S = 0.05  # one decode step of `gpt-slow`
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,12 @@ def app_url(tiny_model_dir: Path):
         "path": str(tiny_model_dir / "bert-light"),
         "batching": {"max_batch_size": 1, "batch_wait_timeout_s": 0.0},
         "faults": {"delay_s": SLOW_S},
+    }
+    args["models"]["gpt-slow"] = {
+        **args["models"]["gpt"],
+        "path": str(tiny_model_dir / "gpt"),
+        "generation": {"default_max_tokens": 8, "max_tokens_limit": 60},
+        "faults": {"delay_s": STEP_S},
     }
     args["limits"] = {"max_request_bytes": MAX_BODY, "max_text_chars": 500}
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
@@ -165,7 +172,7 @@ def oai(app_url) -> openai.OpenAI:
 
 
 def test_openai_sdk_models_and_completions(oai, tiny_model_dir):
-    assert [m.id for m in oai.models.list()] == ["gpt"]
+    assert [m.id for m in oai.models.list()] == ["gpt", "gpt-slow"]
     reply = oai.completions.create(model="gpt", prompt="the food", max_tokens=6, temperature=0)
     assert reply.choices[0].text == greedy_text(tiny_model_dir, "the food", 6)
     assert reply.usage.completion_tokens <= 6 and reply.usage.prompt_tokens > 0
@@ -406,6 +413,21 @@ def test_a_client_that_disconnects_frees_its_queued_work(app_url):
     # The learned in-flight limit was ~3 batches here: at most those run, the rest never do.
     assert cancelled >= 4 and completed <= 4, (cancelled, completed, status["lanes"])
     assert httpx.post(f"{app_url}/v2/models/bert-slow/infer", json=_text(["ok"]), timeout=30).status_code == 200
+
+
+def test_a_client_that_leaves_a_stream_stops_its_generation(app_url):
+    handle = serve.get_deployment_handle("gpt-slow", "default")
+    before = handle.runtime_info.remote().result()["cancelled_rows"]
+    body = {"model": "gpt-slow", "prompt": "the", "max_tokens": 60, "temperature": 1.0, "seed": 1, "stream": True}
+    started = time.monotonic()
+    with httpx.stream("POST", f"{app_url}/v1/completions", json=body, timeout=30) as resp:
+        assert resp.status_code == 200
+        next(resp.iter_lines())  # one token, then hang up: 60 would take 3 s
+    assert time.monotonic() - started < 1.5
+    deadline = time.monotonic() + 10
+    while handle.runtime_info.remote().result()["cancelled_rows"] == before:
+        assert time.monotonic() < deadline, "the generation kept decoding for a client that left"
+        time.sleep(0.1)
 
 
 # -- OpenAPI fuzzing ------------------------------------------------------------------------

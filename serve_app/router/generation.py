@@ -30,7 +30,9 @@ class Generated:
 
 
 def open_stream(handle: DeploymentHandle, prompt: str, params: dict[str, Any]) -> DeploymentResponseGenerator:
-    return handle.options(stream=True).generate.remote(prompt, params)
+    stream = handle.options(stream=True).generate.remote(prompt, params)
+    assert isinstance(stream, DeploymentResponseGenerator)  # stream=True: Ray's union type cannot say so
+    return stream
 
 
 async def generate_text(handle: DeploymentHandle, prompt: str, params: dict[str, Any]) -> Generated:

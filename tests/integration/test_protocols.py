@@ -416,18 +416,18 @@ def test_a_client_that_disconnects_frees_its_queued_work(app_url):
 
 
 def test_a_client_that_leaves_a_stream_stops_its_generation(app_url):
-    handle = serve.get_deployment_handle("gpt-slow", "default")
-    before = handle.runtime_info.remote().result()["cancelled_rows"]
+    """gpt-slow decodes one step per STEP_S and runs one batch at a time, so a request that
+    arrives while an abandoned 60-token generation kept running would wait ~3 s for it.
+    Observed over HTTP only: a driver-side handle cannot be made in a second Ray session of
+    one process (the first module's router thread is gone), so the replica's counter is not read."""
     body = {"model": "gpt-slow", "prompt": "the", "max_tokens": 60, "temperature": 1.0, "seed": 1, "stream": True}
-    started = time.monotonic()
     with httpx.stream("POST", f"{app_url}/v1/completions", json=body, timeout=30) as resp:
         assert resp.status_code == 200
-        next(resp.iter_lines())  # one token, then hang up: 60 would take 3 s
-    assert time.monotonic() - started < 1.5
-    deadline = time.monotonic() + 10
-    while handle.runtime_info.remote().result()["cancelled_rows"] == before:
-        assert time.monotonic() < deadline, "the generation kept decoding for a client that left"
-        time.sleep(0.1)
+        next(resp.iter_lines())  # one token, then hang up
+    left = time.monotonic()
+    short = {"model": "gpt-slow", "prompt": "a", "max_tokens": 2, "temperature": 0}
+    assert httpx.post(f"{app_url}/v1/completions", json=short, timeout=30).status_code == 200
+    assert time.monotonic() - left < 60 * STEP_S / 2, "the next request waited for a generation nobody reads"
 
 
 # -- OpenAPI fuzzing ------------------------------------------------------------------------

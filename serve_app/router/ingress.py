@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app import __version__
 from serve_app.config import AppArgs, TenantConfig
@@ -113,6 +114,16 @@ app.openapi = _openapi  # type: ignore[method-assign]
 @app.exception_handler(ServeAppError)
 async def _app_error(request: Request, exc: ServeAppError) -> Response:
     return error_response(request.url.path, exc)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    # FastAPI's own errors (an unparseable JSON body, an unknown path, a wrong method) in the
+    # protocol's shape too, not FastAPI's `{"detail": ...}` (found by schemathesis).
+    error = ServeAppError(f"malformed request body: {exc.detail}" if exc.status_code == 400 else str(exc.detail))
+    error.status_code = exc.status_code
+    error.code = "invalid_input" if exc.status_code == 400 else "http_error"
+    return error_response(request.url.path, error)
 
 
 @app.exception_handler(RequestValidationError)

@@ -27,6 +27,11 @@ from PIL import Image
 from ray import serve
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from serve_app.app import build_app
 from serve_app.zoo.data import shapes_dataset
@@ -366,6 +371,11 @@ def test_malformed_openai_requests_get_4xx_in_openai_shape(app_url):
             assert resp.status_code == status, f"{body}: {resp.text}"
             error = resp.json()["error"]
             assert needle in error["message"] and error["type"] == "invalid_request_error", error
+        # FastAPI's own errors come in the protocol's shape too, not as {"detail": ...}.
+        unparseable = http.post("/v1/chat/completions", content=b"\x18{", headers={"content-type": "application/json"})
+        assert unparseable.status_code == 400 and "malformed request body" in unparseable.json()["error"]["message"]
+        assert http.get("/v2/nothing-here").json() == {"error": "Not Found"}
+        assert http.delete("/v2").json() == {"error": "Method Not Allowed"}
 
 
 def test_bad_requests_mixed_into_a_burst_never_fail_the_good_ones(app_url):
@@ -434,6 +444,8 @@ def test_a_client_that_leaves_a_stream_stops_its_generation(app_url):
 
 
 FUZZ_NAMES = ["bert-light", "text-classify", "resnet-light", "image-classify", "gpt", "nope"]
+# No 5xx, and /openapi.json is accurate: every status, body and content type returned is the documented one.
+CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance, content_type_conformance]
 FUZZ_EXAMPLES = 20  # per operation and generation mode: about 600 requests, ~30 s
 
 
@@ -455,7 +467,7 @@ def test_openapi_fuzz_finds_no_server_error(app_url):
                     case.path_parameters["name"] = FUZZ_NAMES[zlib.crc32(repr(case.body).encode()) % len(FUZZ_NAMES)]
                 if "version" in (case.path_parameters or {}) and zlib.crc32(repr(case.query).encode()) % 2:
                     case.path_parameters["version"] = "1"
-                case.call_and_validate(base_url=app_url, checks=[not_a_server_error], timeout=60)
+                case.call_and_validate(base_url=app_url, checks=CHECKS, timeout=60)
 
             try:
                 run()

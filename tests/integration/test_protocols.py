@@ -161,11 +161,14 @@ def test_tritonclient_encoded_png_and_jpeg_images(client):
 
 def test_tritonclient_generation_with_parameters(client, tiny_model_dir):
     prompts = ["the food", "a"]
-    tensor = triton.InferInput("text_input", [2], "BYTES")
-    tensor.set_data_from_numpy(np.array([p.encode() for p in prompts], dtype=object))
-    result = client.infer("gpt", [tensor], parameters={"max_tokens": 5, "temperature": 0})
-    texts = [t.decode() for t in result.as_numpy("text_output")]
-    assert texts == [greedy_text(tiny_model_dir, p, 5) for p in prompts]
+    expected = [greedy_text(tiny_model_dir, p, 5) for p in prompts]
+    for binary in (False, True):
+        tensor = triton.InferInput("text_input", [2], "BYTES")
+        tensor.set_data_from_numpy(np.array([p.encode() for p in prompts], dtype=object), binary_data=binary)
+        output = triton.InferRequestedOutput("text_output", binary_data=binary)
+        result = client.infer("gpt", [tensor], outputs=[output], parameters={"max_tokens": 5, "temperature": 0})
+        texts = [t.decode() if isinstance(t, bytes) else str(t) for t in result.as_numpy("text_output")]
+        assert texts == expected, binary
 
 
 # -- OpenAI's SDK ---------------------------------------------------------------------------

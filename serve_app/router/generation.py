@@ -61,6 +61,11 @@ def usage(results: list[Generated], n: int) -> openai.Usage:
     return openai.Usage(prompt_tokens=p_tok, completion_tokens=c_tok, total_tokens=p_tok + c_tok)
 
 
+def event_usage(event: Any) -> openai.Usage:
+    """Usage as of a stream's last TokenEvent (one prompt, one choice)."""
+    return usage([Generated("", None, event.prompt_tokens, event.completion_tokens)], 1)
+
+
 async def first_event(stream: DeploymentResponseGenerator) -> Any:
     """Pull the first event before answering 200, so that a bad request is a 4xx, not a broken stream."""
     try:

@@ -548,7 +548,7 @@ class Router:
             def final(last: Any) -> dict[str, Any] | None:
                 if not body.include_usage():
                     return None
-                use = generation.usage([generation.Generated("", None, last.prompt_tokens, last.completion_tokens)], 1)
+                use = generation.event_usage(last)
                 return openai.CompletionResponse(id=cid, created=created, model=body.model, choices=[], usage=use).model_dump()
 
             events = generation.sse_events(stream, first, render, final)
@@ -583,7 +583,7 @@ class Router:
             def final(last: Any) -> dict[str, Any] | None:
                 if not body.include_usage():
                     return None
-                use = generation.usage([generation.Generated("", None, last.prompt_tokens, last.completion_tokens)], 1)
+                use = generation.event_usage(last)
                 chunk = openai.ChatCompletionChunk(id=cid, created=created, model=body.model, choices=[], usage=use)
                 return chunk.model_dump(exclude_none=True)
 

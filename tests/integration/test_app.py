@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import ray
 from ray import serve
 
-from serve_app.app import build_app
 from serve_app.errors import InvalidInput
 from serve_app.models.batching import pad_right
 from serve_app.tokenization import TextTokenizer
 from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args
 from tests.integration.reference import greedy_text, session
+from tests.integration.serving import serve_for_module
 
 pytestmark = pytest.mark.integration
 PORT = 8123
@@ -34,17 +32,7 @@ TEXTS = ["the food was great", "the movie was not bad but the plot was dull", "i
 
 @pytest.fixture(scope="module")
 def app_url(tiny_model_dir: Path):
-    # Logical CPUs: six deployments at the default 1 CPU each, on a 2-core machine.
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    serve.run(build_app(tiny_args(tiny_model_dir)), name=APP, route_prefix="/")
-    deadline = time.monotonic() + 120
-    while httpx.get(f"{URL}/v2/health/ready").status_code != 200:
-        assert time.monotonic() < deadline, "application never became ready"
-        time.sleep(0.5)
-    yield URL
-    serve.shutdown()
-    ray.shutdown()
+    yield from serve_for_module(tiny_args(tiny_model_dir), PORT, APP)
 
 
 def _text_body(texts: list[str]) -> dict:

@@ -18,13 +18,11 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import ray
 import schemathesis
 import tritonclient.http as triton
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from PIL import Image
-from ray import serve
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -33,10 +31,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from serve_app.app import build_app
 from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args
 from tests.integration.reference import greedy_text, session
+from tests.integration.serving import serve_for_module
 
 pytestmark = pytest.mark.integration
 PORT = 8125
@@ -66,16 +64,7 @@ def app_url(tiny_model_dir: Path):
     # Admit the disconnect test's 16 queued requests (6 s of bert-slow) instead of refusing most.
     args["scheduling"] = {"max_queue_delay_s": 10}
     args["limits"] = {"max_request_bytes": MAX_BODY, "max_text_chars": 500}
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    serve.run(build_app(args), name="default", route_prefix="/")
-    deadline = time.monotonic() + 120
-    while httpx.get(f"{URL}/v2/health/ready").status_code != 200:
-        assert time.monotonic() < deadline, "application never became ready"
-        time.sleep(0.5)
-    yield URL
-    serve.shutdown()
-    ray.shutdown()
+    yield from serve_for_module(args, PORT)
 
 
 @pytest.fixture(scope="module")

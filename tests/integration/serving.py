@@ -1,0 +1,29 @@
+"""One Serve application per test module, started the way `serve.run` users start it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import ray
+from ray import serve
+
+from serve_app.app import build_app
+
+
+def serve_for_module(args: dict[str, Any], port: int, name: str = "default") -> Iterator[str]:
+    """Start Ray and the app, yield its URL once /v2/health/ready says so, then tear both down."""
+    # Logical CPUs: six or more deployments at the default 1 CPU each, on a 2-core machine.
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app(args), name=name, route_prefix="/")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{url}/v2/health/ready").status_code != 200:
+        assert time.monotonic() < deadline, "application never became ready"
+        time.sleep(0.5)
+    yield url
+    serve.shutdown()
+    ray.shutdown()

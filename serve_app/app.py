@@ -10,6 +10,7 @@ from ray.serve.deployment import Deployment
 from serve_app.config import AppArgs
 from serve_app.models.classifier import ImageClassifier, TextClassifier
 from serve_app.models.generator import TextGenerator
+from serve_app.models.generator_static import RequestBatchGenerator
 from serve_app.router.ingress import Router
 
 DEPLOYMENT_FOR_FAMILY: dict[str, Deployment] = {
@@ -31,15 +32,21 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
     for name, model in args.models.items():
         assert model.family is not None, "validated config always has a family"
         deployment = DEPLOYMENT_FOR_FAMILY[model.family]
-        batch = model.batching.max_batch_size
+        # Classifiers get whole batches from the router, about two at a time per replica;
+        # the rest is headroom for several routers.
+        ongoing = 16
+        if model.family == "gpt" and model.generation.scheduler == "request":
+            deployment = RequestBatchGenerator
+            # @serve.batch fills only when a replica may hold a full batch (ray-project/ray#43288).
+            ongoing = max(2 * model.batching.max_batch_size, 8)
+        elif model.family == "gpt":
+            # Every sequence it can run or queue, plus a few that its scheduler refuses with a
+            # 503 and Retry-After rather than leaving them queued, unbounded, at the caller.
+            ongoing = model.generation.kv_slots + model.generation.max_waiting + 8
         handles[name] = deployment.options(
             name=name,
             user_config=model.tuning().model_dump(),
-            # Generators batch with @serve.batch, which fills only when a replica may hold a
-            # full batch of requests (ray-project/ray#43288). Classifiers get whole batches
-            # from the router, about two at a time per replica; the rest is headroom for
-            # several routers.
-            max_ongoing_requests=max(2 * batch, 8) if model.family == "gpt" else 16,
+            max_ongoing_requests=ongoing,
         ).bind(name, str(args.model_path(name)), model.model_dump(mode="json"))
     # Routes and models travel to the router as plain data plus handles.
     return Router.options(name="router").bind(args.model_dump(mode="json"), handles)

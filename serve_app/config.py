@@ -44,8 +44,22 @@ class ReplicaTuning(BatchingConfig):
 
 
 class GenerationDefaults(BaseModel):
+    """Generator (GPT) settings. The KV cache is allocated once at replica start: slots x context window."""
+
     default_max_tokens: int = Field(32, ge=1)
     max_tokens_limit: int = Field(256, ge=1)
+    scheduler: Literal["continuous", "request"] = Field(
+        "continuous",
+        description="continuous: iteration-level batching, sequences join and leave the batch at every decode step; "
+        "request: @serve.batch groups requests and decodes each group to its longest member (for comparison)",
+    )
+    kv_slots: int = Field(16, ge=1, le=1024, description="sequences decoded together; each holds one KV cache slot")
+    prefill_chunk: int = Field(32, ge=1, description="prompt tokens one sequence feeds per decode step")
+    prefill_budget: int = Field(64, ge=1, description="prompt tokens all sequences feed per decode step")
+    max_waiting: int = Field(64, ge=0, description="sequences queued for a slot; beyond that, 503 with Retry-After")
+    preemption: bool = Field(
+        True, description="a waiting sequence may swap out a running one of lower priority when every slot is taken"
+    )
 
 
 class ModelConfig(BaseModel):

@@ -5,6 +5,7 @@ Subclasses add one family's pre/post-processing and a `@serve.batch` method.
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,6 +16,7 @@ from ray import serve
 from ray.serve import metrics
 
 from serve_app.config import BatchingConfig, FaultConfig, ModelConfig, ReplicaTuning
+from serve_app.errors import ModelFailure
 from serve_app.manifest import Manifest
 from serve_app.models.runtime import create_session, intra_op_threads, select_providers
 
@@ -86,6 +88,19 @@ class OnnxModel:
         self.batch_sizes[size] += 1
         self._batch_hist.observe(size)
         self._latency_hist.observe((time.perf_counter() - started) * 1000)
+
+    def inject_faults(self) -> None:
+        """Drills: a slow or failing model, set live through `user_config` (see FaultConfig)."""
+        if self.faults.duration_s is not None:
+            now = time.monotonic()
+            if self._faults_since is None:
+                self._faults_since = now
+            if now - self._faults_since > self.faults.duration_s:
+                return
+        if self.faults.delay_s:
+            time.sleep(self.faults.delay_s)
+        if self.faults.error_rate and random.random() < self.faults.error_rate:
+            raise ModelFailure(f"{self.name}: injected fault")
 
     async def metadata(self) -> dict[str, Any]:
         return {"manifest": self.manifest.model_dump(mode="json"), "batching": self.batching.model_dump()}

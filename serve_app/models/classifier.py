@@ -15,7 +15,6 @@ at once instead of waiting for it (stopping an ORT run would throw its work away
 from __future__ import annotations
 
 import itertools
-import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -27,7 +26,7 @@ from ray import serve
 
 from serve_app.config import BatchingConfig
 from serve_app.cpu_priority import lower_thread_priority
-from serve_app.errors import InvalidInput, ModelFailure, ServeAppError
+from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.batching import length_buckets, pad_right
 from serve_app.models.executor import BatchExecutor
@@ -108,26 +107,13 @@ class Classifier(OnnxModel):
                 results.append(e)
         if prepared:
             started = time.perf_counter()
-            self._inject_faults()
+            self.inject_faults()
             logits = self._forward_all(prepared, session)
             self.record_batch(len(logits), started)
             bounds = np.cumsum([0, *(self._rows(p) for p in prepared)])
             parts = iter(logits[a:b] for a, b in itertools.pairwise(bounds))
             results = [next(parts) if r is None else r for r in results]
         return results  # type: ignore[return-value]  # every None was replaced
-
-    def _inject_faults(self) -> None:
-        """Drills: a slow or failing model, set live through `user_config` (see FaultConfig)."""
-        if self.faults.duration_s is not None:
-            now = time.monotonic()
-            if self._faults_since is None:
-                self._faults_since = now
-            if now - self._faults_since > self.faults.duration_s:
-                return
-        if self.faults.delay_s:
-            time.sleep(self.faults.delay_s)
-        if self.faults.error_rate and random.random() < self.faults.error_rate:
-            raise ModelFailure(f"{self.name}: injected fault")
 
     def _prepare(self, payload: Any) -> Any:
         raise NotImplementedError

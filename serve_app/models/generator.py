@@ -1,82 +1,64 @@
-"""GPT-style generator deployment: KV-cache decoding, token streaming.
+"""GPT-style generator deployment: continuous batching over a preallocated KV cache.
 
-Request-level batching for now: `@serve.batch` groups prompts, which are
-left-padded and decoded together one token per step until every row is done.
+`generate` hands a sequence to the replica's `ContinuousScheduler` and streams
+its tokens. One decode loop per replica runs the scheduler's steps in a worker
+thread (ONNX Runtime releases the GIL), so the event loop keeps accepting and
+streaming while the model runs; a request that arrives mid-step joins the batch
+at the next step. `RequestBatchGenerator` (generator_static.py) is the
+request-level `@serve.batch` version it replaces, kept for the benchmark.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from ray import serve
+from ray.serve import metrics
 
-from serve_app.errors import InvalidInput, ServeAppError
+from serve_app.errors import InvalidInput, ModelFailure, Overloaded, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.batching import pad_left
-from serve_app.models.sampling import GenerationParams, StreamingText, sample
+from serve_app.models.continuous import ContinuousScheduler, QueueFull, SchedulerConfig
+from serve_app.models.kv_cache import CacheShape, KVCache
+from serve_app.models.sampling import GenerationParams
+from serve_app.models.sequence import Sequence, TokenEvent
+from serve_app.scheduling.queue import Priority
 from serve_app.tokenization import TextTokenizer
 
+__all__ = ["GeneratorBase", "TextGenerator", "TokenEvent"]
 
-@dataclass(frozen=True)
-class GenerateRequest:
-    prompt: str
-    params: GenerationParams
-    # Set when the caller goes away; the decode loop then stops this row at its next step.
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+LATENCY_MS = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0]
 
 
-@dataclass(frozen=True)
-class TokenEvent:
-    """One decode step's output for one request; the last one has a finish_reason."""
-
-    text: str
-    token_id: int | None
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
-
-
-@dataclass
-class _Row:
-    request: GenerateRequest
-    params: GenerationParams
-    prompt: list[int]
-    limit: int  # max new tokens, capped by the context window
-    rng: np.random.Generator
-    stream: StreamingText
-    tokens: list[int]
-    done: bool = False
-
-
-# Placeholder for a running row in a step where only failed rows report; never sent on.
-KEEPALIVE = TokenEvent("", None, 0, 0, None)
-
-
-@serve.deployment(max_ongoing_requests=32)
-class TextGenerator(OnnxModel):
-    cancelled_rows = 0  # generations stopped because their caller left
+class GeneratorBase(OnnxModel):
+    """What both generator versions share: tokenizer, parameter checks, the model call."""
 
     def warm_up(self) -> None:
         assert self.manifest.generation and self.manifest.tokenizer_file, f"{self.name}: not a generator manifest"
         self.gen = self.manifest.generation
         self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file)
+        self._ids = itertools.count(1)
         ids, mask = pad_left([[self.tokenizer.eos_id]], self.tokenizer.pad_id)
-        self._step(ids, mask, np.zeros((1, 1), dtype=np.int64), self._empty_past(1))
+        self.session.run(None, self._feeds(ids, np.zeros((1, 1), dtype=np.int64), mask, self.empty_past(1)))
 
-    def _empty_past(self, batch: int) -> np.ndarray:
+    def empty_past(self, batch: int) -> np.ndarray:
         g = self.gen
         return np.zeros((g.n_layers, 2, batch, g.n_heads, 0, g.head_dim), dtype=np.float32)
 
-    def _step(self, ids: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.faults.delay_s:  # the fault drill: a generator's "batch" is one decode step
-            time.sleep(self.faults.delay_s)
-        logits, present = self.session.run(None, {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": past})
-        return logits[:, -1], present  # (B, V), (L, 2, B, nh, P+T, hs)
+    @staticmethod
+    def _feeds(ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: np.ndarray) -> dict[str, np.ndarray]:
+        return {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": past}
+
+    def run_model(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One forward pass: (B, T, V) logits and the (L, 2, B, nh, P + T, hs) present."""
+        self.inject_faults()  # the fault drill: for a generator, one model call is one "batch"
+        logits, present = self.session.run(None, self._feeds(ids, pos, mask, past))
+        return logits, present
 
     def params_from(self, raw: dict[str, Any]) -> GenerationParams:
         stop = raw.get("stop") or ()
@@ -87,93 +69,145 @@ class TextGenerator(OnnxModel):
             top_k=int(raw.get("top_k", 0)),
             seed=raw.get("seed"),
             stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            ignore_eos=bool(raw.get("ignore_eos", False)),
         )
         params.validate(self.config.generation.max_tokens_limit)
         return params
 
-    async def generate(self, prompt: str, raw_params: dict[str, Any]) -> AsyncGenerator[TokenEvent, None]:
-        """Stream TokenEvents for one prompt (call with `handle.options(stream=True)`)."""
+    def new_sequence(self, prompt: str, raw_params: dict[str, Any]) -> Sequence:
         if not isinstance(prompt, str):
             raise InvalidInput("prompt must be a string")
-        request = GenerateRequest(prompt, self.params_from(raw_params))
+        params = self.params_from(raw_params)
+        ids = self.tokenizer.encode(prompt) or [self.tokenizer.eos_id]
+        if len(ids) >= self.gen.block_size:
+            raise InvalidInput(f"prompt is {len(ids)} tokens; this model's context is {self.gen.block_size} tokens")
         try:
-            async for event in self._run_batch(request):
+            priority = Priority.parse(raw_params.get("priority"))
+        except (ValueError, TypeError) as e:
+            raise InvalidInput(f"bad priority: {e}") from None
+        limit = min(params.max_tokens, self.gen.block_size - len(ids))
+        return Sequence(next(self._ids), ids, params, limit, priority=int(priority))
+
+
+@serve.deployment(max_ongoing_requests=80)
+class TextGenerator(GeneratorBase):
+    batched_method = None  # batching is the decode loop's, per step; not @serve.batch
+
+    def warm_up(self) -> None:
+        super().warm_up()
+        g, cfg = self.gen, self.config.generation
+        self.cache = KVCache(CacheShape(g.n_layers, g.n_heads, g.head_dim, g.block_size), cfg.kv_slots)
+        self.scheduler = ContinuousScheduler(
+            self.run_model,
+            self.cache,
+            eos_id=self.tokenizer.eos_id,
+            pad_id=self.tokenizer.pad_id,
+            detokenize=self.tokenizer.decode,
+            config=SchedulerConfig(cfg.prefill_chunk, cfg.prefill_budget, cfg.max_waiting, cfg.preemption),
+        )
+        self._streams: dict[int, asyncio.Queue[TokenEvent | ServeAppError]] = {}
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.Task[None] | None = None
+        self._metrics = GenerationMetrics(self.name)
+
+    async def generate(self, prompt: str, raw_params: dict[str, Any]) -> AsyncGenerator[TokenEvent, None]:
+        """Stream TokenEvents for one prompt (call with `handle.options(stream=True)`)."""
+        seq = self.new_sequence(prompt, raw_params)
+        try:
+            self.scheduler.submit(seq)
+        except QueueFull as e:
+            raise Overloaded(f"{self.name}: {e}", retry_after_s=1.0) from None
+        queue: asyncio.Queue[TokenEvent | ServeAppError] = asyncio.Queue()
+        self._streams[seq.id] = queue
+        self._start_loop()
+        try:
+            while True:
+                event = await queue.get()
                 if isinstance(event, ServeAppError):
                     raise event
-                if event is not KEEPALIVE:
-                    yield event
+                yield event
+                if event.finish_reason is not None:
+                    return
         finally:
-            # Normal end, error, or the caller cancelled (client disconnect): in every case the
-            # row must stop decoding. Only the last matters here; the others are already done.
-            request.cancelled.set()
+            # Normal end, error, or the caller went away (the router cancels the stream when its
+            # client disconnects): the scheduler drops the sequence and frees its slot next step.
+            seq.cancelled = True
+            self._streams.pop(seq.id, None)
 
-    def _new_row(self, req: GenerateRequest) -> _Row:
-        assert self.tokenizer is not None
-        prompt = self.tokenizer.encode(req.prompt) or [self.tokenizer.eos_id]
-        if len(prompt) >= self.gen.block_size:
-            raise InvalidInput(f"prompt is {len(prompt)} tokens; this model's context is {self.gen.block_size} tokens")
-        limit = min(req.params.max_tokens, self.gen.block_size - len(prompt))
-        return _Row(req, req.params, prompt, limit, np.random.default_rng(req.params.seed), StreamingText(req.params.stop), [])
+    def _start_loop(self) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        if self._loop is None or self._loop.done():
+            self._loop = asyncio.get_running_loop().create_task(self._decode_loop())
+        self._wake.set()
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
-    async def _run_batch(self, requests: list[GenerateRequest]) -> AsyncGenerator[list[Any], None]:
-        rows: list[_Row | None] = []
-        first: list[Any] = []
-        for req in requests:
-            try:
-                rows.append(self._new_row(req))
-                first.append(None)
-            except ServeAppError as e:
-                rows.append(None)
-                first.append(e)
-        live = [r for r in rows if r is not None]
-        if not live:
-            yield first
-            return
-        if any(isinstance(f, ServeAppError) for f in first):
-            # Failed rows get their error now; they hold no slot in the decode loop.
-            yield [f if f is not None else KEEPALIVE for f in first]
-        started = time.perf_counter()
-        ids, mask = pad_left([r.prompt for r in live], self.tokenizer.pad_id)
-        pos = np.clip(mask.cumsum(1) - 1, 0, None)
-        logits, past = await asyncio.to_thread(self._step, ids, mask, pos, self._empty_past(len(live)))
-        self.record_batch(len(live), started)
-        next_pos = pos[:, -1:] + 1
-        slot = {id(r): i for i, r in enumerate(live)}  # row -> index in the running batch
+    async def _decode_loop(self) -> None:
+        assert self._wake is not None
         while True:
-            feed = np.full((len(live), 1), self.tokenizer.pad_id, dtype=np.int64)
-            out: list[Any] = []
-            for row in rows:
-                if row is not None and not row.done and row.request.cancelled.is_set():
-                    row.done = True
-                    self.cancelled_rows += 1
-                if row is None or row.done:
-                    out.append(StopIteration)  # tells @serve.batch this caller's stream ended
-                    continue
-                i = slot[id(row)]
-                out.append(self._advance(row, logits[i]))
-                feed[i, 0] = row.tokens[-1] if row.tokens else self.tokenizer.eos_id
-            yield out
-            if all(r.done for r in live):
-                return
-            mask = np.concatenate([mask, np.ones((len(live), 1), dtype=np.int64)], axis=1)
-            logits, past = await asyncio.to_thread(self._step, feed, mask, next_pos, past)
-            next_pos = next_pos + 1
+            if not self.scheduler.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            started = time.perf_counter()
+            try:
+                events = await asyncio.to_thread(self.scheduler.step)
+            except Exception as e:
+                error = e if isinstance(e, ServeAppError) else ModelFailure(f"{self.name}: {type(e).__name__}: {e}")
+                for seq in self.scheduler.abort_all():
+                    if (queue := self._streams.get(seq.id)) is not None:
+                        queue.put_nowait(error)
+                continue
+            for seq, event in events:
+                if (queue := self._streams.get(seq.id)) is not None:
+                    queue.put_nowait(event)
+            if events:
+                self.record_batch(len(events), started)  # "batch size": tokens this step produced
+            self._metrics.update(self.scheduler)
 
-    def _advance(self, row: _Row, logits: np.ndarray) -> TokenEvent:
-        """Sample one token for `row` and report the text it adds."""
-        tok = sample(logits, row.params, row.rng)
-        finish: str | None = None
-        if tok == self.tokenizer.eos_id:
-            finish = "stop"
-        else:
-            row.tokens.append(tok)
-            if len(row.tokens) >= row.limit:
-                finish = "length"
-        delta = row.stream.update(self.tokenizer.decode(row.tokens))
-        if row.stream.stopped:
-            finish = "stop"
-        if finish:
-            delta += row.stream.flush()
-            row.done = True
-        return TokenEvent(delta, tok, len(row.prompt), len(row.tokens), finish)
+    async def stats(self) -> dict[str, Any]:
+        """The scheduler's view: running and waiting sequences, KV occupancy, tokens/s, TTFT, ITL."""
+        return self.scheduler.snapshot()
+
+    async def runtime_info(self) -> dict[str, Any]:
+        info = await super().runtime_info()
+        info["generation"] = self.scheduler.snapshot()
+        return info
+
+
+class GenerationMetrics:
+    """Prometheus metrics of one replica's decode loop, through Ray's metrics agent."""
+
+    def __init__(self, model: str) -> None:
+        tags = {"model": model}
+
+        def gauge(name: str, doc: str) -> metrics.Gauge:
+            g = metrics.Gauge(name, description=doc, tag_keys=("model",))
+            g.set_default_tags(tags)
+            return g
+
+        def histogram(name: str, doc: str) -> metrics.Histogram:
+            h = metrics.Histogram(name, description=doc, boundaries=LATENCY_MS, tag_keys=("model",))
+            h.set_default_tags(tags)
+            return h
+
+        self.running = gauge("serve_app_gen_running", "Sequences in the decode batch.")
+        self.waiting = gauge("serve_app_gen_waiting", "Sequences waiting for a KV slot (preempted ones included).")
+        self.kv_occupancy = gauge("serve_app_gen_kv_occupancy", "Share of KV cache positions in use.")
+        self.kv_slots = gauge("serve_app_gen_kv_slots_used", "KV cache slots in use.")
+        self.tokens = metrics.Counter("serve_app_gen_tokens", description="Generated tokens.", tag_keys=("model",))
+        self.tokens.set_default_tags(tags)
+        self.ttft = histogram("serve_app_gen_ttft_ms", "Time to first token.")
+        self.itl = histogram("serve_app_gen_itl_ms", "Time between consecutive tokens of a sequence.")
+        self._seen = 0
+
+    def update(self, s: ContinuousScheduler) -> None:
+        self.running.set(len(s.running))
+        self.waiting.set(len(s.waiting))
+        self.kv_slots.set(s.cache.used_slots)
+        self.kv_occupancy.set(s.cache.used_positions / s.cache.capacity_positions)
+        new = s.stats.generated_tokens - self._seen
+        if new:
+            self.tokens.inc(new)
+        self._seen = s.stats.generated_tokens
+        for kind, seconds in s.stats.last_step_latencies:
+            (self.ttft if kind == "ttft" else self.itl).observe(seconds * 1000)

@@ -17,6 +17,7 @@ class GenerationParams:
     top_k: int = 0  # 0 means no top-k cut
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False  # keep generating past EOS (vLLM's extension; benchmarks use it for exact lengths)
 
     def validate(self, max_tokens_limit: int) -> None:
         if not 1 <= self.max_tokens <= max_tokens_limit:

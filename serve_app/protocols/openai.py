@@ -24,19 +24,25 @@ class SamplingFields(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = Field(None, description="up to 4 sequences where generation stops")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    # Extensions vLLM's OpenAI server also takes.
+    top_k: int = Field(0, ge=0, description="sample from the k likeliest tokens only; 0: no cut")
+    ignore_eos: bool = Field(False, description="generate max_tokens tokens even past end-of-sequence")
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=MAX_N, description="choices per prompt (with a seed, choice i uses seed + i)")
     user: str | None = None
 
-    def sampling(self, choice: int = 0) -> dict[str, Any]:
+    def sampling(self, choice: int = 0, priority: int = 1) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         return {
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
+            "top_k": self.top_k,
             "stop": stop,
             "seed": None if self.seed is None else self.seed + choice,
+            "ignore_eos": self.ignore_eos,
+            "priority": priority,
         }
 
     def include_usage(self) -> bool:
@@ -56,8 +62,8 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="the newer name of max_tokens; wins when both are set")
 
-    def sampling(self, choice: int = 0) -> dict[str, Any]:
-        params = super().sampling(choice)
+    def sampling(self, choice: int = 0, priority: int = 1) -> dict[str, Any]:
+        params = super().sampling(choice, priority)
         if self.max_completion_tokens is not None:
             params["max_tokens"] = self.max_completion_tokens
         return params

@@ -48,9 +48,11 @@ async def generate_text(handle: DeploymentHandle, prompt: str, params: dict[str,
     return Generated("".join(text), finish, p_tok, c_tok)
 
 
-async def generate_all(handle: DeploymentHandle, prompts: list[str], body: openai.SamplingFields) -> list[Generated]:
+async def generate_all(
+    handle: DeploymentHandle, prompts: list[str], body: openai.SamplingFields, priority: int
+) -> list[Generated]:
     """n choices per prompt, prompt-major (OpenAI's choice order)."""
-    calls = [generate_text(handle, p, body.sampling(i)) for p in prompts for i in range(body.n)]
+    calls = [generate_text(handle, p, body.sampling(i, priority)) for p in prompts for i in range(body.n)]
     return list(await asyncio.gather(*calls))
 
 

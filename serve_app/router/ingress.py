@@ -49,6 +49,9 @@ from serve_app.scheduling.tenants import Tenant, TenantRegistry, TokenBucket, re
 
 logger = logging.getLogger("ray.serve")
 READY_TIMEOUT_S = 5.0
+# Triton-style request parameters a v2 generation request may carry.
+SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+PRIORITY_DOC = "high, normal or low (capped by the caller's tenant)"
 
 app = FastAPI(
     title="serve-app",
@@ -289,11 +292,23 @@ class Router:
         cascade: dict[str, dict[str, int]] = {}
         for (route, outcome), n in self.cascade_items.items():
             cascade.setdefault(route, {})[outcome] = n
+        generators = self._generators()
+        # One generator replica's decode loop each (its scheduler: running, waiting, KV occupancy, TTFT, ITL).
+        stats = await asyncio.gather(*(self._generator_stats(g) for g in generators))
         return {
             "router": self.router_id,
             "models": {m: d.snapshot() for m, d in self.dispatchers.items()},
             "routes": cascade,
+            "generators": dict(zip(generators, stats, strict=True)),
         }
+
+    async def _generator_stats(self, name: str) -> dict[str, Any] | None:
+        if self.args.models[name].generation.scheduler != "continuous":
+            return None
+        try:
+            return await asyncio.wait_for(self.handles[name].stats.remote(), READY_TIMEOUT_S)
+        except Exception:  # status must answer even when a generator does not
+            return None
 
     @app.get("/v2")
     async def server_metadata(self) -> v2.ServerMetadata:
@@ -365,7 +380,7 @@ class Router:
         name: str,
         version: str | None = None,
         request: Request = THE_REQUEST,
-        x_priority: str | None = Header(None, description="high, normal or low (capped by the caller's tenant)"),
+        x_priority: str | None = Header(None, description=PRIORITY_DOC),
         x_request_timeout_ms: str | None = Header(None, description="deadline; refused at once if it cannot be met"),
         authorization: str | None = Header(None, description="Bearer <API key>, when keys are configured"),
         inference_header_content_length: str | None = Header(
@@ -382,7 +397,7 @@ class Router:
         self._check_version(name, version, manifest)
         degraded = None
         if manifest.family == "gpt":
-            outputs, served_by = await self._infer_generate(model, body, params)
+            outputs, served_by = await self._infer_generate(model, body, params, qos)
         else:
             outputs, served_by, degraded = await self._infer_classify(name, manifest, body, qos)
         if body.outputs is not None:
@@ -495,11 +510,12 @@ class Router:
         )
 
     async def _infer_generate(
-        self, model: str, body: v2.InferRequest, params: dict[str, Any]
+        self, model: str, body: v2.InferRequest, params: dict[str, Any], qos: QoS
     ) -> tuple[list[v2.ResponseOutput], list[str]]:
         prompts = v2.decode_bytes(self._single_input(body, catalog.PROMPT_INPUT), self.args.limits.max_text_chars)
         self._check_count(model, len(prompts))
-        sampling = {k: params[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop") if k in params}
+        sampling = {k: params[k] for k in SAMPLING_PARAMS if k in params}
+        sampling["priority"] = int(qos.priority)  # the replica admits higher priorities to its decode batch first
         handle = self.handles[model]
         results = await asyncio.gather(*(generation.generate_text(handle, p, sampling) for p in prompts))
         return [v2.encode(catalog.GENERATED_OUTPUT, [r.text for r in results])], [model] * len(prompts)
@@ -531,13 +547,18 @@ class Router:
         response_model=None,
         responses={200: {"model": openai.CompletionResponse, "description": "JSON, or SSE when stream"}, **OPENAI_ERRORS},
     )
-    async def completions(self, body: openai.CompletionRequest, authorization: str | None = Header(None)) -> Response:
-        self._caller(authorization)
+    async def completions(
+        self,
+        body: openai.CompletionRequest,
+        authorization: str | None = Header(None),
+        x_priority: str | None = Header(None, description=PRIORITY_DOC),
+    ) -> Response:
+        priority = self._qos(self._caller(authorization), x_priority, None, None).priority
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         handle = self._generator_for(body, prompts)
         headers = {"X-Served-By": body.model}
         if body.stream:
-            stream = generation.open_stream(handle, prompts[0], body.sampling())
+            stream = generation.open_stream(handle, prompts[0], body.sampling(priority=priority))
             first = await generation.first_event(stream)
             cid, created = generation.new_id("cmpl"), generation.now()
 
@@ -553,7 +574,7 @@ class Router:
 
             events = generation.sse_events(stream, first, render, final)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        results = await generation.generate_all(handle, prompts, body)
+        results = await generation.generate_all(handle, prompts, body, priority)
         choices = [openai.CompletionChoice(index=i, text=r.text, finish_reason=r.finish_reason) for i, r in enumerate(results)]  # type: ignore[arg-type]
         response = openai.CompletionResponse(model=body.model, choices=choices, usage=generation.usage(results, body.n))
         return JSONResponse(response.model_dump(), headers=headers)
@@ -563,13 +584,18 @@ class Router:
         response_model=None,
         responses={200: {"model": openai.ChatCompletionResponse, "description": "JSON, or SSE when stream"}, **OPENAI_ERRORS},
     )
-    async def chat_completions(self, body: openai.ChatCompletionRequest, authorization: str | None = Header(None)) -> Response:
-        self._caller(authorization)
+    async def chat_completions(
+        self,
+        body: openai.ChatCompletionRequest,
+        authorization: str | None = Header(None),
+        x_priority: str | None = Header(None, description=PRIORITY_DOC),
+    ) -> Response:
+        priority = self._qos(self._caller(authorization), x_priority, None, None).priority
         prompt = body.prompt()
         handle = self._generator_for(body, [prompt])
         headers = {"X-Served-By": body.model}
         if body.stream:
-            stream = generation.open_stream(handle, prompt, body.sampling())
+            stream = generation.open_stream(handle, prompt, body.sampling(priority=priority))
             first = await generation.first_event(stream)
             cid, created = generation.new_id("chatcmpl"), generation.now()
 
@@ -589,7 +615,7 @@ class Router:
 
             events = generation.sse_events(stream, first, render, final)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        results = await generation.generate_all(handle, [prompt], body)
+        results = await generation.generate_all(handle, [prompt], body, priority)
         choices = [
             openai.ChatChoice(index=i, message=openai.ChatReply(content=r.text), finish_reason=r.finish_reason)  # type: ignore[arg-type]
             for i, r in enumerate(results)

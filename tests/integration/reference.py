@@ -16,7 +16,7 @@ def session(model_dir: Path, name: str) -> ort.InferenceSession:
     return ort.InferenceSession(str(model_dir / name / "model.onnx"), providers=["CPUExecutionProvider"])
 
 
-def greedy_tokens(model_dir: Path, prompt: str, max_tokens: int) -> list[int]:
+def greedy_tokens(model_dir: Path, prompt: str, max_tokens: int, ignore_eos: bool = False) -> list[int]:
     """Greedy decoding of one prompt alone, with the KV cache: the batch-independent reference."""
     tok = TextTokenizer.from_file(model_dir / "gpt" / "tokenizer.json")
     meta = json.loads((model_dir / "gpt" / "manifest.json").read_text())["generation"]
@@ -29,7 +29,7 @@ def greedy_tokens(model_dir: Path, prompt: str, max_tokens: int) -> list[int]:
     limit = min(max_tokens, meta["block_size"] - ids.shape[1])
     while len(out) < limit:
         nxt = int(logits[0, -1].argmax())
-        if nxt == tok.eos_id:
+        if nxt == tok.eos_id and not ignore_eos:
             break
         out.append(nxt)
         mask = np.concatenate([mask, [[1]]], axis=1)

@@ -15,13 +15,20 @@ class ServeAppError(Exception):
     def __init__(self, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message, retry_after_s)
 
+    def _own(self) -> ServeAppError:
+        # Ray re-raises a replica's exception in the caller as a subclass of its class whose
+        # args are (the original exception,): read the data from the original.
+        inner = self.args[0] if self.args else None
+        return inner if isinstance(inner, ServeAppError) else self
+
     @property
     def message(self) -> str:
-        return str(self.args[0])
+        return str(self._own().args[0])
 
     @property
     def retry_after_s(self) -> float | None:
-        return self.args[1] if len(self.args) > 1 else None
+        args = self._own().args
+        return args[1] if len(args) > 1 else None
 
     def __str__(self) -> str:
         return self.message

@@ -178,16 +178,17 @@ class GenerationMetrics:
     """Prometheus metrics of one replica's decode loop, through Ray's metrics agent."""
 
     def __init__(self, model: str) -> None:
-        tags = {"model": model}
+        def tags() -> dict[str, str]:
+            return {"model": model}  # fresh each time: Ray Serve adds its own tags to the dict it is given
 
         def gauge(name: str, doc: str) -> metrics.Gauge:
             g = metrics.Gauge(name, description=doc, tag_keys=("model",))
-            g.set_default_tags(tags)
+            g.set_default_tags(tags())
             return g
 
         def histogram(name: str, doc: str) -> metrics.Histogram:
             h = metrics.Histogram(name, description=doc, boundaries=LATENCY_MS, tag_keys=("model",))
-            h.set_default_tags(tags)
+            h.set_default_tags(tags())
             return h
 
         self.running = gauge("serve_app_gen_running", "Sequences in the decode batch.")
@@ -195,7 +196,7 @@ class GenerationMetrics:
         self.kv_occupancy = gauge("serve_app_gen_kv_occupancy", "Share of KV cache positions in use.")
         self.kv_slots = gauge("serve_app_gen_kv_slots_used", "KV cache slots in use.")
         self.tokens = metrics.Counter("serve_app_gen_tokens", description="Generated tokens.", tag_keys=("model",))
-        self.tokens.set_default_tags(tags)
+        self.tokens.set_default_tags(tags())
         self.ttft = histogram("serve_app_gen_ttft_ms", "Time to first token.")
         self.itl = histogram("serve_app_gen_itl_ms", "Time between consecutive tokens of a sequence.")
         self._seen = 0

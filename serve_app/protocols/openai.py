@@ -32,7 +32,7 @@ class SamplingFields(BaseModel):
     n: int = Field(1, ge=1, le=MAX_N, description="choices per prompt (with a seed, choice i uses seed + i)")
     user: str | None = None
 
-    def sampling(self, choice: int = 0, priority: int = 1) -> dict[str, Any]:
+    def sampling(self, choice: int = 0, priority: str = "normal") -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         return {
             "max_tokens": self.max_tokens,
@@ -62,7 +62,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="the newer name of max_tokens; wins when both are set")
 
-    def sampling(self, choice: int = 0, priority: int = 1) -> dict[str, Any]:
+    def sampling(self, choice: int = 0, priority: str = "normal") -> dict[str, Any]:
         params = super().sampling(choice, priority)
         if self.max_completion_tokens is not None:
             params["max_tokens"] = self.max_completion_tokens

@@ -49,7 +49,7 @@ async def generate_text(handle: DeploymentHandle, prompt: str, params: dict[str,
 
 
 async def generate_all(
-    handle: DeploymentHandle, prompts: list[str], body: openai.SamplingFields, priority: int
+    handle: DeploymentHandle, prompts: list[str], body: openai.SamplingFields, priority: str
 ) -> list[Generated]:
     """n choices per prompt, prompt-major (OpenAI's choice order)."""
     calls = [generate_text(handle, p, body.sampling(i, priority)) for p in prompts for i in range(body.n)]

@@ -515,7 +515,7 @@ class Router:
         prompts = v2.decode_bytes(self._single_input(body, catalog.PROMPT_INPUT), self.args.limits.max_text_chars)
         self._check_count(model, len(prompts))
         sampling = {k: params[k] for k in SAMPLING_PARAMS if k in params}
-        sampling["priority"] = int(qos.priority)  # the replica admits higher priorities to its decode batch first
+        sampling["priority"] = qos.priority.name.lower()  # the replica admits higher priorities to its batch first
         handle = self.handles[model]
         results = await asyncio.gather(*(generation.generate_text(handle, p, sampling) for p in prompts))
         return [v2.encode(catalog.GENERATED_OUTPUT, [r.text for r in results])], [model] * len(prompts)
@@ -553,7 +553,7 @@ class Router:
         authorization: str | None = Header(None),
         x_priority: str | None = Header(None, description=PRIORITY_DOC),
     ) -> Response:
-        priority = self._qos(self._caller(authorization), x_priority, None, None).priority
+        priority = self._qos(self._caller(authorization), x_priority, None, None).priority.name.lower()
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         handle = self._generator_for(body, prompts)
         headers = {"X-Served-By": body.model}
@@ -590,7 +590,7 @@ class Router:
         authorization: str | None = Header(None),
         x_priority: str | None = Header(None, description=PRIORITY_DOC),
     ) -> Response:
-        priority = self._qos(self._caller(authorization), x_priority, None, None).priority
+        priority = self._qos(self._caller(authorization), x_priority, None, None).priority.name.lower()
         prompt = body.prompt()
         handle = self._generator_for(body, [prompt])
         headers = {"X-Served-By": body.model}

@@ -38,6 +38,6 @@ def greedy_tokens(model_dir: Path, prompt: str, max_tokens: int, ignore_eos: boo
     return out
 
 
-def greedy_text(model_dir: Path, prompt: str, max_tokens: int) -> str:
+def greedy_text(model_dir: Path, prompt: str, max_tokens: int, ignore_eos: bool = False) -> str:
     tok = TextTokenizer.from_file(model_dir / "gpt" / "tokenizer.json")
-    return tok.decode(greedy_tokens(model_dir, prompt, max_tokens))
+    return tok.decode(greedy_tokens(model_dir, prompt, max_tokens, ignore_eos))

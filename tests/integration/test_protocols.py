@@ -8,6 +8,7 @@ One Serve instance for the module, tiny models.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import io
 import json
 import time
@@ -58,7 +59,8 @@ def app_url(tiny_model_dir: Path):
     args["models"]["gpt-slow"] = {
         **args["models"]["gpt"],
         "path": str(tiny_model_dir / "gpt"),
-        "generation": {"default_max_tokens": 8, "max_tokens_limit": 60},
+        # One KV slot and two waiting places: who holds the slot, who waits and who is refused is visible.
+        "generation": {"default_max_tokens": 8, "max_tokens_limit": 60, "kv_slots": 1, "max_waiting": 2},
         "faults": {"delay_s": STEP_S},
     }
     # Admit the disconnect test's 16 queued requests (6 s of bert-slow) instead of refusing most.
@@ -423,19 +425,85 @@ def test_a_client_that_disconnects_frees_its_queued_work(app_url):
     assert httpx.post(f"{app_url}/v2/models/bert-slow/infer", json=_text(["ok"]), timeout=30).status_code == 200
 
 
-def test_a_client_that_leaves_a_stream_stops_its_generation(app_url):
-    """gpt-slow decodes one step per STEP_S and runs one batch at a time, so a request that
-    arrives while an abandoned 60-token generation kept running would wait ~3 s for it.
-    Observed over HTTP only: a driver-side handle cannot be made in a second Ray session of
-    one process (the first module's router thread is gone), so the replica's counter is not read."""
-    body = {"model": "gpt-slow", "prompt": "the", "max_tokens": 60, "temperature": 1.0, "seed": 1, "stream": True}
-    with httpx.stream("POST", f"{app_url}/v1/completions", json=body, timeout=30) as resp:
-        assert resp.status_code == 200
-        next(resp.iter_lines())  # one token, then hang up
+def _generator(app_url: str, model: str = "gpt-slow") -> dict:
+    return httpx.get(f"{app_url}/router/status").json()["generators"][model]
+
+
+def _stream_first_token(app_url: str, body: dict, headers: dict | None = None) -> tuple[httpx.Client, httpx.Response]:
+    """Open a streaming completion and read up to its first token; the caller closes it."""
+    client = httpx.Client(timeout=30)
+    resp = client.send(client.build_request("POST", f"{app_url}/v1/completions", json=body, headers=headers), stream=True)
+    assert resp.status_code == 200, resp.read()
+    lines = resp.iter_lines()
+    while not (first := next(lines)).startswith("data: "):
+        pass
+    resp.lines = lines  # type: ignore[attr-defined]  # the rest of the stream, for the caller
+    resp.first = json.loads(first[6:])  # type: ignore[attr-defined]
+    return client, resp
+
+
+def test_a_client_that_leaves_a_stream_frees_its_kv_slot(app_url):
+    """gpt-slow has one KV slot and decodes one step per STEP_S: a request that arrived while an
+    abandoned 60-token generation kept its slot would wait ~3 s for it."""
+    before = _generator(app_url)["cancelled"]
+    body = {"model": "gpt-slow", "prompt": "the", "max_tokens": 60, "temperature": 1.0, "seed": 1, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    client, resp = _stream_first_token(app_url, body)
+    resp.close()  # hang up after one token
+    client.close()
     left = time.monotonic()
     short = {"model": "gpt-slow", "prompt": "a", "max_tokens": 2, "temperature": 0}
     assert httpx.post(f"{app_url}/v1/completions", json=short, timeout=30).status_code == 200
     assert time.monotonic() - left < 60 * STEP_S / 2, "the next request waited for a generation nobody reads"
+    status = _generator(app_url)
+    assert status["cancelled"] == before + 1 and status["kv_slots_used"] == 0, status
+
+
+def test_high_priority_generation_preempts_a_low_priority_one_which_then_completes_unchanged(app_url, tiny_model_dir):
+    """The only slot runs a 40-token low-priority generation (2 s); a high-priority request takes
+    the slot at the next step (the low one is swapped out) and the low one resumes afterwards
+    with exactly the tokens it would have had alone."""
+    low = {"model": "gpt-slow", "prompt": "the food", "max_tokens": 40, "temperature": 0, "stream": True, "ignore_eos": True}
+    before = _generator(app_url)["preemptions"]
+    client, resp = _stream_first_token(app_url, low, {"x-priority": "low"})
+    try:
+        started = time.monotonic()
+        high = {"model": "gpt-slow", "prompt": "a", "max_tokens": 3, "temperature": 0}
+        reply = httpx.post(f"{app_url}/v1/completions", json=high, headers={"x-priority": "high"}, timeout=30)
+        assert reply.status_code == 200
+        assert reply.json()["choices"][0]["text"] == greedy_text(tiny_model_dir, "a", 3)
+        assert time.monotonic() - started < 40 * STEP_S / 2, "the high-priority request waited for the low one"
+        rest = [json.loads(line[6:]) for line in resp.lines if line.startswith("data: {")]  # type: ignore[attr-defined]
+    finally:
+        resp.close()
+        client.close()
+    assert _generator(app_url)["preemptions"] == before + 1
+    assert rest[-1]["choices"][0]["finish_reason"] == "length"
+    text = "".join(c["choices"][0]["text"] for c in [resp.first, *rest])  # type: ignore[attr-defined]
+    assert text == greedy_text(tiny_model_dir, "the food", 40, ignore_eos=True)
+
+
+def test_a_generator_with_every_slot_and_waiting_place_taken_answers_503_with_retry_after(app_url):
+    """One slot and two waiting places: the fourth concurrent generation is refused at once, and the
+    two that waited run when the slot frees."""
+    body = {"model": "gpt-slow", "prompt": "the", "max_tokens": 60, "temperature": 0, "stream": True, "ignore_eos": True}
+    client, resp = _stream_first_token(app_url, body)
+    short = {**body, "stream": False, "max_tokens": 3}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        try:
+            waiters = [pool.submit(httpx.post, f"{app_url}/v1/completions", json=short, timeout=30) for _ in range(2)]
+            deadline = time.monotonic() + 10
+            while _generator(app_url)["waiting"] < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            refused = httpx.post(f"{app_url}/v1/completions", json=short, timeout=30)
+            assert refused.status_code == 503 and float(refused.headers["retry-after"]) > 0
+            assert refused.json()["error"]["code"] == "overloaded", refused.json()
+        finally:
+            resp.close()  # the long one leaves: its slot goes to the waiters
+            client.close()
+        assert [w.result().status_code for w in waiters] == [200, 200]
+    assert _generator(app_url)["kv_slots_used"] == 0
 
 
 # -- OpenAPI fuzzing ------------------------------------------------------------------------

@@ -171,4 +171,28 @@ def test_chat_prompt_and_sampling():
         stop="x",
     )
     assert req.prompt() == "system: be brief\nuser: hi\nassistant:"
-    assert req.sampling(1) == {"max_tokens": 6, "temperature": 1.0, "top_p": 1.0, "stop": ["x"], "seed": 11}
+    assert req.sampling(1, "high") == {
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "stop": ["x"],
+        "seed": 11,
+        "ignore_eos": False,
+        "priority": "high",
+    }
+
+
+def test_a_replica_error_keeps_its_retry_after_through_rays_wrapper():
+    """Ray re-raises a replica's Overloaded in the router as RayTaskError(Overloaded) with args
+    (original,); the 503 must still carry the original's message and Retry-After."""
+    from ray.exceptions import RayTaskError
+
+    from serve_app.errors import Overloaded
+    from serve_app.protocols.errors import error_response
+
+    wrapped = RayTaskError("generate", "traceback", Overloaded("16 wait", retry_after_s=2.5)).as_instanceof_cause()
+    assert isinstance(wrapped, Overloaded)
+    resp = error_response("/v1/completions", wrapped)
+    assert resp.status_code == 503 and resp.headers["retry-after"] == "3"
+    assert json.loads(resp.body)["error"]["message"] == "16 wait"

@@ -22,6 +22,9 @@ scenarios (each runs its setups side by side, in one invocation, on the same mod
            at 2x capacity: the router's priority policy vs plain FIFO, each on a fresh Ray
   cascade  each route (light first, heavy when unsure) vs its heavy model alone: throughput,
            latency, who answered; with the calibrated accuracies from the light manifest
+  generation  the GPT deployment with continuous batching vs the @serve.batch request-level
+           version, same model and batch size: streaming completions of mixed lengths, tokens/s,
+           TTFT p50/p99, ITL p99, latency; alternating phases, --rounds of each
 
 Results go to benchmarks/results/<scenario>/<config name>/: result.json (all raw
 figures, machine info, the command), README.md (tables) and PNG plots.
@@ -29,11 +32,12 @@ Examples:
   serve-app bench compare                                   # demo catalog, configs/local.yaml
   serve-app bench compare --config configs/bench-realsize.yaml   # BERT-base / ResNet-50 shapes
   serve-app bench sweep --smoke --model-dir /tmp/tiny       # seconds, for CI
+  serve-app bench generation --concurrency 8 32 --rounds 3
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", choices=["compare", "sweep", "ingress", "profile", "priority", "cascade"])
+    p.add_argument("scenario", choices=["compare", "sweep", "ingress", "profile", "priority", "cascade", "generation"])
     p.add_argument("--config", type=Path, default=Path("configs/local.yaml"), help="Serve config of ours (default: %(default)s)")
     p.add_argument("--model-dir", type=Path, help="built models (default: the config's model_dir)")
     p.add_argument("--models", nargs="+", default=["bert-heavy", "resnet-heavy"], help="default: %(default)s")
@@ -41,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, help="measured seconds per point")
     p.add_argument("--concurrency", type=int, nargs="+", help="closed-loop levels of the compare curves")
     p.add_argument("--smoke", action="store_true", help="a few seconds per step: checks the harness, not the numbers")
+    p.add_argument("--batch", type=int, default=16, help="generation: KV slots = max_batch_size (default: %(default)s)")
+    p.add_argument(
+        "--rounds", type=int, default=2, help="generation: phases of each setup per concurrency (default: %(default)s)"
+    )
 
 
 def run(ns: argparse.Namespace, argv: list[str]) -> int:
@@ -52,6 +60,8 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     model_dir = ns.model_dir or Path(config["applications"][0]["args"]["model_dir"])
     model_dir = model_dir.resolve()
     make = scenarios.Settings.smoke if ns.smoke else scenarios.Settings
+    if ns.scenario == "generation":
+        ns.models = ["gpt"]
     s = make(models=ns.models, model_dir=model_dir, config=ns.config.resolve())
     if ns.seconds:
         s.seconds = ns.seconds
@@ -67,7 +77,18 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     out_dir = ns.out or Path("benchmarks/results") / ns.scenario / ns.config.stem
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"bench {ns.scenario}: models {s.models} from {model_dir}; writing {out_dir}", flush=True)
-    result = scenarios.profile(s, out_dir) if ns.scenario == "profile" else scenarios.SCENARIOS[ns.scenario](s)
+    if ns.scenario == "profile":
+        result = scenarios.profile(s, out_dir)
+    elif ns.scenario == "generation":
+        from benchmarks import generation
+
+        warmup = 0.5 if ns.smoke else 3.0
+        gen_config = generation.generation_config(config, model_dir, ns.batch)
+        concurrencies = ns.concurrency or ([4] if ns.smoke else [8, 32])
+        seconds = ns.seconds or (2.0 if ns.smoke else 20.0)
+        result = generation.run(gen_config, model_dir, concurrencies, seconds, warmup, ns.rounds, scenarios.DEFAULT_INGRESS)
+    else:
+        result = scenarios.SCENARIOS[ns.scenario](s)
     res = {
         "scenario": ns.scenario,
         "command": "serve-app bench " + shlex.join(argv),

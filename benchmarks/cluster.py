@@ -194,6 +194,7 @@ ROLE_MARKERS = (
     ("HAProxyManager", "haproxy-manager"),
     ("ServeController", "serve-controller"),
     ("benchmarks.loadgen", "loadgen"),
+    ("bench generation", "loadgen"),  # that scenario's client runs in the bench process
     ("naive_server", "naive-server"),
     ("DashboardAgent", "ray-system"),
     ("RuntimeEnvAgent", "ray-system"),

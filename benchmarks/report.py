@@ -12,6 +12,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from benchmarks import generation
+
 SETUPS = ("naive", "plain", "ours")
 SETUP_TITLES = {
     "limit": "limit (ORT in-process, best batch)",
@@ -345,6 +347,7 @@ def plots(scenario: str, res: dict[str, Any], out_dir: Path) -> list[str]:
 
 
 MARKDOWN = {
+    "generation": generation.markdown,
     "compare": compare_markdown,
     "sweep": sweep_markdown,
     "ingress": ingress_markdown,

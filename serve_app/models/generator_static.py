@@ -77,4 +77,6 @@ class RequestBatchGenerator(GeneratorBase):
             except ServeAppError as e:
                 yield [StopIteration if r.finished else e for r in rows]
                 return
-            next_pos = next_pos + 1
+            # Finished rows are still fed (the batch decodes to its longest member); keep their
+            # positions inside the embedding table, their outputs are never read.
+            next_pos = np.minimum(next_pos + 1, self.gen.block_size - 1)

@@ -50,7 +50,8 @@ class Record:
     sent: float
     first: float | None = None
     done: float | None = None
-    token_times: list[float] = field(default_factory=list)
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, tokens in the chunk)
+    tokens: int = 0
     status: int = 0
 
 
@@ -66,6 +67,8 @@ class PhaseResult:
     requests_per_s: float
     ttft_ms: dict[str, float]
     itl_ms: dict[str, float]
+    chunk_gap_ms: dict[str, float]
+    tokens_per_chunk: float
     latency_ms: dict[str, float]
     server: dict[str, Any] | None = None
 
@@ -83,7 +86,7 @@ def _pcts(values: list[float]) -> dict[str, float]:
 
 async def _one(session: aiohttp.ClientSession, url: str, model: str, req: GenRequest) -> Record:
     body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+            "ignore_eos": True, "stream": True, "stream_options": {"continuous_usage_stats": True}}  # fmt: skip
     rec = Record(sent=time.perf_counter())
     try:
         async with session.post(f"{url}/v1/completions", json=body) as resp:
@@ -97,12 +100,15 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, req: GenReq
                 if not line.startswith(b"data: {"):
                     continue
                 now = time.perf_counter()
-                if b'"error"' in line[:20]:  # an error event mid-stream
+                chunk = json.loads(line[6:])
+                if "error" in chunk:  # an error event mid-stream
                     rec.status = -1
                     continue
                 if rec.first is None:
                     rec.first = now
-                rec.token_times.append(now)
+                so_far = chunk["usage"]["completion_tokens"]  # a chunk may carry several tokens
+                rec.chunks.append((now, so_far - rec.tokens))
+                rec.tokens = so_far
     except aiohttp.ClientError:
         rec.status = -1  # a broken stream counts as an error, not as a crash of the benchmark
     rec.done = time.perf_counter()
@@ -131,12 +137,14 @@ async def closed_loop(
 def summarize(label: str, concurrency: int, records: list[Record], t0: float, t1: float) -> PhaseResult:
     """Tokens/s counts tokens that arrived inside the window; latencies are of requests sent inside it."""
     window = t1 - t0
-    tokens = sum(1 for r in records for t in r.token_times if t0 <= t <= t1)
+    tokens = sum(n for r in records for t, n in r.chunks if t0 <= t <= t1)
     measured = [r for r in records if t0 <= r.sent <= t1]
     ok = [r for r in measured if r.status == 200 and r.first is not None and r.done is not None]
     if len(measured) - len(ok):
         print(f"  {label}: {len(measured) - len(ok)} of {len(measured)} requests failed", flush=True)
-    gaps = [b - a for r in ok for a, b in itertools.pairwise(r.token_times)]
+    # Inter-token latency: a chunk of n tokens after a gap g counts as n tokens g/n apart.
+    gaps = [(b - a) / n for r in ok for (a, _), (b, n) in itertools.pairwise(r.chunks) for _ in range(n)]
+    chunk_gaps = [b - a for r in ok for (a, _), (b, _) in itertools.pairwise(r.chunks)]
     return PhaseResult(
         label=label,
         concurrency=concurrency,
@@ -148,6 +156,8 @@ def summarize(label: str, concurrency: int, records: list[Record], t0: float, t1
         requests_per_s=round(sum(1 for r in ok if r.done is not None and r.done <= t1) / window, 2),
         ttft_ms=_pcts([r.first - r.sent for r in ok if r.first is not None]),
         itl_ms=_pcts(gaps),
+        chunk_gap_ms=_pcts(chunk_gaps),
+        tokens_per_chunk=round(tokens / max(1, sum(1 for r in records for t, _ in r.chunks if t0 <= t <= t1)), 2),
         latency_ms=_pcts([r.done - r.sent for r in ok if r.done is not None]),
     )
 

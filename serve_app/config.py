@@ -60,6 +60,9 @@ class GenerationDefaults(BaseModel):
     preemption: bool = Field(
         True, description="a waiting sequence may swap out a running one of lower priority when every slot is taken"
     )
+    coalesce_stream: bool = Field(
+        True, description="a stream that falls behind the decode loop gets the tokens that piled up as one chunk"
+    )
 
 
 class ModelConfig(BaseModel):

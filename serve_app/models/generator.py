@@ -109,6 +109,7 @@ class TextGenerator(GeneratorBase):
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.Task[None] | None = None
         self._metrics = GenerationMetrics(self.name)
+        self.coalesce = cfg.coalesce_stream
 
     async def generate(self, prompt: str, raw_params: dict[str, Any]) -> AsyncGenerator[TokenEvent, None]:
         """Stream TokenEvents for one prompt (call with `handle.options(stream=True)`)."""
@@ -122,9 +123,18 @@ class TextGenerator(GeneratorBase):
         self._start_loop()
         try:
             while True:
-                event = await queue.get()
-                if isinstance(event, ServeAppError):
-                    raise event
+                item = await queue.get()
+                if isinstance(item, ServeAppError):
+                    raise item
+                event = item
+                # Tokens that piled up while this stream was being sent go out as one event: under
+                # load, each hop (replica, router, proxy) then pays per chunk, not per token.
+                while self.coalesce and event.finish_reason is None and not queue.empty():
+                    later = queue.get_nowait()
+                    if isinstance(later, ServeAppError):
+                        yield event
+                        raise later
+                    event = event.merge(later)
                 yield event
                 if event.finish_reason is not None:
                     return

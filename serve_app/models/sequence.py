@@ -19,6 +19,18 @@ class TokenEvent:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    tokens: int = 1  # decode steps this event covers (more than one once merged)
+
+    def merge(self, later: TokenEvent) -> TokenEvent:
+        """This event and the next of the same sequence as one (a stream that fell behind)."""
+        return TokenEvent(
+            self.text + later.text,
+            later.token_id,
+            later.prompt_tokens,
+            later.completion_tokens,
+            later.finish_reason,
+            self.tokens + later.tokens,
+        )
 
 
 @dataclass

@@ -13,6 +13,7 @@ MAX_N = 8  # choices per prompt: each is a full generation, so the cap bounds on
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="usage so far in every chunk (vLLM's extension)")
 
 
 class SamplingFields(BaseModel):
@@ -47,6 +48,10 @@ class SamplingFields(BaseModel):
 
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    def usage_per_chunk(self) -> bool:
+        # A chunk may carry several tokens (a slow reader's stream is coalesced); this says how many.
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(SamplingFields):

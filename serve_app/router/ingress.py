@@ -564,7 +564,9 @@ class Router:
 
             def render(event: Any, is_first: bool) -> dict[str, Any]:
                 choice = openai.CompletionChoice(index=0, text=event.text, finish_reason=event.finish_reason)
-                return openai.CompletionResponse(id=cid, created=created, model=body.model, choices=[choice]).model_dump()
+                use = generation.event_usage(event) if body.usage_per_chunk() else None
+                chunk = openai.CompletionResponse(id=cid, created=created, model=body.model, choices=[choice], usage=use)
+                return chunk.model_dump()
 
             def final(last: Any) -> dict[str, Any] | None:
                 if not body.include_usage():
@@ -603,7 +605,8 @@ class Router:
                 # OpenAI's first chunk carries the role; later ones only content.
                 delta = openai.ChatDelta(role="assistant" if is_first else None, content=event.text)
                 choice = openai.ChatChunkChoice(index=0, delta=delta, finish_reason=event.finish_reason)
-                chunk = openai.ChatCompletionChunk(id=cid, created=created, model=body.model, choices=[choice])
+                use = generation.event_usage(event) if body.usage_per_chunk() else None
+                chunk = openai.ChatCompletionChunk(id=cid, created=created, model=body.model, choices=[choice], usage=use)
                 return chunk.model_dump(exclude_none=True)
 
             def final(last: Any) -> dict[str, Any] | None:

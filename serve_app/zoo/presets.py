@@ -77,6 +77,9 @@ PRESETS: dict[str, Preset] = {
         Preset("gpt-tiny", "gpt", GPTConfig(DEMO_VOCAB, 64, 16, 1, 2), TrainConfig(40, 32, 3e-3, 500)),
         Preset("gpt-light", "gpt", GPTConfig(DEMO_VOCAB, 128, 96, 3, 4), TrainConfig(500, 32, 2e-3, 6000)),
         Preset("gpt2-small", "gpt", GPTConfig(50257, 1024, 768, 12, 12)),
+        # GPT-2 small's body (85M parameters without embeddings) on the demo tokenizer, with a
+        # 256-token window: serves real text, costs what GPT-2 small costs per decode step.
+        Preset("gpt2-small-demo", "gpt", GPTConfig(DEMO_VOCAB, 256, 768, 12, 12)),
         Preset("resnet-tiny", "resnet", ResNetConfig("basic", (1, 1), (4, 8)), TrainConfig(40, 64, 3e-3, 1000)),
         Preset("resnet-light", "resnet", ResNetConfig("basic", (1, 1, 1), (8, 16, 32)), TrainConfig(450, 64, 3e-3, 6000)),
         Preset("resnet-heavy", "resnet", ResNetConfig("bottleneck", (1, 2, 2), (16, 32, 64)), TrainConfig(420, 64, 2e-3, 12000)),

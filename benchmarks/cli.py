@@ -47,6 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--smoke", action="store_true", help="a few seconds per step: checks the harness, not the numbers")
     p.add_argument("--batch", type=int, default=16, help="generation: KV slots = max_batch_size (default: %(default)s)")
     p.add_argument(
+        "--request-waits",
+        type=float,
+        nargs="+",
+        help="generation: @serve.batch wait timeouts, one request-level setup each (default: the config's)",
+    )
+    p.add_argument(
         "--rounds", type=int, default=2, help="generation: phases of each setup per concurrency (default: %(default)s)"
     )
 
@@ -83,7 +89,8 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         from benchmarks import generation
 
         warmup = 0.5 if ns.smoke else 3.0
-        gen_config = generation.generation_config(config, model_dir, ns.batch)
+        waits = ns.request_waits or [config["applications"][0]["args"]["models"]["gpt"]["batching"]["batch_wait_timeout_s"]]
+        gen_config = generation.generation_config(config, model_dir, ns.batch, waits)
         concurrencies = ns.concurrency or ([4] if ns.smoke else [8, 32])
         seconds = ns.seconds or (2.0 if ns.smoke else 20.0)
         result = generation.run(gen_config, model_dir, concurrencies, seconds, warmup, ns.rounds, scenarios.DEFAULT_INGRESS)

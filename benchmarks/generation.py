@@ -20,61 +20,70 @@ import httpx
 from benchmarks import genload
 from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, cpu_by_role, cpu_snapshot
 
-CONTINUOUS, REQUEST = "gpt", "gpt-request"
+CONTINUOUS = "gpt"
 
 
-def generation_config(base: dict[str, Any], model_dir: Path, batch: int) -> dict[str, Any]:
-    """The user's config with only its generator, twice: as configured (continuous) and as `request`."""
+def request_name(wait_s: float) -> str:
+    return f"gpt-request-{wait_s:g}s"
+
+
+def generation_config(base: dict[str, Any], model_dir: Path, batch: int, request_waits: list[float]) -> dict[str, Any]:
+    """The user's config with only its generator: as configured (continuous), and as `request` once
+    per `@serve.batch` wait timeout (a longer wait forms fuller batches and delays first tokens)."""
     app = base["applications"][0]
     args = app["args"]
     gpt = args["models"]["gpt"]
     gen = gpt.get("generation", {})
-    continuous = {**gpt, "generation": {**gen, "scheduler": "continuous", "kv_slots": batch}}
-    request = {
-        **gpt,
-        "path": str(model_dir / "gpt"),
-        "batching": {"max_batch_size": batch, "batch_wait_timeout_s": gpt.get("batching", {}).get("batch_wait_timeout_s", 0.01)},
-        "generation": {**gen, "scheduler": "request"},
-    }  # fmt: skip
-    args.update(model_dir=str(model_dir), models={CONTINUOUS: continuous, REQUEST: request}, routes={})
+    models = {CONTINUOUS: {**gpt, "generation": {**gen, "scheduler": "continuous", "kv_slots": batch}}}
+    for wait in request_waits:
+        models[request_name(wait)] = {
+            **gpt,
+            "path": str(model_dir / "gpt"),
+            "batching": {"max_batch_size": batch, "batch_wait_timeout_s": wait},
+            "generation": {**gen, "scheduler": "request"},
+        }
+    args.update(model_dir=str(model_dir), models=models, routes={})
     gpt_deployment = next(d for d in app["deployments"] if d["name"] == "gpt")
     kept = [d for d in app["deployments"] if d["name"] in ("router", "gpt")]
-    app["deployments"] = [*kept, {**gpt_deployment, "name": REQUEST}]
+    app["deployments"] = [*kept, *({**gpt_deployment, "name": request_name(w)} for w in request_waits)]
     return base
 
 
-def _server_stats(url: str) -> dict[str, Any] | None:
-    return httpx.get(f"{url}/router/status", timeout=10).json()["generators"].get(CONTINUOUS)
+def _server_stats(url: str, model: str) -> dict[str, Any] | None:
+    return httpx.get(f"{url}/router/status", timeout=10).json()["generators"].get(model)
 
 
 def run(config: dict[str, Any], model_dir: Path, concurrencies: list[int], seconds: float, warmup: float,
         rounds: int, ingress: Any) -> dict[str, Any]:  # fmt: skip
-    batch = config["applications"][0]["args"]["models"][CONTINUOUS]["generation"]["kv_slots"]
-    limit = config["applications"][0]["args"]["models"][CONTINUOUS]["generation"].get("max_tokens_limit", 96)
+    models = config["applications"][0]["args"]["models"]
+    setups = list(models)  # continuous first, then each request-level variant
+    batch = models[CONTINUOUS]["generation"]["kv_slots"]
+    limit = models[CONTINUOUS]["generation"].get("max_tokens_limit", 96)
     workload = genload.mixed_workload(400, seed=0, max_tokens_limit=limit)
     url = f"http://127.0.0.1:{HTTP_PORT}"
-    probe = Probe("/v1/completions", {"model": REQUEST, "prompt": "the", "max_tokens": 2})
     phases: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, RayCluster(ingress, Path(tmp), model_dir) as cluster:
-        deploy_s = cluster.deploy(config, probe)
-        Probe("/v1/completions", {"model": CONTINUOUS, "prompt": "the", "max_tokens": 2}).wait(url, 120)
+        deploy_s = cluster.deploy(config, Probe("/v1/completions", {"model": setups[-1], "prompt": "the", "max_tokens": 2}))
+        for model in setups:
+            Probe("/v1/completions", {"model": model, "prompt": "the", "max_tokens": 2}).wait(url, 120)
         for c in concurrencies:
             for r in range(rounds):
-                for model in (CONTINUOUS, REQUEST):
+                for model in setups:
                     before = cpu_snapshot()
+                    server_before = _server_stats(url, model)
                     res = genload.run_phase(url, model, model, workload, c, seconds, warmup)
                     phase = {
                         **res.to_json(),
                         "round": r,
                         "cpu_cores_by_role": cpu_by_role(before, cpu_snapshot(), seconds + warmup),
+                        "server_before": server_before,
+                        "server": _server_stats(url, model),
                     }
-                    if model == CONTINUOUS:
-                        phase["server"] = _server_stats(url)
                     print(f"  c={c} round {r} {model}: {res.tokens_per_s} tok/s, ttft p50 {res.ttft_ms.get('p50')} ms, "
                           f"latency p50 {res.latency_ms.get('p50')} ms, errors {res.errors}", flush=True)  # fmt: skip
                     phases.append(phase)
-    return {"batch": batch, "deploy_s": deploy_s, "workload": _workload_summary(workload), "phases": phases,
-            "summary": summarize(phases, concurrencies)}  # fmt: skip
+    return {"batch": batch, "deploy_s": deploy_s, "setups": setups, "workload": _workload_summary(workload),
+            "phases": phases, "summary": summarize(phases, concurrencies, setups)}  # fmt: skip
 
 
 def _workload_summary(workload: list[genload.GenRequest]) -> dict[str, Any]:
@@ -83,18 +92,29 @@ def _workload_summary(workload: list[genload.GenRequest]) -> dict[str, Any]:
             "max_tokens_max": max(lengths)}  # fmt: skip
 
 
-def summarize(phases: list[dict[str, Any]], concurrencies: list[int]) -> list[dict[str, Any]]:
+def batch_sizes(phase: dict[str, Any]) -> dict[int, int]:
+    """Batches a request-level setup ran during one phase, by size (from its replica's counters)."""
+    before = (phase.get("server_before") or {}).get("batch_sizes", {})
+    after = (phase.get("server") or {}).get("batch_sizes", {})
+    return {int(k): v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+
+
+def summarize(phases: list[dict[str, Any]], concurrencies: list[int], setups: list[str]) -> list[dict[str, Any]]:
     """Per concurrency and setup, the median over rounds; then continuous / request ratios."""
     rows = []
     for c in concurrencies:
         row: dict[str, Any] = {"concurrency": c}
-        for model in (CONTINUOUS, REQUEST):
+        for model in setups:
             mine = [p for p in phases if p["concurrency"] == c and p["label"] == model]
 
             def med(get: Any, mine: list[dict[str, Any]] = mine) -> float | None:
                 vals = [v for p in mine if (v := get(p)) is not None]
                 return round(statistics.median(vals), 2) if vals else None
 
+            sizes: dict[int, int] = {}
+            for p in mine:
+                for k, v in batch_sizes(p).items():
+                    sizes[k] = sizes.get(k, 0) + v
             row[model] = {
                 "tokens_per_s": med(lambda p: p["tokens_per_s"]),
                 "tokens_per_s_all": [p["tokens_per_s"] for p in mine],
@@ -104,43 +124,51 @@ def summarize(phases: list[dict[str, Any]], concurrencies: list[int]) -> list[di
                 "latency_p50_ms": med(lambda p: p["latency_ms"].get("p50")),
                 "latency_p99_ms": med(lambda p: p["latency_ms"].get("p99")),
                 "errors": sum(p["errors"] for p in mine),
+                "mean_batch": round(sum(k * v for k, v in sizes.items()) / sum(sizes.values()), 2) if sizes else None,
             }
-        a, b = row[CONTINUOUS], row[REQUEST]
-        row["tokens_per_s_ratio"] = round(a["tokens_per_s"] / b["tokens_per_s"], 2) if b["tokens_per_s"] else None
-        row["latency_p50_ratio"] = round(a["latency_p50_ms"] / b["latency_p50_ms"], 2) if b["latency_p50_ms"] else None
-        row["ttft_p50_ratio"] = round(a["ttft_p50_ms"] / b["ttft_p50_ms"], 2) if b["ttft_p50_ms"] else None
+        a = row[CONTINUOUS]
+        for model in setups[1:]:
+            b = row[model]
+            row[f"vs {model}"] = {
+                "tokens_per_s": round(a["tokens_per_s"] / b["tokens_per_s"], 2) if b["tokens_per_s"] else None,
+                "latency_p50": round(a["latency_p50_ms"] / b["latency_p50_ms"], 2) if b["latency_p50_ms"] else None,
+                "ttft_p50": round(a["ttft_p50_ms"] / b["ttft_p50_ms"], 2) if b["ttft_p50_ms"] else None,
+            }
         rows.append(row)
     return rows
 
 
 def markdown(res: dict[str, Any]) -> str:
     r = res["result"]
+    setups = r["setups"]
     lines = [
         "# generation: continuous batching vs `@serve.batch` (request-level)",
         "",
-        f"Command: `{res['command']}`",
+        f"Both kinds of generator: the same model files, the same CPU share, at most {r['batch']} sequences per "
+        "decode step (KV slots = max_batch_size); the request-level one once per `batch_wait_timeout_s`. Closed loop "
+        "of streaming `/v1/completions` over HTTP (router + proxy), mixed output lengths (ignore_eos, exact): "
+        f"{r['workload']}. Phases alternate between the setups; figures are the median over rounds (all rounds "
+        "in result.json). ITL counts a chunk of n tokens as n tokens gap/n apart. Mean batch: model calls' mean "
+        "rows, request-level only (from the replica's counters).",
         "",
-        f"Both generators: the same model files, the same CPU share, at most {r['batch']} sequences per decode step "
-        "(KV slots = max_batch_size). Closed loop of streaming `/v1/completions` over HTTP (router + proxy), "
-        f"mixed output lengths (ignore_eos, exact): {r['workload']}. Phases alternate between the two setups; "
-        "figures are the median over rounds, all rounds in result.json.",
-        "",
-        "| concurrency | setup | tokens/s (rounds) | TTFT p50 | TTFT p99 | ITL p99 | latency p50 | latency p99 | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+        "| concurrency | setup | tokens/s (rounds) | TTFT p50 | TTFT p99 | ITL p99 | latency p50 | latency p99 "
+        "| mean batch | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
     for row in r["summary"]:
-        for model in (CONTINUOUS, REQUEST):
+        for model in setups:
             m = row[model]
-            name = "continuous" if model == CONTINUOUS else "request (@serve.batch)"
+            name = "continuous" if model == CONTINUOUS else f"request, {model.removeprefix('gpt-request-')} wait"
+            rounds = ", ".join(str(x) for x in m["tokens_per_s_all"])
             lines.append(
-                f"| {row['concurrency']} | {name} | {m['tokens_per_s']} ({', '.join(str(x) for x in m['tokens_per_s_all'])}) | "
-                f"{m['ttft_p50_ms']} ms | {m['ttft_p99_ms']} ms | {m['itl_p99_ms']} ms | {m['latency_p50_ms']} ms | "
-                f"{m['latency_p99_ms']} ms | {m['errors']} |"
+                f"| {row['concurrency']} | {name} | {m['tokens_per_s']} ({rounds}) | {m['ttft_p50_ms']} ms | "
+                f"{m['ttft_p99_ms']} ms | {m['itl_p99_ms']} ms | {m['latency_p50_ms']} ms | {m['latency_p99_ms']} ms | "
+                f"{m['mean_batch'] or '-'} | {m['errors']} |"
             )
-    lines += ["", "Continuous / request, per concurrency:", "",
-              "| concurrency | tokens/s | latency p50 | TTFT p50 |", "|---|---|---|---|"]  # fmt: skip
+    lines += ["", "Continuous / request-level:", "", "| concurrency | vs | tokens/s | latency p50 | TTFT p50 |",
+              "|---|---|---|---|---|"]  # fmt: skip
     for row in r["summary"]:
-        lines.append(
-            f"| {row['concurrency']} | {row['tokens_per_s_ratio']}x | {row['latency_p50_ratio']}x | {row['ttft_p50_ratio']}x |"
-        )
+        for model in setups[1:]:
+            v = row[f"vs {model}"]
+            lines.append(f"| {row['concurrency']} | {model} | {v['tokens_per_s']}x | {v['latency_p50']}x | {v['ttft_p50']}x |")
     return "\n".join(lines) + "\n"

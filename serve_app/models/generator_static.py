@@ -44,6 +44,10 @@ class RequestBatchGenerator(GeneratorBase):
             # row must stop decoding. Only the last matters here; the others are already done.
             seq.cancelled = True
 
+    async def stats(self) -> dict[str, Any]:
+        """Batches run, by size: request-level batching's one figure of merit."""
+        return {"batch_sizes": dict(self.batch_sizes), "cancelled_rows": self.cancelled_rows}
+
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
     async def _run_batch(self, rows: list[Sequence]) -> AsyncGenerator[list[Any], None]:
         started = time.perf_counter()

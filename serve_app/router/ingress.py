@@ -293,7 +293,7 @@ class Router:
         for (route, outcome), n in self.cascade_items.items():
             cascade.setdefault(route, {})[outcome] = n
         generators = self._generators()
-        # One generator replica's decode loop each (its scheduler: running, waiting, KV occupancy, TTFT, ITL).
+        # One replica of each generator: its decode loop's running and waiting sequences, KV occupancy, TTFT, ITL.
         stats = await asyncio.gather(*(self._generator_stats(g) for g in generators))
         return {
             "router": self.router_id,
@@ -303,8 +303,6 @@ class Router:
         }
 
     async def _generator_stats(self, name: str) -> dict[str, Any] | None:
-        if self.args.models[name].generation.scheduler != "continuous":
-            return None
         try:
             return await asyncio.wait_for(self.handles[name].stats.remote(), READY_TIMEOUT_S)
         except Exception:  # status must answer even when a generator does not

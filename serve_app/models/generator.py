@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -32,6 +33,7 @@ from serve_app.tokenization import TextTokenizer
 
 __all__ = ["GeneratorBase", "TextGenerator", "TokenEvent"]
 
+logger = logging.getLogger("ray.serve")
 LATENCY_MS = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0]
 
 
@@ -149,7 +151,20 @@ class TextGenerator(GeneratorBase):
             self._wake = asyncio.Event()
         if self._loop is None or self._loop.done():
             self._loop = asyncio.get_running_loop().create_task(self._decode_loop())
+            self._loop.add_done_callback(self._loop_ended)
         self._wake.set()
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """The loop only ends on a bug: fail its streams rather than leave them waiting forever."""
+        if task.cancelled() or task.exception() is None:
+            return
+        logger.error("%s: decode loop died", self.name, exc_info=task.exception())
+        self._fail_all(ModelFailure(f"{self.name}: decode loop failed: {task.exception()!r}"))
+
+    def _fail_all(self, error: ServeAppError) -> None:
+        for seq in self.scheduler.abort_all():
+            if (queue := self._streams.get(seq.id)) is not None:
+                queue.put_nowait(error)
 
     async def _decode_loop(self) -> None:
         assert self._wake is not None
@@ -161,11 +176,8 @@ class TextGenerator(GeneratorBase):
             started = time.perf_counter()
             try:
                 events = await asyncio.to_thread(self.scheduler.step)
-            except Exception as e:
-                error = e if isinstance(e, ServeAppError) else ModelFailure(f"{self.name}: {type(e).__name__}: {e}")
-                for seq in self.scheduler.abort_all():
-                    if (queue := self._streams.get(seq.id)) is not None:
-                        queue.put_nowait(error)
+            except Exception as e:  # a failed step fails its sequences, not the replica
+                self._fail_all(e if isinstance(e, ServeAppError) else ModelFailure(f"{self.name}: {type(e).__name__}: {e}"))
                 continue
             for seq, event in events:
                 if (queue := self._streams.get(seq.id)) is not None:

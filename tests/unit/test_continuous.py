@@ -250,3 +250,11 @@ def test_metrics_report_occupancy_throughput_and_latencies(harness):
     assert snap["ttft_steps_max"] == 2
     assert snap["running"] == 0 and snap["kv_occupancy"] == 0.0
     assert np.isclose(snap["prefill_tokens"], sum(len(h.tok.encode(p)) for p in PROMPTS[:4]))
+
+
+def test_merged_events_carry_every_token_and_the_last_state():
+    a = TokenEvent("he", 5, 3, 1)
+    b = TokenEvent("llo", 6, 3, 2)
+    c = TokenEvent("", 7, 3, 3, "length")
+    merged = a.merge(b).merge(c)
+    assert merged == TokenEvent("hello", 7, 3, 3, "length", tokens=3)

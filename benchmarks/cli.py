@@ -89,11 +89,13 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         from benchmarks import generation
 
         warmup = 0.5 if ns.smoke else 3.0
-        waits = ns.request_waits or [config["applications"][0]["args"]["models"]["gpt"]["batching"]["batch_wait_timeout_s"]]
+        gpt_batching = config["applications"][0]["args"]["models"]["gpt"].get("batching", {})
+        waits = ns.request_waits or [gpt_batching.get("batch_wait_timeout_s", 0.01)]
         gen_config = generation.generation_config(config, model_dir, ns.batch, waits)
         concurrencies = ns.concurrency or ([4] if ns.smoke else [8, 32])
         seconds = ns.seconds or (2.0 if ns.smoke else 20.0)
-        result = generation.run(gen_config, model_dir, concurrencies, seconds, warmup, ns.rounds, scenarios.DEFAULT_INGRESS)
+        rounds = 1 if ns.smoke else ns.rounds
+        result = generation.run(gen_config, model_dir, concurrencies, seconds, warmup, rounds, scenarios.DEFAULT_INGRESS)
     else:
         result = scenarios.SCENARIOS[ns.scenario](s)
     res = {

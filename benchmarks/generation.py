@@ -24,7 +24,8 @@ CONTINUOUS = "gpt"
 
 
 def request_name(wait_s: float) -> str:
-    return f"gpt-request-{wait_s:g}s"
+    # No dot in the name: process titles (per-role CPU accounting) end a deployment's name there.
+    return f"gpt-request-{round(wait_s * 1000)}ms"
 
 
 def generation_config(base: dict[str, Any], model_dir: Path, batch: int, request_waits: list[float]) -> dict[str, Any]:

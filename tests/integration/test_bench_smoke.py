@@ -109,11 +109,11 @@ def test_cascade(tiny_model_dir: Path, tmp_path: Path) -> None:
 def test_generation(tiny_model_dir: Path, tmp_path: Path) -> None:
     res = _bench("generation", tiny_model_dir, tmp_path, "gpt")
     r = res["result"]
-    assert r["setups"] == ["gpt", "gpt-request-0.01s"]
+    assert r["setups"] == ["gpt", "gpt-request-10ms"]
     for phase in r["phases"]:
         assert phase["requests"] > 0 and phase["errors"] == 0 and phase["tokens_per_s"] > 0, phase
         assert phase["ttft_ms"]["p50"] > 0 and phase["itl_ms"]["p99"] > 0
         assert f"replica:{phase['label']}" in phase["cpu_cores_by_role"]
     (row,) = r["summary"]
-    assert row["vs gpt-request-0.01s"]["tokens_per_s"] > 0 and row["gpt-request-0.01s"]["mean_batch"] >= 1
+    assert row["vs gpt-request-10ms"]["tokens_per_s"] > 0 and row["gpt-request-10ms"]["mean_batch"] >= 1
     assert row["gpt"]["errors"] == 0 and (tmp_path / "README.md").read_text().count("| 4 |") == 3

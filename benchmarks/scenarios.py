@@ -58,6 +58,7 @@ class Settings:
     high_share: float = 0.1  # high-priority rate, as a share of the measured capacity
     overload: float = 2.0  # low-priority rate, as a multiple of the measured capacity
     priority_seconds: float = 15.0  # measured window of the priority scenario's open-loop runs
+    smoke_ingress: bool = False  # ingress: only the default proxy and HAProxy + throughput-optimized
 
     @classmethod
     def smoke(cls, models: list[str], model_dir: Path, config: Path) -> Settings:
@@ -66,6 +67,7 @@ class Settings:
             models=models, model_dir=model_dir, config=config, seconds=1.5, warmup=0.5, concurrencies=[1, 4],
             headline_concurrency=4, limit_batch_sizes=[1, 4], limit_seconds=0.3, sweep_batch_sizes=[1, 4],
             sweep_concurrency=4, ingress_concurrencies=[4], profile_seconds=3.0, priority_seconds=1.5,
+            smoke_ingress=True,
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -200,6 +202,8 @@ def sweep(s: Settings) -> dict[str, Any]:
 def ingress(s: Settings) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
     settings = [Ingress(h, t) for h in (False, True) for t in (False, True)]
+    if s.smoke_ingress:
+        settings = [settings[0], settings[-1]]  # the extremes: each Ray restart costs CI ~25 s
     out: dict[str, Any] = {"settings": []}
     for setting in settings:
         started = time.perf_counter()

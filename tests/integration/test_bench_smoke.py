@@ -69,7 +69,7 @@ def test_sweep(tiny_model_dir: Path, tmp_path: Path) -> None:
 def test_ingress(tiny_model_dir: Path, tmp_path: Path) -> None:
     res = _bench("ingress", tiny_model_dir, tmp_path, "bert-heavy")
     labels = [s["label"] for s in res["result"]["settings"]]
-    assert labels == ["default-proxy", "default-proxy+throughput-optimized", "haproxy", "haproxy+throughput-optimized"]
+    assert labels == ["default-proxy", "haproxy+throughput-optimized"]  # smoke: the extremes of the four
     for s in res["result"]["settings"]:
         for p in s["models"]["bert-heavy"]:
             _answered(p)

@@ -49,4 +49,18 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
             max_ongoing_requests=ongoing,
         ).bind(name, str(args.model_path(name)), model.model_dump(mode="json"))
     # Routes and models travel to the router as plain data plus handles.
-    return Router.options(name="router").bind(args.model_dump(mode="json"), handles)
+    return Router.options(name="router", max_ongoing_requests=router_capacity(args)).bind(args.model_dump(mode="json"), handles)
+
+
+def router_capacity(args: AppArgs) -> int:
+    """Requests one router replica may hold: everything its queues can admit, plus headroom.
+
+    Below that, a flood that admission accepts fills the replica and the proxy queues the
+    rest in arrival order, in front of the router's priority queues: high-priority requests
+    then wait behind low ones (measured: p99 5.9 s instead of 96 ms under a 2x flood with
+    max_queue_delay_s 10). Memory stays bounded: queues are capped in rows per model.
+    """
+    return len(args.models) * args.scheduling.max_queue_items + ROUTER_HEADROOM
+
+
+ROUTER_HEADROOM = 256  # requests in flight to models, generations, status and health calls

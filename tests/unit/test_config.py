@@ -78,3 +78,15 @@ def test_model_dir_env_override(monkeypatch, tmp_path):
     monkeypatch.setenv("SERVE_APP_MODEL_DIR", str(tmp_path))
     args = AppArgs.model_validate({"models": {"x": {"preset": "bert-tiny"}}})
     assert args.model_path("x") == tmp_path / "x"
+
+
+def test_the_router_can_hold_everything_its_queues_admit():
+    """Else the proxy queues the overflow in arrival order, ahead of the router's priority queues."""
+    import yaml
+
+    from serve_app.app import ROUTER_HEADROOM, router_capacity
+    from serve_app.config import AppArgs
+
+    args = AppArgs.model_validate(yaml.safe_load(open("configs/local.yaml"))["applications"][0]["args"])
+    assert router_capacity(args) == len(args.models) * args.scheduling.max_queue_items + ROUTER_HEADROOM
+    assert router_capacity(args) > 5 * 1024

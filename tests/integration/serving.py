@@ -9,8 +9,20 @@ from typing import Any
 import httpx
 import ray
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
 from serve_app.app import build_app
+
+# Driver-side handles made by a module's tests. Each runs a metrics pusher that outlives
+# serve.shutdown(); left running, it reconnects to whichever Ray starts next and, once that
+# one is stopped, kills the pytest process at exit (seen in CI: "Failed to connect to GCS").
+_HANDLES: list[DeploymentHandle] = []
+
+
+def deployment_handle(name: str, app: str) -> DeploymentHandle:
+    handle = serve.get_deployment_handle(name, app)
+    _HANDLES.append(handle)
+    return handle
 
 
 def serve_for_module(args: dict[str, Any], port: int, name: str = "default") -> Iterator[str]:
@@ -25,5 +37,7 @@ def serve_for_module(args: dict[str, Any], port: int, name: str = "default") -> 
         assert time.monotonic() < deadline, "application never became ready"
         time.sleep(0.5)
     yield url
+    while _HANDLES:
+        _HANDLES.pop().shutdown()
     serve.shutdown()
     ray.shutdown()

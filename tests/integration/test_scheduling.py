@@ -23,6 +23,8 @@ import httpx
 import pytest
 import yaml
 
+from benchmarks.cluster import kill_orphan_haproxy, wait_for_ray_exit
+
 pytestmark = pytest.mark.integration
 PORT = 8125
 URL = f"http://127.0.0.1:{PORT}"
@@ -97,6 +99,7 @@ def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
             link.symlink_to(tiny_model_dir / "bert-light")
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_SERVE_ENABLE_HA_PROXY": "0", "SCHED_TEST_FREE_KEY": FREE_KEY}
     start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=8", "--include-dashboard=false", "--disable-usage-stats"]
+    wait_for_ray_exit()
     subprocess.run(start, check=True, env=env, capture_output=True)
     path = tmp_path_factory.mktemp("sched") / "config.yaml"
     path.write_text(yaml.safe_dump(_config(tiny_model_dir)))
@@ -112,6 +115,8 @@ def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         yield env
     finally:
         subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+        kill_orphan_haproxy()
+        wait_for_ray_exit()
 
 
 def _ready() -> bool:

@@ -12,8 +12,12 @@ machine the client took.
 - open loop: `--rate R` requests/s with exponential gaps (Poisson arrivals).
   Latency is measured from the *scheduled* send time, so a slow server is not
   flattered by the client waiting for it (no coordinated omission). In-flight
-  requests are capped (`--max-in-flight`); arrivals over the cap are counted as
-  `client_dropped` rather than buffered without bound.
+  requests are capped per stream (`--max-in-flight`); arrivals over the cap are
+  counted as `client_dropped` (in total and per stream) rather than buffered
+  without bound. Per stream, because streams stand for independent clients: a
+  low-priority flood filling one shared cap would make the client drop
+  high-priority arrivals that the server never saw, which no figure about the
+  server should hide.
 
 Requests come from a workload file (see `benchmarks.workloads`): weighted
 streams, each with a path, headers and bodies. A warm-up phase runs first and is
@@ -70,6 +74,7 @@ class Record:
 class Run:
     records: list[Record] = field(default_factory=list)
     client_dropped: int = 0
+    client_dropped_by_stream: dict[str, int] = field(default_factory=dict)
     # 2xx answers, per stream, to requests sent during the warm-up that arrived inside the window:
     # part of what the server delivered in the window (see `summarize`).
     carried_in: dict[str, int] = field(default_factory=dict)
@@ -190,7 +195,7 @@ class LoadGenerator:
         start = time.perf_counter()
         self.measure_from, self.stop_at = start + warmup_s, start + warmup_s + seconds
         idle: list[Connection] = []
-        in_flight: set[asyncio.Task[None]] = set()
+        in_flight: dict[str, set[asyncio.Task[None]]] = {st.name: set() for st in self.streams}
 
         async def fire(stream: Stream, scheduled: float) -> None:
             conn = idle.pop() if idle else Connection(self.host, self.port)
@@ -205,15 +210,19 @@ class LoadGenerator:
             if delay > 0:
                 await asyncio.sleep(delay)
             stream = self._pick()
-            if len(in_flight) >= max_in_flight:
+            tasks = in_flight[stream.name]
+            if len(tasks) >= max_in_flight:
                 if scheduled >= self.measure_from:
                     self.run.client_dropped += 1
+                    dropped = self.run.client_dropped_by_stream
+                    dropped[stream.name] = dropped.get(stream.name, 0) + 1
                 continue
             task = asyncio.create_task(fire(stream, scheduled))
-            in_flight.add(task)
-            task.add_done_callback(in_flight.discard)
-        if in_flight:
-            await asyncio.wait(in_flight)
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        pending = set().union(*in_flight.values())
+        if pending:
+            await asyncio.wait(pending)
         for conn in idle:
             conn.close()
         return self.run
@@ -254,13 +263,17 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
             "served_by": served,
         }
 
-    by_stream: dict[str, list[Record]] = {}
+    # A stream the client only dropped in the window still gets its line.
+    by_stream: dict[str, list[Record]] = {k: [] for k in run.client_dropped_by_stream}
     for r in run.records:
         by_stream.setdefault(r.stream, []).append(r)
     return {
         **block(run.records, sum(run.carried_in.values())),
         "client_dropped": run.client_dropped,
-        "streams": {k: block(v, run.carried_in.get(k, 0)) for k, v in by_stream.items()},
+        "streams": {
+            k: {**block(v, run.carried_in.get(k, 0)), "client_dropped": run.client_dropped_by_stream.get(k, 0)}
+            for k, v in by_stream.items()
+        },
     }
 
 
@@ -274,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="measured window")
     p.add_argument("--warmup", type=float, default=3.0, help="excluded from the figures")
     p.add_argument("--timeout", type=float, default=30.0, help="per request; a timeout is recorded as status 0")
-    p.add_argument("--max-in-flight", type=int, default=512, help="open loop: cap on outstanding requests")
+    p.add_argument("--max-in-flight", type=int, default=512, help="open loop: cap on outstanding requests, per stream")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--raw", action="store_true", help="also write every request's record")
     p.add_argument("--out", type=Path, help="result JSON (default: stdout)")

@@ -231,13 +231,15 @@ def priority_markdown(res: dict[str, Any]) -> str:
             un, lo = e[policy]["unloaded"]["streams"], e[policy]["loaded"]["streams"]
             hu, hl = un[f"{m}/high"], lo[f"{m}/high"]
             ll = lo.get(f"{m}/low", {"goodput_rps": 0})
-            refused = hl["requests"] - hl["statuses"].get("200", 0)
+            # Arrivals the client dropped at its in-flight cap count as refused: the server never answered them.
+            refused = hl["requests"] - hl["statuses"].get("200", 0) + hl.get("client_dropped", 0)
+            sent = hl["requests"] + hl.get("client_dropped", 0)
             loaded = e[policy]["loaded"]
             low_ok = ll.get("goodput_in_window_rps", ll["goodput_rps"])
             goodput = loaded.get("goodput_in_window_rps", loaded["goodput_rps"])
             lines.append(
                 f"| {policy} | {_fmt(hu['p50_ms'])} | {_fmt(hu['p99_ms'])} | {_fmt(hl['p50_ms'])} | {_fmt(hl['p99_ms'])} | "
-                f"{_ratio(hl['p99_ms'], hu['p99_ms'])} | {refused} of {hl['requests']} | {low_ok} | {goodput} | "
+                f"{_ratio(hl['p99_ms'], hu['p99_ms'])} | {refused} of {sent} | {low_ok} | {goodput} | "
                 f"{_ratio(goodput, cap)} |"
             )
         lines.append("")

@@ -28,6 +28,9 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event, port_box: li
                 if path.startswith(b"/chunked"):
                     writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Served-By: light\r\n\r\n"
                                  b"5\r\nhello\r\n0\r\n\r\n")  # fmt: skip
+                elif path.startswith(b"/slow"):  # a stream the server answers slowly
+                    await asyncio.sleep(1.0)
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                 elif path.startswith(b"/busy"):
                     writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\nRetry-After: 1\r\n\r\nbusy")
                 else:
@@ -94,6 +97,27 @@ def test_open_loop_rate_and_warmup_exclusion(server_url: str, tmp_path: Path) ->
     assert r["mode"] == "open" and r["client_dropped"] == 0
     assert 120 <= r["requests"] <= 300  # Poisson around 200/s for 1 s
     assert all(0 <= rec[1] <= 1.0 for rec in r["records"])  # send times inside the measured window
+
+
+def test_in_flight_cap_is_per_stream(server_url: str, tmp_path: Path) -> None:
+    """A stream the server answers slowly fills its own cap, not the other stream's: the
+    client must not drop the fast stream's arrivals on the flood's account."""
+    workload = workloads.write(
+        [
+            workloads.StreamSpec("flood", "/slow", [{"x": 1}], weight=4),
+            workloads.StreamSpec("fine", "/infer", [{"x": 2}], weight=1),
+        ],
+        tmp_path / "w.json",
+    )
+    out = tmp_path / "r.json"
+    argv = ["--url", server_url, "--workload", str(workload), "--rate", "300", "--seconds", "0.6",
+            "--warmup", "0.1", "--max-in-flight", "5", "--out", str(out)]  # fmt: skip
+    assert loadgen.main(argv) == 0
+    r = json.loads(out.read_text())
+    flood, fine = r["streams"]["flood"], r["streams"]["fine"]
+    assert flood["client_dropped"] > 50 and flood["requests"] <= 5
+    assert fine["client_dropped"] == 0 and fine["statuses"] == {"200": fine["requests"]} and fine["requests"] > 10
+    assert r["client_dropped"] == flood["client_dropped"]
 
 
 def test_refused_connections_are_recorded_not_raised(tmp_path: Path) -> None:

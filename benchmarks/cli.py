@@ -22,6 +22,9 @@ scenarios (each runs its setups side by side, in one invocation, on the same mod
            at 2x capacity: the router's priority policy vs plain FIFO, each on a fresh Ray
   cascade  each route (light first, heavy when unsure) vs its heavy model alone: throughput,
            latency, who answered; with the calibrated accuracies from the light manifest
+  contention  no Ray: a model's bulk-lane throughput under SCHED_IDLE, one session on all its
+           threads vs one single-threaded session per thread side by side, alone and beside
+           bursty nice-19 load (why the replica's bulk lane runs sessions side by side)
   generation  the GPT deployment with continuous batching vs the @serve.batch request-level
            version, same model and batch size: streaming completions of mixed lengths, tokens/s,
            TTFT p50/p99, ITL p99, latency; alternating phases, --rounds of each
@@ -37,7 +40,9 @@ Examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", choices=["compare", "sweep", "ingress", "profile", "priority", "cascade", "generation"])
+    p.add_argument(
+        "scenario", choices=["compare", "sweep", "ingress", "profile", "priority", "cascade", "generation", "contention"]
+    )
     p.add_argument("--config", type=Path, default=Path("configs/local.yaml"), help="Serve config of ours (default: %(default)s)")
     p.add_argument("--model-dir", type=Path, help="built models (default: the config's model_dir)")
     p.add_argument("--models", nargs="+", default=["bert-heavy", "resnet-heavy"], help="default: %(default)s")
@@ -96,6 +101,16 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         seconds = ns.seconds or (2.0 if ns.smoke else 20.0)
         rounds = 1 if ns.smoke else ns.rounds
         result = generation.run(gen_config, model_dir, concurrencies, seconds, warmup, rounds, scenarios.DEFAULT_INGRESS)
+    elif ns.scenario == "contention":
+        from benchmarks import contention
+
+        models = config["applications"][0]["args"]["models"]
+        threads = max(int(models[m].get("intra_op_threads") or 1) for m in s.models)
+        batch = {m: int(models[m].get("batching", {}).get("max_batch_size", 16)) for m in s.models}
+        result = contention.run(
+            {m: model_dir / m for m in s.models}, batch, max(2, threads), [0.0, 0.1, 0.2],
+            2.0 if ns.smoke else (ns.seconds or 6.0), 1 if ns.smoke else 2,
+        )  # fmt: skip
     else:
         result = scenarios.SCENARIOS[ns.scenario](s)
     res = {

@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import generation
+from benchmarks import contention, generation
 
 SETUPS = ("naive", "plain", "ours")
 SETUP_TITLES = {
@@ -350,6 +350,7 @@ def plots(scenario: str, res: dict[str, Any], out_dir: Path) -> list[str]:
 
 MARKDOWN = {
     "generation": generation.markdown,
+    "contention": contention.markdown,
     "compare": compare_markdown,
     "sweep": sweep_markdown,
     "ingress": ingress_markdown,

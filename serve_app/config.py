@@ -79,8 +79,9 @@ class ModelConfig(BaseModel):
     )
     urgent_lane: bool = Field(
         True,
-        description="classifiers: run high-priority batches on a second session beside the bulk one, so they never "
-        "wait for a running batch (costs one more copy of the weights in replica memory)",
+        description="classifiers: run high-priority batches on a session of their own beside the bulk lane's, so they "
+        "never wait for a running batch. On CPU the bulk lane runs one single-threaded session per intra-op thread, "
+        "side by side. Costs a copy of the weights in replica memory per extra session",
     )
     faults: FaultConfig = Field(default_factory=FaultConfig)
 

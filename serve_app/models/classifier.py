@@ -56,17 +56,26 @@ class Classifier(OnnxModel):
         self.router_load = RouterLoad()
         super().__init__(name, model_path, config)  # loads and warms `self.session`
         size = self.batching.max_batch_size
+        # Intra-op threads of each session per lane, for runtime_info.
+        self.lane_layout: dict[str, list[int]] = {BULK: [self.threads]}
         if not self.lanes_enabled:
             self.lanes[BULK] = BatchExecutor(partial(self._run_payloads, session=self.session), size)
             return
-        # `self.session` serves the urgent lane at normal priority; the bulk lane gets a
-        # second session whose threads, and the one thread that drives it, run in the background.
-        bulk = create_session(
-            self.model_dir / self.manifest.onnx_file, self.providers, self.threads, spinning=False, background=True
-        )
-        self._warm(bulk)
-        pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-bulk", initializer=lower_thread_priority)
-        self.lanes[BULK] = BatchExecutor(partial(self._run_payloads, session=bulk), size, pool)
+        # `self.session` serves the urgent lane at normal priority; the bulk lane gets sessions of
+        # its own whose threads, and the threads that drive them, run in the background. On CPU
+        # that is one single-threaded session per core the model may use, running batches side by
+        # side (see serve_app.models.executor: a preempted background thread then stalls one batch,
+        # not every operator of one wide batch); on a GPU one session (each would hold the weights).
+        on_cpu = self.providers[0] == "CPUExecutionProvider"
+        layout = [1] * self.threads if on_cpu else [self.threads]
+        path = self.model_dir / self.manifest.onnx_file
+        bulk = [create_session(path, self.providers, n, spinning=False, background=True) for n in layout]
+        for session in bulk:
+            self._warm(session)
+        self.lane_layout = {BULK: layout, URGENT: [self.threads]}
+        pool = ThreadPoolExecutor(len(bulk), thread_name_prefix=f"{name}-bulk", initializer=lower_thread_priority)
+        runs = [partial(self._run_payloads, session=session) for session in bulk]
+        self.lanes[BULK] = BatchExecutor(runs, size, pool)
         urgent_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-urgent")
         self.lanes[URGENT] = BatchExecutor(partial(self._run_payloads, session=self.session), size, urgent_pool)
 
@@ -90,6 +99,9 @@ class Classifier(OnnxModel):
         executor = self.lanes.get(lane) or self.lanes[BULK]
         results, wait_s, exec_s = await executor.submit(payloads, items)
         return BatchReply(results, wait_s, exec_s, self.batching.max_batch_size, self.batching.batch_wait_timeout_s)
+
+    async def runtime_info(self) -> dict[str, Any]:
+        return {**await super().runtime_info(), "lane_sessions": self.lane_layout}
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Work the routers hold for this model, in batches: what the autoscaling policy adds to ongoing requests."""

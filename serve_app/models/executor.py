@@ -1,17 +1,28 @@
-"""One batch at a time per replica; calls that arrive while it runs are merged into the next.
+"""One batch at a time per session; calls that arrive while it runs are merged into the next.
 
 Batches are formed upstream, in the router's dispatcher, where priority and
 deadlines are known. This executor is the replica's half: like a Triton model
-instance it runs one batch at a time (a second concurrent ONNX Runtime run
-would only fight the first for the same cores), and it merges the calls
+instance it runs one batch at a time per session (a second concurrent run on
+a session sized for the cores would only fight the first), and it merges the calls
 queued behind a running batch up to `max_items`, so batches from several
 router replicas still fill. It reports how long each call waited, which is
 the router's capacity signal. No Ray here.
 
-A replica with an urgent lane has two executors, one per session: each runs
-its batches in a thread of its own (`pool`), and the bulk lane's thread runs
+A replica with an urgent lane has two executors, one per lane: each runs
+its batches in threads of its own (`pool`), and the bulk lane's threads run
 at the lowest CPU priority (serve_app.models.runtime), so a high-priority
 batch started beside a running bulk batch gets the cores.
+
+Several `runs` (one per session) run that many batches at once. On CPU the
+bulk lane uses this: two single-threaded sessions side by side instead of one
+session on two threads. Why: a background batch is preempted by everything
+else on the node (the router, the proxy, an urgent batch), and one
+intra-op thread preempted stalls the other at the next barrier of every
+operator; side by side, a preemption slows one batch only. Measured
+(`serve-app bench contention`, benchmarks/results/contention/bench-realsize/):
+BERT-base at batch 8 on 2 cores beside 0.2 cores of bursty nice-19 load per
+core lost 36% of its throughput as one session x 2 threads and 20% as two
+sessions x 1 thread (1.30x); ResNet-50, 1.08x; alone, 1.04x and 1.00x.
 """
 
 from __future__ import annotations
@@ -36,20 +47,25 @@ class _Call:
 
 
 class BatchExecutor:
-    def __init__(self, run: RunBatch, max_items: int, pool: Executor | None = None) -> None:
-        self.run = run
+    def __init__(self, run: RunBatch | list[RunBatch], max_items: int, pool: Executor | None = None) -> None:
+        # One worker per run function; each runs one batch at a time (a session is not shared).
+        self.runs = run if isinstance(run, list) else [run]
+        if not self.runs:
+            raise ValueError("at least one run function")
         self.max_items = max_items
-        self.pool = pool  # None: asyncio's default thread pool
+        self.pool = pool  # None: asyncio's default thread pool; else one with a thread per run
         self._pending: list[_Call] = []
-        self._worker: asyncio.Task[None] | None = None
+        self._workers: list[asyncio.Task[None] | None] = [None] * len(self.runs)
 
     async def submit(self, payloads: list[Any], items: int) -> tuple[list[Any], float, float]:
         """Results for `payloads`, the seconds the call waited, and the seconds its batch ran."""
         loop = asyncio.get_running_loop()
         call = _Call(payloads, items, time.perf_counter(), loop.create_future())
         self._pending.append(call)
-        if self._worker is None or self._worker.done():
-            self._worker = loop.create_task(self._drain())
+        for i, worker in enumerate(self._workers):
+            if worker is None or worker.done():
+                self._workers[i] = loop.create_task(self._drain(self.runs[i]))
+                break
         return await call.future
 
     def _take(self) -> list[_Call]:
@@ -62,7 +78,7 @@ class BatchExecutor:
             size += call.items
         return taken
 
-    async def _drain(self) -> None:
+    async def _drain(self, run: RunBatch) -> None:
         while self._pending:
             calls = [c for c in self._take() if not c.future.cancelled()]
             if not calls:
@@ -70,7 +86,7 @@ class BatchExecutor:
             payloads = [p for c in calls for p in c.payloads]
             started = time.perf_counter()
             try:
-                results = await asyncio.get_running_loop().run_in_executor(self.pool, self.run, payloads)
+                results = await asyncio.get_running_loop().run_in_executor(self.pool, run, payloads)
             except Exception as e:  # a bug in the batch function fails this batch, not the replica
                 for c in calls:
                     if not c.future.done():

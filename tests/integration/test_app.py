@@ -239,3 +239,10 @@ def test_replicas_without_a_gpu_run_the_cpu_provider(app_url):
     assert info["gpu_ids"] == []
     assert info["providers"] == ["CPUExecutionProvider"]
     assert info["batching"]["max_batch_size"] == 8
+
+
+def test_a_two_thread_cpu_model_runs_its_bulk_lane_as_two_sessions_side_by_side(app_url, tiny_model_dir):
+    info = deployment_handle("bert-heavy", APP).runtime_info.remote().result()
+    assert info["lane_sessions"] == {"bulk": [1, 1], "urgent": [2]}
+    single = deployment_handle("bert-light", APP).runtime_info.remote().result()
+    assert single["lane_sessions"] == {"bulk": [1], "urgent": [1]}

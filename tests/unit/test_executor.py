@@ -1,5 +1,6 @@
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -73,3 +74,31 @@ async def test_oversized_call_runs_alone():
     ex = BatchExecutor(run, max_items=2)
     await asyncio.gather(ex.submit([1, 2, 3], 3), ex.submit([4], 1))
     assert run.batches == [[1, 2, 3], [4]]
+
+
+async def test_several_runs_take_batches_side_by_side_and_each_runs_one_at_a_time():
+    """One worker per run function (one per session): two batches run at once, never two on
+    one session, and calls queued behind both still merge."""
+    recorders = [Recorder(0.05), Recorder(0.05)]
+    pool = ThreadPoolExecutor(2)
+    ex = BatchExecutor(list(recorders), max_items=4, pool=pool)
+    first = [asyncio.ensure_future(ex.submit([1], 1))]
+    await asyncio.sleep(0.005)  # [1] runs: [2] finds the other worker free
+    first.append(asyncio.ensure_future(ex.submit([2], 1)))
+    await asyncio.sleep(0.005)
+    rest = [asyncio.ensure_future(ex.submit([i], 1)) for i in range(3, 9)]
+    results = await asyncio.gather(*first, *rest)
+    pool.shutdown()
+    assert [r[0] for r in results] == [[i * 10] for i in range(1, 9)]
+    assert [recorders[0].batches[0], recorders[1].batches[0]] == [[1], [2]]  # side by side, one call each
+    assert all(r.max_running == 1 for r in recorders)
+    ran = sorted(p for r in recorders for b in r.batches for p in b)
+    assert ran == list(range(1, 9))
+    assert sum(len(r.batches) for r in recorders) <= 4  # 3..8 merged into batches of up to 4
+    # Both ran at once: [2] did not wait for [1]'s batch (50 ms) to end.
+    assert results[1][1] < 0.02
+
+
+def test_an_executor_needs_a_run_function():
+    with pytest.raises(ValueError):
+        BatchExecutor([], max_items=4)

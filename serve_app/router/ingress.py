@@ -233,7 +233,7 @@ class Router:
             await asyncio.sleep(telemetry.interval_s)
             try:
                 breakers = {m: int(d.breaker.state) for m, d in self.dispatchers.items()}
-                telemetry.export(self.dispatchers, self.cascade_items, breakers)
+                await telemetry.export(self.dispatchers, self.cascade_items, breakers)
             except Exception:  # metrics must never take the router down
                 logger.exception("exporting router metrics failed")
 

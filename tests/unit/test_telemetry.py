@@ -1,0 +1,49 @@
+"""The metrics export shares the router's event loop with requests: it must yield while it
+records a flood's queue waits, and must record every one of them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+from serve_app.router.telemetry import RouterTelemetry
+from serve_app.scheduling.dispatcher import BatchReply, Dispatcher
+
+
+class FakeHistogram:
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def observe(self, value: float, tags: dict[str, str] | None = None) -> None:
+        self.values.append(value)
+
+
+async def _noop(payloads: list[Any], queued: int, lane: str) -> BatchReply:
+    return BatchReply([None] * len(payloads), 0.0, 0.0)
+
+
+def test_queue_waits_are_all_recorded_in_chunks_that_yield_to_the_loop() -> None:
+    async def scenario() -> tuple[list[float], int]:
+        telemetry = RouterTelemetry()
+        telemetry.queue_wait = FakeHistogram()  # type: ignore[assignment]
+        d = Dispatcher("m", _noop)
+        d.stats.queue_wait_s = [i / 1000 for i in range(200)]  # two seconds of a 100 req/s flood
+        ticks = 0
+
+        async def other_request() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other_request())
+        await asyncio.sleep(0)
+        before = ticks
+        await telemetry.export({"m": d}, Counter(), {"m": 0})
+        task.cancel()
+        return telemetry.queue_wait.values, ticks - before  # type: ignore[attr-defined]
+
+    values, ticks = asyncio.run(scenario())
+    assert values == [float(i) for i in range(200)]
+    assert ticks >= 200 // RouterTelemetry.chunk  # the other coroutine ran between chunks

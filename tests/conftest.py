@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +59,23 @@ def tiny_args(model_dir: Path, **batching: Any) -> dict[str, Any]:
             "image-classify": {"light": "resnet-light", "heavy": "resnet-heavy", "threshold": 0.3},
         },
     }
+
+
+_exit_status: int | None = None
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    global _exit_status
+    _exit_status = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Exit with pytest's own status once everything is reported. A Ray client left in this
+    process (a driver connection to a cluster that a later `ray stop` removed) otherwise
+    kills the interpreter at exit, 60 s on, with "Failed to connect to GCS": CI saw
+    "233 passed" and then rc=1."""
+    if _exit_status is not None and "ray" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status)

@@ -28,7 +28,9 @@ import numpy as np
 
 from serve_app.cpu_priority import lower_thread_priority
 from serve_app.manifest import Manifest
+from serve_app.models.batching import pad_right
 from serve_app.models.runtime import create_session
+from serve_app.tokenization import TextTokenizer
 
 PERIOD_S = 0.02
 
@@ -48,20 +50,16 @@ def _feeds(model_dir: Path, batch: int) -> dict[str, np.ndarray]:
     if manifest.family == "resnet":
         s = manifest.image_size or 32
         return {"image": np.random.default_rng(0).random((batch, 3, s, s), dtype=np.float32)}
-    from tokenizers import Tokenizer
-
     from benchmarks.workloads import text_bodies
 
+    # Tokenized and padded the way the replica does it (TextClassifier._prepare/_forward),
+    # so the session sees the shapes it sees when served.
     assert manifest.tokenizer_file, f"{model_dir}: text model without a tokenizer"
-    tokenizer = Tokenizer.from_file(str(model_dir / manifest.tokenizer_file))
+    tokenizer = TextTokenizer.from_file(model_dir / manifest.tokenizer_file)
     texts = [b["inputs"][0]["data"][0] for b in text_bodies(batch)]
-    ids = [e.ids for e in tokenizer.encode_batch(texts)]
-    width = max(len(i) for i in ids)
-    arr = np.zeros((batch, width), dtype=np.int64)
-    mask = np.zeros((batch, width), dtype=np.int64)
-    for r, row in enumerate(ids):
-        arr[r, : len(row)], mask[r, : len(row)] = row, 1
-    return {"input_ids": arr, "attention_mask": mask}
+    seqs = tokenizer.encode_truncated(texts, manifest.max_sequence_length or 512)
+    ids, mask = pad_right(seqs, tokenizer.pad_id)
+    return {"input_ids": ids, "attention_mask": mask}
 
 
 def _throughput(model_path: Path, layout: list[int], feeds: dict[str, np.ndarray], seconds: float) -> float:

@@ -36,6 +36,11 @@ class TextTokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
+    def encode_truncated(self, texts: list[str], max_len: int) -> list[list[int]]:
+        """Ids as a classifier takes them: cut to `max_len` like BERT tokenizers do, and an
+        empty text still one (pad) token, so every row has a position to pool."""
+        return [ids[:max_len] or [self.pad_id] for ids in self.encode_batch(texts)]
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 

@@ -37,7 +37,7 @@ class ModelRunner:
         tensor = body["inputs"][0]
         if self.text:
             assert self.tokenizer is not None
-            return [ids[: self.max_len] or [self.tokenizer.pad_id] for ids in self.tokenizer.encode_batch(tensor["data"])]
+            return self.tokenizer.encode_truncated(tensor["data"], self.max_len)
         pixels = np.asarray(tensor["data"], dtype=np.float32).reshape(tensor["shape"])
         return list(pixels / 255.0 if tensor["datatype"] == "UINT8" else pixels)
 

@@ -170,8 +170,7 @@ class TextClassifier(Classifier):
             raise InvalidInput("empty batch: send at least one text")
         if not all(isinstance(t, str) for t in texts):
             raise InvalidInput("text inputs must be strings")
-        # Truncate like BERT tokenizers do; an empty text still gets one (pad) token.
-        return [ids[: self.max_len] or [self.tokenizer.pad_id] for ids in self.tokenizer.encode_batch(texts)]
+        return self.tokenizer.encode_truncated(texts, self.max_len)
 
     def _rows(self, prepared: list[list[int]]) -> int:
         return len(prepared)

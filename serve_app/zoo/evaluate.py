@@ -24,8 +24,7 @@ def classifier_logits(model_dir: Path, n: int, seed: int) -> tuple[np.ndarray, n
         assert manifest.tokenizer_file, f"{model_dir}: text model manifest names no tokenizer"
         texts, labels = sentiment_dataset(n, seed)
         tok = TextTokenizer.from_file(model_dir / manifest.tokenizer_file)
-        limit = manifest.max_sequence_length or 512
-        seqs = [ids[:limit] or [tok.pad_id] for ids in tok.encode_batch(texts)]
+        seqs = tok.encode_truncated(texts, manifest.max_sequence_length or 512)
         parts = []
         for i in range(0, n, CHUNK):
             ids, mask = pad_right(seqs[i : i + CHUNK], tok.pad_id)

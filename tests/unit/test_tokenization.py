@@ -13,3 +13,12 @@ def test_tokenizer_file_drops_in(tmp_path):
     tok = TextTokenizer.from_file(tmp_path / "tokenizer.json")
     assert tok.pad_id != tok.eos_id
     assert tok.vocab_size <= 280
+
+
+def test_encode_truncated_cuts_long_texts_and_keeps_a_token_for_empty_ones(tmp_path):
+    tok = train_byte_level_bpe(data.sentiment_dataset(200, 0)[0], 300, tmp_path / "tokenizer.json")
+    long_text = " ".join(["xyzzy"] * 200)
+    long_ids, empty_ids, short_ids = tok.encode_truncated([long_text, "", "ok"], max_len=16)
+    assert long_ids == tok.encode(long_text)[:16]
+    assert empty_ids == [tok.pad_id]
+    assert short_ids == tok.encode("ok")

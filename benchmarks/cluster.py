@@ -184,13 +184,21 @@ def naive_server(model_dir: Path, name: str, probe: Probe) -> Iterator[str]:
 
 
 def run_loadgen(
-    url: str, workload: Path, load: dict[str, Any], seconds: float, warmup: float, watch: tuple[str, ...] = ()
+    url: str,
+    workload: Path,
+    load: dict[str, Any],
+    seconds: float,
+    warmup: float,
+    watch: tuple[str, ...] = (),
+    max_in_flight: int | None = None,
 ) -> dict[str, Any]:
     """One load generator process; returns its result JSON plus, over the measured
     window, the cores each process role used and the peak RSS of the watched deployments."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     mode = ["--concurrency", str(load["concurrency"])] if "concurrency" in load else ["--rate", str(load["rate"])]
+    if max_in_flight is not None:
+        mode += ["--max-in-flight", str(max_in_flight)]
     cmd = [sys.executable, "-m", "benchmarks.loadgen", "--url", url, "--workload", str(workload), *mode,
            "--seconds", str(seconds), "--warmup", str(warmup), "--out", str(out)]  # fmt: skip
     proc = subprocess.Popen(cmd)

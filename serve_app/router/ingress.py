@@ -91,9 +91,14 @@ INFER_BODY = {
 }
 
 
-def _the_request(request: Request) -> Request:
+async def _the_request(request: Request) -> Request:
     """Serve's class-based views rebuild method signatures, which leaves a bare `Request`
-    parameter unresolved (it becomes a query parameter); a dependency resolves it."""
+    parameter unresolved (it becomes a query parameter); a dependency resolves it.
+
+    `async` on purpose: FastAPI runs a plain `def` dependency in a worker thread, one hop
+    per request, and anyio's hop walks every task on the loop (`find_root_task`). Under a
+    flood with hundreds of requests held in the router's queues that was a quarter of the
+    router's CPU (py-spy, `serve-app bench priority`)."""
     return request
 
 

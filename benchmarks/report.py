@@ -224,13 +224,14 @@ def priority_markdown(res: dict[str, Any]) -> str:
             f"low {rates['low']} req/s ({rates['low'] / cap:.1f}x capacity).",
             "",
             "| policy | high p50 unloaded ms | high p99 unloaded ms | high p50 loaded ms | high p99 loaded ms | "
-            "p99 loaded / unloaded | high refused | low answered req/s | goodput req/s | goodput / capacity |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "p99 loaded / unloaded | high refused | low sent | low refused by server | low dropped by client | "
+            "low answered req/s | goodput req/s | goodput / capacity |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for policy in ("priority", "fifo"):
             un, lo = e[policy]["unloaded"]["streams"], e[policy]["loaded"]["streams"]
             hu, hl = un[f"{m}/high"], lo[f"{m}/high"]
-            ll = lo.get(f"{m}/low", {"goodput_rps": 0})
+            ll = lo.get(f"{m}/low", {"goodput_rps": 0, "requests": 0, "statuses": {}})
             # Arrivals the client dropped at its in-flight cap count as refused: the server never answered them.
             refused = hl["requests"] - hl["statuses"].get("200", 0) + hl.get("client_dropped", 0)
             sent = hl["requests"] + hl.get("client_dropped", 0)
@@ -239,7 +240,10 @@ def priority_markdown(res: dict[str, Any]) -> str:
             goodput = loaded.get("goodput_in_window_rps", loaded["goodput_rps"])
             lines.append(
                 f"| {policy} | {_fmt(hu['p50_ms'])} | {_fmt(hu['p99_ms'])} | {_fmt(hl['p50_ms'])} | {_fmt(hl['p99_ms'])} | "
-                f"{_ratio(hl['p99_ms'], hu['p99_ms'])} | {refused} of {sent} | {low_ok} | {goodput} | "
+                f"{_ratio(hl['p99_ms'], hu['p99_ms'])} | {refused} of {sent} | "
+                # Who shed the flood: the server (any non-2xx) or the client at its in-flight cap.
+                f"{ll['requests'] + ll.get('client_dropped', 0)} | {ll['requests'] - ll['statuses'].get('200', 0)} | "
+                f"{ll.get('client_dropped', 0)} | {low_ok} | {goodput} | "
                 f"{_ratio(goodput, cap)} |"
             )
         lines.append("")

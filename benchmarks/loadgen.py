@@ -68,6 +68,7 @@ class Record:
     latency_ms: float
     status: int
     served_by: str
+    server_ms: float | None = None  # the server's own `Server-Timing: total`, when it sends one
 
 
 @dataclass
@@ -95,6 +96,21 @@ def load_streams(workload: dict[str, Any], host: str) -> list[Stream]:
     return streams
 
 
+def server_total_ms(value: str) -> float | None:
+    """`total;dur=12.3` out of a Server-Timing header (W3C: comma-separated metrics)."""
+    for metric in value.split(","):
+        name, *params = (p.strip() for p in metric.split(";"))
+        if name == "total":
+            for p in params:
+                key, _, dur = p.partition("=")
+                if key == "dur":
+                    try:
+                        return float(dur)
+                    except ValueError:
+                        return None
+    return None
+
+
 class Connection:
     """One keep-alive HTTP/1.1 connection; reconnects after errors."""
 
@@ -113,14 +129,14 @@ class Connection:
             self.writer.close()
         self.reader = self.writer = None
 
-    async def request(self, raw: bytes) -> tuple[int, str]:
-        """Send one request; return (status, X-Served-By)."""
+    async def request(self, raw: bytes) -> tuple[int, str, float | None]:
+        """Send one request; return (status, X-Served-By, Server-Timing's `total` in ms)."""
         reader, writer = await self._ensure()
         writer.write(raw)
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
-        length, chunked, served_by, close = 0, False, "", False
+        length, chunked, served_by, close, server_ms = 0, False, "", False, None
         for line in lines[1:]:
             name, _, value = line.partition(":")
             name = name.lower()
@@ -130,6 +146,8 @@ class Connection:
                 chunked = True
             elif name == "x-served-by":
                 served_by = value.strip()
+            elif name == "server-timing":
+                server_ms = server_total_ms(value)
             elif name == "connection" and "close" in value.lower():
                 close = True
         if chunked:
@@ -142,7 +160,7 @@ class Connection:
             await reader.readexactly(length)
         if close:
             self.close()
-        return status, served_by
+        return status, served_by, server_ms
 
 
 class LoadGenerator:
@@ -162,20 +180,20 @@ class LoadGenerator:
 
     async def _one(self, conn: Connection, stream: Stream, scheduled: float) -> None:
         try:
-            status, served_by = await asyncio.wait_for(conn.request(stream.next_request()), self.timeout_s)
+            status, served_by, server_ms = await asyncio.wait_for(conn.request(stream.next_request()), self.timeout_s)
         except asyncio.TimeoutError:
             conn.close()
-            status, served_by = STATUS_TIMEOUT, ""
+            status, served_by, server_ms = STATUS_TIMEOUT, "", None
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             conn.close()
-            status, served_by = STATUS_CONN_ERROR, ""
+            status, served_by, server_ms = STATUS_CONN_ERROR, "", None
             await asyncio.sleep(0.05)  # don't spin on a refusing server
         done = time.perf_counter()
         if scheduled < self.measure_from and 200 <= status < 300 and self.measure_from <= done <= self.stop_at:
             self.run.carried_in[stream.name] = self.run.carried_in.get(stream.name, 0) + 1
         if scheduled >= self.measure_from and done <= self.stop_at + self.timeout_s:
             self.run.records.append(
-                Record(stream.name, scheduled - self.measure_from, (done - scheduled) * 1000, status, served_by)
+                Record(stream.name, scheduled - self.measure_from, (done - scheduled) * 1000, status, served_by, server_ms)
             )
 
     async def closed(self, concurrency: int, warmup_s: float, seconds: float) -> Run:
@@ -237,6 +255,23 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
             "mean_ms": round(float(arr.mean()), 2)}  # fmt: skip
 
 
+def server_split(records: list[Record]) -> dict[str, Any]:
+    """Of the 2xx answers that carried Server-Timing: p50/p99 of the server's own handling
+    and of the rest (client, network, proxy, the server's event loop before the handler)."""
+    timed = [(r.latency_ms, r.server_ms) for r in records if 200 <= r.status < 300 and r.server_ms is not None]
+    if not timed:
+        return {}
+    server = np.asarray([s for _, s in timed])
+    outside = np.asarray([lat - s for lat, s in timed])
+    return {
+        "server_ms": {"p50": round(float(np.percentile(server, 50)), 2), "p99": round(float(np.percentile(server, 99)), 2)},
+        "outside_server_ms": {
+            "p50": round(float(np.percentile(outside, 50)), 2),
+            "p99": round(float(np.percentile(outside, 99)), 2),
+        },
+    }
+
+
 def summarize(run: Run, seconds: float) -> dict[str, Any]:
     """Figures over the measured window: throughput counts answers of any status, goodput only 2xx."""
 
@@ -261,6 +296,7 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
             **percentiles(ok),
             "statuses": statuses,
             "served_by": served,
+            **server_split(records),
         }
 
     # A stream the client only dropped in the window still gets its line.
@@ -321,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         "loadgen_cpu": {"core_share": round(cpu / wall, 3), "cpu_us_per_request": round(cpu / sent * 1e6 * ns.seconds / wall, 1)},
     }
     if ns.raw:
-        result["records"] = [[r.stream, round(r.sent, 4), round(r.latency_ms, 3), r.status, r.served_by] for r in run.records]
+        result["records"] = [
+            [r.stream, round(r.sent, 4), round(r.latency_ms, 3), r.status, r.served_by, r.server_ms] for r in run.records
+        ]
     text = json.dumps(result)
     if ns.out:
         ns.out.write_text(text)

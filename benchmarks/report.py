@@ -247,6 +247,17 @@ def priority_markdown(res: dict[str, Any]) -> str:
                 f"{_ratio(goodput, cap)} |"
             )
         lines.append("")
+        for policy in ("priority", "fifo"):
+            split = [(phase, e[policy][phase]["streams"][f"{m}/high"]) for phase in ("unloaded", "loaded")]
+            if all("server_ms" in h for _, h in split):
+                # Server-Timing: the router's handling vs everything before and after it.
+                parts = [
+                    f"{phase}: in the router p50/p99 {h['server_ms']['p50']}/{h['server_ms']['p99']} ms, "
+                    f"outside it {h['outside_server_ms']['p50']}/{h['outside_server_ms']['p99']} ms"
+                    for phase, h in split
+                ]
+                lines.append(f"- {policy}, high priority, {'; '.join(parts)}")
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -43,7 +43,7 @@ from serve_app.router import catalog, generation
 from serve_app.router.cascade import CascadePolicy, softmax
 from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER, QoS, parse_qos
 from serve_app.router.telemetry import RouterTelemetry
-from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings
+from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings, RequestTiming
 from serve_app.scheduling.queue import Priority
 from serve_app.scheduling.tenants import Tenant, TenantRegistry, TokenBucket, resolve_key
 
@@ -390,6 +390,8 @@ class Router:
             None, description="binary tensor data extension: length of the JSON part of the body"
         ),
     ) -> Response:
+        started = time.perf_counter()
+        timing = RequestTiming()
         tenant = self._caller(authorization)
         self._known(name)
         body = v2.parse_request(await self._read_body(request), inference_header_content_length)
@@ -402,7 +404,7 @@ class Router:
         if manifest.family == "gpt":
             outputs, served_by = await self._infer_generate(model, body, params, qos)
         else:
-            outputs, served_by, degraded = await self._infer_classify(name, manifest, body, qos)
+            outputs, served_by, degraded = await self._infer_classify(name, manifest, body, qos, timing)
         if body.outputs is not None:
             wanted = [o.name for o in body.outputs]
             available = {o.name for o in outputs}
@@ -418,6 +420,8 @@ class Router:
             model_name=name, model_version=manifest.version, id=body.id, parameters=parameters, outputs=outputs
         )
         content, extra = v2.render_response(response, v2.binary_outputs(body, [o.name for o in outputs]))
+        # Where the time went inside the server, so a client can tell it from the network's share.
+        headers["Server-Timing"] = timing.header(time.perf_counter() - started)
         return Response(content, headers={**headers, **extra})
 
     def _single_input(self, body: v2.InferRequest, expected: str) -> v2.RequestInput:
@@ -457,14 +461,16 @@ class Router:
             raise InvalidInput("input 'image' contains NaN or Inf")
         return images
 
-    async def _classify(self, name: str, payload: list[str] | np.ndarray, qos: QoS) -> ClassifierResult:
+    async def _classify(
+        self, name: str, payload: list[str] | np.ndarray, qos: QoS, timing: RequestTiming | None = None
+    ) -> ClassifierResult:
         n = len(payload)
         if name not in self.args.routes:
-            logits = await self._dispatcher(name).submit(payload, n, qos.priority, qos.deadline)
+            logits = await self._dispatcher(name).submit(payload, n, qos.priority, qos.deadline, timing)
             return ClassifierResult(logits, [name] * n)
         route = self.args.routes[name]
         try:
-            light = await self._dispatcher(route.light).submit(payload, n, qos.priority, qos.deadline)
+            light = await self._dispatcher(route.light).submit(payload, n, qos.priority, qos.deadline, timing)
         except Exception as e:
             # A client error, or a light tier merely busy or too slow for the deadline, is the
             # answer. A failing light tier (circuit open, model error, timeout) is not: the
@@ -472,7 +478,7 @@ class Router:
             # also comes through here, so route traffic alone can close it again.
             if isinstance(e, Overloaded | DeadlineExceeded) or (isinstance(e, ServeAppError) and e.status_code < 500):
                 raise
-            logits = await self._dispatcher(route.heavy).submit(payload, n, qos.priority, qos.deadline)
+            logits = await self._dispatcher(route.heavy).submit(payload, n, qos.priority, qos.deadline, timing)
             self.cascade_items[(name, "fallback")] += n
             return ClassifierResult(logits, [route.heavy] * n, f"{route.light} unavailable; answered by {route.heavy}")
         escalate = self.policies[name].escalate(light)
@@ -483,7 +489,7 @@ class Router:
             idx = np.flatnonzero(escalate)
             subset = [payload[i] for i in idx] if isinstance(payload, list) else payload[idx]
             try:
-                heavy = await self._dispatcher(route.heavy).submit(subset, escalated, qos.priority, qos.deadline)
+                heavy = await self._dispatcher(route.heavy).submit(subset, escalated, qos.priority, qos.deadline, timing)
                 light = light.copy()
                 light[idx] = heavy
             except (Overloaded, DeadlineExceeded, Unavailable) as e:
@@ -495,11 +501,11 @@ class Router:
         return ClassifierResult(light, served_by, degraded)
 
     async def _infer_classify(
-        self, name: str, manifest: Manifest, body: v2.InferRequest, qos: QoS
+        self, name: str, manifest: Manifest, body: v2.InferRequest, qos: QoS, timing: RequestTiming
     ) -> tuple[list[v2.ResponseOutput], list[str], str | None]:
         model = self._answering_model(name)
         payload = self._decode_classifier_input(model, manifest, body)
-        result = await self._classify(name, payload, qos)
+        result = await self._classify(name, payload, qos, timing)
         probs = softmax(result.logits).astype(np.float32)
         labels = [manifest.labels[i] for i in probs.argmax(axis=1)]
         return (

@@ -45,6 +45,23 @@ class BatchReply:
     batch_wait_timeout_s: float | None = None
 
 
+@dataclass
+class RequestTiming:
+    """Where one request's time went in the router, summed over the models it visited
+    (a route visits two): what the `Server-Timing` response header reports."""
+
+    queue_s: float = 0.0  # waiting in the router's queues
+    model_s: float = 0.0  # round trips to the model replicas (their queue and the run)
+
+    def add(self, ticket: Ticket) -> None:
+        self.queue_s += ticket.queued_s
+        self.model_s += ticket.model_s
+
+    def header(self, total_s: float) -> str:
+        """W3C Server-Timing, in milliseconds; `total` is the router's whole handling."""
+        return f"queue;dur={self.queue_s * 1e3:.2f}, model;dur={self.model_s * 1e3:.2f}, total;dur={total_s * 1e3:.2f}"
+
+
 # (payloads, rows still queued in this router for the model, lane name) -> reply
 SendBatch = Callable[[list[Any], int, str], Awaitable[BatchReply]]
 
@@ -210,11 +227,22 @@ class Dispatcher:
         self._dispatch(lane)
         return ticket
 
-    async def submit(self, payload: Any, items: int, priority: Priority = Priority.NORMAL, deadline: float | None = None) -> Any:
-        """Admit, wait for the batch, return this request's result (or raise its error)."""
+    async def submit(
+        self,
+        payload: Any,
+        items: int,
+        priority: Priority = Priority.NORMAL,
+        deadline: float | None = None,
+        timing: RequestTiming | None = None,
+    ) -> Any:
+        """Admit, wait for the batch, return this request's result (or raise its error).
+        `timing`, when given, gets this request's queue and model time added."""
         ticket = self.admit(payload, items, priority, deadline)
         try:
-            return await ticket.result
+            result = await ticket.result
+            if timing is not None:
+                timing.add(ticket)
+            return result
         except asyncio.CancelledError:
             # The client went away: free its place so it costs no model time.
             if not ticket.done:
@@ -287,8 +315,9 @@ class Dispatcher:
 
     async def _run(self, lane: Lane, batch: list[Ticket], inflight: int, sent: float) -> None:
         for ticket in batch:
-            self.stats.queue_wait_s.append(sent - ticket.enqueued)
-        queued_s = max(sent - t.enqueued for t in batch)
+            ticket.queued_s = sent - ticket.enqueued
+            self.stats.queue_wait_s.append(ticket.queued_s)
+        queued_s = max(t.queued_s for t in batch)
         try:
             reply = await asyncio.wait_for(
                 self.send([t.payload for t in batch], self.queued_items, lane.name), self.settings.batch_timeout_s
@@ -313,6 +342,7 @@ class Dispatcher:
             self.stats.completed_items += items
             self.stats.batches += 1
             for ticket, result in zip(batch, reply.results, strict=True):
+                ticket.model_s = rtt
                 if ticket.result.done():
                     continue
                 if isinstance(result, BaseException):

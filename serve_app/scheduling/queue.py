@@ -57,6 +57,8 @@ class Ticket:
     seq: int = 0
     done: bool = False  # dispatched, shed or cancelled: lazily dropped from the heap
     result: Any = field(default=None, repr=False)  # the dispatcher's future
+    queued_s: float = 0.0  # set when its batch is sent: time waiting in this queue
+    model_s: float = 0.0  # set when its batch returns: the round trip to the model
 
     def sort_key(self, policy: QueuePolicy) -> tuple[float, ...]:
         if policy == "fifo":

@@ -78,6 +78,9 @@ def test_text_models_under_concurrency_match_onnx_runtime(app_url, tiny_model_di
     for body, resp in zip(bodies, responses, strict=True):
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-served-by"] == model
+        timing = dict(m.split(";dur=") for m in resp.headers["server-timing"].split(", "))
+        assert set(timing) == {"queue", "model", "total"}
+        assert 0 < float(timing["model"]) <= float(timing["total"])
         texts = body["inputs"][0]["data"]
         expected = np.concatenate(
             [

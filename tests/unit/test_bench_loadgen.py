@@ -34,7 +34,8 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event, port_box: li
                 elif path.startswith(b"/busy"):
                     writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\nRetry-After: 1\r\n\r\nbusy")
                 else:
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Served-By: heavy\r\n\r\nok")
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Served-By: heavy\r\n"
+                                 b"Server-Timing: queue;dur=1.5, model;dur=2, total;dur=4.25\r\n\r\nok")  # fmt: skip
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
@@ -86,6 +87,18 @@ def test_closed_loop_counts_every_status_and_model(server_url: str, tmp_path: Pa
     # be a real measurement (positive, at most the machine), not small.
     assert 0 < r["loadgen_cpu"]["core_share"] <= (os.cpu_count() or 1) + 0.1
     assert len(r["records"]) == r["requests"]
+    # Server-Timing splits a plain answer's latency into the server's 4.25 ms and the rest.
+    plain = r["streams"]["plain"]
+    assert plain["server_ms"] == {"p50": 4.25, "p99": 4.25}
+    assert plain["outside_server_ms"]["p50"] == pytest.approx(plain["p50_ms"] - 4.25, abs=0.01)
+    assert "server_ms" not in r["streams"]["chunked"]  # no header, no split
+
+
+def test_server_timing_total_is_read_from_any_position() -> None:
+    assert loadgen.server_total_ms("total;dur=12.5") == 12.5
+    assert loadgen.server_total_ms('queue;dur=1, total;desc="all";dur=3') == 3.0
+    assert loadgen.server_total_ms("queue;dur=1") is None
+    assert loadgen.server_total_ms("total;dur=abc") is None
 
 
 def test_open_loop_rate_and_warmup_exclusion(server_url: str, tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from serve_app.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
-from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings
+from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings, RequestTiming
 from serve_app.scheduling.limit import AdaptiveLimit
 from serve_app.scheduling.queue import Priority
 
@@ -272,3 +272,16 @@ async def test_queue_delay_counts_the_wait_not_the_requests_own_batch():
         await d.submit("late", 1)
     assert d.stats.shed["queue_delay"] >= 1
     await asyncio.gather(*backlog, return_exceptions=True)
+
+
+async def test_request_timing_adds_queue_and_model_time_per_request():
+    """A request queued behind a running batch reports that wait as queue time, and its
+    own batch's round trip as model time: what the router's Server-Timing header says."""
+    model = FakeModel(base_s=0.05, per_item_s=0.0)
+    d = dispatcher(model, max_batch_size=1)
+    first, second = RequestTiming(), RequestTiming()
+    await asyncio.gather(d.submit("a", 1, timing=first), d.submit("b", 1, timing=second))
+    assert first.queue_s < 0.02 <= 0.04 <= second.queue_s
+    assert 0.05 <= first.model_s < 0.2 and 0.05 <= second.model_s < 0.2
+    header = second.header(total_s=0.123)
+    assert header.startswith("queue;dur=") and "model;dur=" in header and header.endswith("total;dur=123.00")

@@ -45,6 +45,12 @@ def payload_items(payload: Any) -> int:
     return len(payload) if isinstance(payload, list) else 1
 
 
+def bulk_layout(threads: int, sessions: int) -> list[int]:
+    """Intra-op threads per bulk session: `threads` split as evenly as they go, at least one each."""
+    sessions = max(1, min(sessions, threads))
+    return [threads // sessions + (i < threads % sessions) for i in range(sessions)]
+
+
 class Classifier(OnnxModel):
     """The batch path both classifier families share; subclasses turn payloads into logits."""
 
@@ -67,7 +73,7 @@ class Classifier(OnnxModel):
         # side (see serve_app.models.executor: a preempted background thread then stalls one batch,
         # not every operator of one wide batch); on a GPU one session (each would hold the weights).
         on_cpu = self.providers[0] == "CPUExecutionProvider"
-        layout = [1] * self.threads if on_cpu else [self.threads]
+        layout = bulk_layout(self.threads, self.config.bulk_sessions or (self.threads if on_cpu else 1))
         path = self.model_dir / self.manifest.onnx_file
         bulk = [create_session(path, self.providers, n, spinning=False, background=True) for n in layout]
         for session in bulk:

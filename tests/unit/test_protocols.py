@@ -86,10 +86,15 @@ def test_binary_sizes_and_bytes_framing_are_checked():
 
 
 def test_json_numeric_data_rejects_strings_and_overflow():
-    for data, dt in ([["1.0"], "FP32"], [[True], "FP32"], [[300], "UINT8"]):
+    for data, dt in ([["1.0"], "FP32"], [[True], "FP32"], [[300], "UINT8"], [[None], "FP32"], [[{"a": 1}], "FP32"]):
         tensor = v2.RequestInput(name="t", shape=[1], datatype=dt, data=data)
         with pytest.raises(InvalidInput, match="data is not"):
             v2.decode_numeric(tensor)
+    # Nested row-major data is flattened and type-checked like flat data.
+    nested = v2.RequestInput(name="t", shape=[2, 2], datatype="FP32", data=[[1, 2.5], [3, 4]])
+    assert v2.decode_numeric(nested).tolist() == [[1.0, 2.5], [3.0, 4.0]]
+    with pytest.raises(InvalidInput, match="data is not"):
+        v2.decode_numeric(v2.RequestInput(name="t", shape=[2, 1], datatype="FP32", data=[[1.0], ["x"]]))
 
 
 def test_text_length_limit():

@@ -241,7 +241,7 @@ def profile(s: Settings, out_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"models": {}}
     py_spy = shutil.which("py-spy")
     with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
-        cluster.deploy(ours_config(s), _probe(s, s.models[0]))
+        cluster.deploy(pin_replicas(ours_config(s), s.models), _probe(s, s.models[0]))
         url = f"http://127.0.0.1:{HTTP_PORT}"
         for m in s.models:
             wl = _workload(s, m, tmp)

@@ -107,13 +107,14 @@ class RayCluster:
 
 
 def wait_all_models(base_url: str, timeout_s: float) -> None:
-    """Until every model of our app answers (`/v2/health/ready` 200); other apps have no such
-    route (404) and are ready with their probe. The probe proves one model only: the others
-    may still be loading and warming up, which took 0.27 cores from a sweep point (measured)."""
+    """Until every model of our app answers: `/v2/health/ready` is 503 until then. Other apps
+    (plain, naive) answer that path with anything else and are ready with their probe. The probe
+    proves one model only: the others may still be loading and warming up, which took 0.27
+    cores from a sweep point (measured)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{base_url}/v2/health/ready", timeout=10).status_code in (200, 404):
+            if httpx.get(f"{base_url}/v2/health/ready", timeout=10).status_code != 503:
                 return
         except httpx.HTTPError:
             pass

@@ -7,9 +7,11 @@ replicas share GPU id 0 and the cluster's one GPU is fully allocated.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,29 +27,50 @@ CATALOG = ["bert-light", "bert-heavy", "resnet-light", "resnet-heavy", "gpt"]
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, tmp_path_factory):
     env = {**os.environ, "SERVE_APP_MODEL_DIR": str(tiny_model_dir), "RAY_AUTH_MODE": "token"}
-    # Logical CPUs: gpu.yaml asks one CPU per replica, as a GPU node would have.
-    subprocess.run(
-        [
-            "ray",
-            "start",
-            "--head",
-            "--num-cpus=16",
-            "--num-gpus=1",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-            "--port=6390",
-        ],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
     import ray
 
-    os.environ["RAY_AUTH_MODE"] = "token"
-    ray.init(address="auto", log_to_driver=False)
-    yield env, tmp_path_factory.mktemp("configs")
-    ray.shutdown()
-    subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+    from benchmarks.cluster import kill_orphan_haproxy, wait_for_ray_exit
+
+    # Logical CPUs: gpu.yaml asks one CPU per replica, as a GPU node would have.
+    start = ["ray", "start", "--head", "--num-cpus=16", "--num-gpus=1", "--include-dashboard=false"]
+    start += ["--disable-usage-stats", "--port=6390"]
+    try:
+        subprocess.run(start, check=True, env=env, capture_output=True)
+        with ray_auth_mode("token"):
+            ray.init(address="auto", log_to_driver=False)
+            try:
+                yield env, tmp_path_factory.mktemp("configs")
+            finally:
+                ray.shutdown()
+    finally:
+        # Also when setup failed: a cluster left running here is joined by the next module.
+        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+        kill_orphan_haproxy()
+        wait_for_ray_exit()
+
+
+@contextlib.contextmanager
+def ray_auth_mode(mode: str) -> Iterator[None]:
+    """Run this process's Ray driver in `mode`, then put the old mode back.
+
+    Ray reads RAY_AUTH_MODE into a config cached at import, and pytest imported Ray while
+    collecting: setting the variable alone leaves the driver tokenless ("InvalidAuthToken"),
+    and leaving it set changed how the next module's `ray.init()` started its own cluster
+    (CI: every test_protocols test errored in setup). Ray's own `_enable_token_auth` refreshes
+    the cache the same way."""
+    from ray._raylet import Config
+
+    old = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = mode
+    Config.initialize("")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = old
+        Config.initialize("")
 
 
 def _deploy(env: dict, config: dict, path: Path) -> None:

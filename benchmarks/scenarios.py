@@ -352,7 +352,9 @@ def priority(s: Settings) -> dict[str, Any]:
                     ),
                 }
                 # The router's own view right after the flood: shed counts by reason, lanes, limits.
-                entry[policy]["router_status"] = _router_status(url).get("models", {}).get(m)
+                status = _router_status(url)
+                entry[policy]["router_status"] = status.get("models", {}).get(m)
+                entry[policy]["router_gc"] = status.get("gc")
     shutil.rmtree(tmp, ignore_errors=True)
     return out
 

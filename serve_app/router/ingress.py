@@ -41,7 +41,9 @@ from serve_app.protocols.errors import error_response
 from serve_app.protocols.images import decode_images
 from serve_app.router import catalog, generation
 from serve_app.router.cascade import CascadePolicy, softmax
+from serve_app.router.gcwatch import GcPauses
 from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER, QoS, parse_qos
+from serve_app.router.shedgate import ShedGate, set_check
 from serve_app.router.telemetry import RouterTelemetry
 from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings, RequestTiming
 from serve_app.scheduling.queue import Priority
@@ -58,6 +60,8 @@ app = FastAPI(
     version=__version__,
     description="Multi-model inference: Open Inference Protocol v2 and OpenAI-compatible generation.",
 )
+# Refuses what admission would refuse from the headers alone, before routing and the body parse.
+app.add_middleware(ShedGate)
 
 
 class V2Error(BaseModel):
@@ -184,6 +188,9 @@ class Router:
         self.default_priority = Priority.parse(self.args.scheduling.default_priority)
         self.router_id = serve.get_replica_context().replica_id.unique_id
         self._telemetry_task: asyncio.Task[None] | None = None
+        self.gc_pauses = GcPauses()
+        self.gc_pauses.install()
+        set_check(self._early_refusal)
         if self.args.scheduling.router_nice is not None:
             renice_process(self.args.scheduling.router_nice)
         self.tenants = build_registry(self.args.tenants)
@@ -241,6 +248,25 @@ class Router:
                 await telemetry.export(self.dispatchers, self.cascade_items, breakers)
             except Exception:  # metrics must never take the router down
                 logger.exception("exporting router metrics failed")
+
+    def _early_refusal(self, path: str, name: str, headers: dict[str, str]) -> Response | None:
+        """ShedGate's check: the 503 admission would give this request, judged from its headers.
+        Only with an `X-Priority` header (headers win over body parameters, so the class is
+        final) and a valid key; everything else goes the full way."""
+        if PRIORITY_HEADER not in headers or (name not in self.handles and name not in self.args.routes):
+            return None
+        dispatcher = self.dispatchers.get(self._answering_model(name))
+        if dispatcher is None:
+            return None
+        try:
+            tenant = self.tenants.authenticate(headers.get("authorization"))
+            qos = parse_qos(headers, None, time.monotonic(), self.default_priority)
+            dispatcher.precheck(tenant.cap(qos.priority), qos.deadline)
+        except Overloaded as e:
+            return error_response(path, e)
+        except ServeAppError:  # a bad key or header: the full path gives its 4xx
+            return None
+        return None
 
     def _caller(self, authorization: str | None) -> Tenant:
         """Authenticate (401) and rate-limit (429) before any other work."""
@@ -305,6 +331,7 @@ class Router:
             "models": {m: d.snapshot() for m, d in self.dispatchers.items()},
             "routes": cascade,
             "generators": dict(zip(generators, stats, strict=True)),
+            "gc": self.gc_pauses.snapshot(),
         }
 
     async def _generator_stats(self, name: str) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
-from serve_app.scheduling.breaker import CircuitBreaker
+from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.estimate import LatencyEstimator
 from serve_app.scheduling.limit import AdaptiveLimit
 from serve_app.scheduling.queue import Priority, QueueFull, QueuePolicy, RequestQueue, Ticket
@@ -192,6 +192,27 @@ class Dispatcher:
         self.stats.shed[reason] += 1
         return Overloaded(f"{self.model}: {message}", retry_after_s=self._retry_after(lane))
 
+    def _check(self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float) -> None:
+        """Refuse (raise Overloaded) a request of `items` rows that cannot be served in time."""
+        predicted = self.predicted_s(items, priority)
+        if deadline is not None and now + predicted > deadline:
+            raise self._refuse(lane, "deadline", f"cannot meet the deadline (about {predicted * 1000:.0f} ms of work ahead)")
+        # The wait, not the request's own batch: an estimate inflated by one slow batch
+        # would otherwise refuse everything, and with nothing admitted it never learns
+        # that the model got fast again (measured: a ResNet-50 closed loop at
+        # concurrency 32 answered 7 of 300 requests).
+        waiting = predicted - lane.estimator.batch_s(items)
+        if waiting > self.settings.max_queue_delay_s:
+            raise self._refuse(lane, "queue_delay", f"overloaded (about {waiting:.1f} s of work queued)")
+
+    def precheck(self, priority: Priority, deadline: float | None) -> None:
+        """What admission would say to the smallest request (one row) of this class, before
+        its body is read: raises Overloaded if even that is refused. Exact for the queue
+        delay (the wait ahead does not depend on the request's size) and a lower bound for
+        the deadline (more rows finish later), so it never refuses what `admit` would take."""
+        if self.prioritized and self.breaker.state == BreakerState.CLOSED:
+            self._check(self.lane_for(priority), 1, priority, deadline, self.clock())
+
     def admit(self, payload: Any, items: int, priority: Priority, deadline: float | None) -> Ticket:
         """Queue a request or raise Overloaded; never spends model time on a refused one."""
         now = self.clock()
@@ -202,16 +223,7 @@ class Dispatcher:
                 f"{self.model}: circuit open after repeated failures", retry_after_s=max(1.0, self.breaker.retry_after_s())
             )
         if self.prioritized:
-            predicted = self.predicted_s(items, priority)
-            if deadline is not None and now + predicted > deadline:
-                raise self._refuse(lane, "deadline", f"cannot meet the deadline (about {predicted * 1000:.0f} ms of work ahead)")
-            # The wait, not the request's own batch: an estimate inflated by one slow batch
-            # would otherwise refuse everything, and with nothing admitted it never learns
-            # that the model got fast again (measured: a ResNet-50 closed loop at
-            # concurrency 32 answered 7 of 300 requests).
-            waiting = predicted - lane.estimator.batch_s(items)
-            if waiting > self.settings.max_queue_delay_s:
-                raise self._refuse(lane, "queue_delay", f"overloaded (about {waiting:.1f} s of work queued)")
+            self._check(lane, items, priority, deadline, now)
         ticket = Ticket(payload, items, priority, deadline if self.prioritized else None, now)
         try:
             evicted = lane.queue.push(ticket)

@@ -38,7 +38,12 @@ def serve_for_module(args: dict[str, Any], port: int, name: str = "default") -> 
         assert time.monotonic() < deadline, "application never became ready"
         time.sleep(0.5)
     yield url
-    while _HANDLES:
-        _HANDLES.pop().shutdown()
+    release_handles()
     serve.shutdown()
     ray.shutdown()
+
+
+def release_handles() -> None:
+    """Stop the handles' metrics pushers before their cluster goes away."""
+    while _HANDLES:
+        _HANDLES.pop().shutdown()

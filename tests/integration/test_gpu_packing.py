@@ -18,6 +18,8 @@ import httpx
 import pytest
 import yaml
 
+from tests.integration.serving import deployment_handle
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8124
@@ -28,8 +30,10 @@ CATALOG = ["bert-light", "bert-heavy", "resnet-light", "resnet-heavy", "gpt"]
 def cluster(tiny_model_dir, tmp_path_factory):
     env = {**os.environ, "SERVE_APP_MODEL_DIR": str(tiny_model_dir), "RAY_AUTH_MODE": "token"}
     import ray
+    from ray import serve
 
     from benchmarks.cluster import kill_orphan_haproxy, wait_for_ray_exit
+    from tests.integration.serving import release_handles
 
     # Logical CPUs: gpu.yaml asks one CPU per replica, as a GPU node would have.
     start = ["ray", "start", "--head", "--num-cpus=16", "--num-gpus=1", "--include-dashboard=false"]
@@ -41,6 +45,12 @@ def cluster(tiny_model_dir, tmp_path_factory):
             try:
                 yield env, tmp_path_factory.mktemp("configs")
             finally:
+                # Handles and Serve's cached client outlive ray.shutdown(): left, they talked to
+                # this cluster after `ray stop` and the next module's Serve never started (CI:
+                # every test_protocols test errored in setup, then the process died).
+                release_handles()
+                with contextlib.suppress(Exception):
+                    serve.shutdown()
                 ray.shutdown()
     finally:
         # Also when setup failed: a cluster left running here is joined by the next module.
@@ -97,9 +107,8 @@ def _wait_running(names: list[str], replicas: dict[str, int], timeout_s: float =
 
 def _replica_gpus(name: str, expected_replicas: int) -> dict[str, list[str]]:
     """replica id -> GPU ids, asking each replica (calls spread over replicas)."""
-    from ray import serve
 
-    handle = serve.get_deployment_handle(name, "default")
+    handle = deployment_handle(name, "default")
     seen: dict[str, list[str]] = {}
     deadline = time.monotonic() + 60
     while len(seen) < expected_replicas:
@@ -128,9 +137,8 @@ def test_gpu_yaml_packs_the_catalog_onto_one_pretend_gpu(cluster):
 def test_user_config_retunes_batching_in_place(cluster):
     """Changing only `user_config` in the Serve config reconfigures running replicas."""
     env, tmp = cluster
-    from ray import serve
 
-    handle = serve.get_deployment_handle("bert-light", "default")
+    handle = deployment_handle("bert-light", "default")
     before = handle.runtime_info.remote().result()
     config = yaml.safe_load((ROOT / "configs" / "gpu.yaml").read_text())
     (light,) = [d for d in config["applications"][0]["deployments"] if d["name"] == "bert-light"]

@@ -179,12 +179,12 @@ def test_high_priority_overtakes_a_low_flood_and_the_excess_is_shed(app):
 
 def test_deadline_that_cannot_be_met_is_refused_before_the_model_runs(app):
     before = _status()["models"]["slow"]
-    started = time.monotonic()
     resp = _post(f"{URL}/v2/models/slow/infer", {"X-Request-Timeout-Ms": str(BATCH_S * 1000 / 4)}, json=_body())
-    elapsed = time.monotonic() - started
     assert resp.status_code == 503, resp.text
+    # Refused at admission, not after waiting: the shed reason is "deadline", not "expired"
+    # (a 504 from the queue), and no item completed. (A wall-clock bound here failed on a
+    # loaded 2-core CI machine: 125 ms for one HTTP round trip.)
     assert "deadline" in resp.json()["error"] and int(resp.headers["Retry-After"]) >= 1
-    assert elapsed < BATCH_S, "refused at admission, not after waiting"
     after = _status()["models"]["slow"]
     assert after["shed"].get("deadline", 0) == before["shed"].get("deadline", 0) + 1
     assert after["completed_items"] == before["completed_items"]

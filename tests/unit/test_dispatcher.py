@@ -285,3 +285,37 @@ async def test_request_timing_adds_queue_and_model_time_per_request():
     assert 0.05 <= first.model_s < 0.2 and 0.05 <= second.model_s < 0.2
     header = second.header(total_s=0.123)
     assert header.startswith("queue;dur=") and "model;dur=" in header and header.endswith("total;dur=123.00")
+
+
+async def test_precheck_refuses_from_the_class_alone_exactly_when_admission_would():
+    """The body-less check (the router's ShedGate) and admission agree on the queue delay,
+    and a class with room (high, behind no low work) passes both."""
+    model = FakeModel(base_s=0.1, per_item_s=0.0)
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0, max_queue_delay_s=0.15)
+    await d.submit("learn", 1)
+    d.precheck(Priority.LOW, None)  # idle: passes
+    # Batches of 0.1 s: some of these run, the rest wait; the queue then holds 0.15 s or more.
+    backlog = [asyncio.ensure_future(d.submit(f"b{i}", 1, Priority.LOW)) for i in range(6)]
+    await asyncio.sleep(0)
+    shed = d.stats.shed["queue_delay"]
+    with pytest.raises(Overloaded, match="overloaded") as early:
+        d.precheck(Priority.LOW, None)
+    assert early.value.retry_after_s is not None
+    with pytest.raises(Overloaded):
+        await d.submit("late", 1, Priority.LOW)
+    assert d.stats.shed["queue_delay"] == shed + 2
+    d.precheck(Priority.HIGH, None)  # nothing queued ahead of high: only the running batch
+    with pytest.raises(Overloaded, match="deadline"):
+        d.precheck(Priority.HIGH, d.clock() + 0.01)
+    await asyncio.gather(*backlog, return_exceptions=True)
+    assert "late" not in [p for b in model.batches for p in b]
+
+
+async def test_precheck_leaves_an_open_circuit_and_fifo_to_admission():
+    model = FakeModel(base_s=0.1, per_item_s=0.0)
+    d = dispatcher(model, policy="fifo", max_batch_size=1, max_queue_delay_s=0.01)
+    await d.submit("learn", 1)
+    backlog = [asyncio.ensure_future(d.submit(f"b{i}", 1)) for i in range(4)]
+    await asyncio.sleep(0)
+    d.precheck(Priority.LOW, None)  # fifo has no delay-based refusal
+    await asyncio.gather(*backlog)

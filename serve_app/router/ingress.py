@@ -41,7 +41,7 @@ from serve_app.protocols.errors import error_response
 from serve_app.protocols.images import decode_images
 from serve_app.router import catalog, generation
 from serve_app.router.cascade import CascadePolicy, softmax
-from serve_app.router.gcwatch import GcPauses
+from serve_app.router.gcwatch import GcPauses, freeze_startup_heap
 from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER, QoS, parse_qos
 from serve_app.router.shedgate import ShedGate, set_check
 from serve_app.router.telemetry import RouterTelemetry
@@ -198,6 +198,7 @@ class Router:
             logger.warning("no API keys configured: this server is OPEN to every caller (set `tenants` in the config)")
         if self.args.scheduling.policy == "fifo":
             logger.warning("router scheduling policy is fifo: no priorities, deadlines or shedding (a benchmark baseline)")
+        logger.info("router: %d startup objects frozen out of garbage collection", freeze_startup_heap())
 
     def _cascade_policy(self, name: str) -> CascadePolicy:
         route = self.args.routes[name]
@@ -291,6 +292,10 @@ class Router:
             meta = await self.handles[model].metadata.remote()
             self._manifests[model] = Manifest.model_validate(meta["manifest"])
             self._batching[model] = meta["batching"]
+            if len(self._manifests) == len(self.handles):
+                # Every model has answered once (readiness, before traffic as a rule): the
+                # handles' routing state is built, and lives as long as the router. Once.
+                logger.info("router: %d objects frozen out of garbage collection", freeze_startup_heap())
         return self._manifests[model]
 
     def _answering_model(self, name: str) -> str:

@@ -261,10 +261,10 @@ def priority_markdown(res: dict[str, Any]) -> str:
             gen2 = (e[policy].get("router_gc") or {}).get("gen2", {})
             if "last_30s" in gen2:
                 # Read right after the flood: the last 30 s are its measured window.
-                window = gen2["last_30s"]
+                window, frozen = gen2["last_30s"], e[policy]["router_gc"].get("frozen_objects", 0)
                 lines.append(
                     f"- {policy}, router garbage collection during the flood (last 30 s): {window['collections']} full "
-                    f"collections, longest {window['max_ms']} ms; {e[policy]['router_gc'].get('frozen_objects', 0)} objects frozen"
+                    f"collections, longest {window['max_ms']} ms; {frozen} objects frozen"
                 )
         lines.append("")
     return "\n".join(lines)

@@ -142,6 +142,13 @@ class SchedulingConfig(BaseModel):
         description="niceness of the router's threads: 19 lets model replicas' urgent lanes on the same node take "
         "the cores first (serve_app/cpu_priority.py); None keeps Ray's worker default",
     )
+    router_full_gc_max_interval_s: float | None = Field(
+        120.0,
+        gt=0,
+        description="the router runs Python's full garbage collections itself: when idle, and at the latest this "
+        "long after the last one (serve_app/router/gcwatch.py); None leaves them to Python, which under a flood "
+        "stops the event loop for 100-600 ms every ~15 s",
+    )
 
 
 class TenantConfig(BaseModel):

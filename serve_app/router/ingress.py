@@ -7,6 +7,7 @@ in `serve_app.router.cascade`; this module wires them to deployment handles.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections import Counter
@@ -41,7 +42,7 @@ from serve_app.protocols.errors import error_response
 from serve_app.protocols.images import decode_images
 from serve_app.router import catalog, generation
 from serve_app.router.cascade import CascadePolicy, softmax
-from serve_app.router.gcwatch import GcPauses, freeze_startup_heap
+from serve_app.router.gcwatch import FullCollectionSchedule, GcPauses, freeze_startup_heap
 from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER, QoS, parse_qos
 from serve_app.router.shedgate import ShedGate, set_check
 from serve_app.router.telemetry import RouterTelemetry
@@ -188,6 +189,7 @@ class Router:
         self.default_priority = Priority.parse(self.args.scheduling.default_priority)
         self.router_id = serve.get_replica_context().replica_id.unique_id
         self._telemetry_task: asyncio.Task[None] | None = None
+        self._gc_task: asyncio.Task[None] | None = None
         self.gc_pauses = GcPauses()
         self.gc_pauses.install()
         set_check(self._early_refusal)
@@ -238,7 +240,25 @@ class Router:
             self.dispatchers[model] = Dispatcher(model, send, settings)
             if self._telemetry_task is None:
                 self._telemetry_task = asyncio.get_running_loop().create_task(self._export_metrics())
+                if sched.router_full_gc_max_interval_s is not None:
+                    # Started with the queues it watches, so Python's full collections are never
+                    # turned off without a schedule that runs them instead.
+                    schedule = FullCollectionSchedule(max_interval_s=sched.router_full_gc_max_interval_s)
+                    self._gc_task = asyncio.get_running_loop().create_task(self._collect_garbage(schedule))
         return self.dispatchers[model]
+
+    async def _collect_garbage(self, schedule: FullCollectionSchedule) -> None:
+        threshold = gc.get_threshold()
+        FullCollectionSchedule.take_over()
+        try:
+            while True:
+                await asyncio.sleep(0.25)
+                busy = any(d.queued_items or d.inflight for d in self.dispatchers.values())
+                if schedule.due(busy):
+                    gc.collect()
+                    schedule.ran()
+        finally:  # whatever ends this loop, Python collects on its own again
+            gc.set_threshold(*threshold)
 
     async def _export_metrics(self) -> None:
         telemetry = RouterTelemetry()

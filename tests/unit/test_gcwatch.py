@@ -1,6 +1,6 @@
 import gc
 
-from serve_app.router.gcwatch import GcPauses, freeze_startup_heap
+from serve_app.router.gcwatch import FullCollectionSchedule, GcPauses, freeze_startup_heap
 
 
 class Clock:
@@ -42,3 +42,33 @@ def test_frozen_startup_heap_is_left_out_of_collections():
         assert freeze_startup_heap() > 0 and gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_full_collections_run_once_per_idle_spell_or_after_the_longest_interval():
+    clock = Clock()
+    schedule = FullCollectionSchedule(idle_s=1.0, max_interval_s=10.0, clock=clock)
+    assert not schedule.due(busy=True)
+    clock.t = 0.5
+    assert not schedule.due(busy=False)  # idle, but not for long enough
+    clock.t = 1.6
+    assert schedule.due(busy=False)
+    schedule.ran()
+    clock.t = 3.0
+    assert not schedule.due(busy=False)  # the same idle spell: collected already
+    clock.t = 3.5
+    assert not schedule.due(busy=True)
+    clock.t = 12.0
+    assert schedule.due(busy=True)  # a flood that never ends still gets one, 10 s on
+    schedule.ran()
+    clock.t = 13.0
+    assert not schedule.due(busy=True)
+
+
+def test_take_over_keeps_the_young_generations_thresholds():
+    before = gc.get_threshold()
+    try:
+        FullCollectionSchedule.take_over()
+        after = gc.get_threshold()
+        assert after[:2] == before[:2] and after[2] >= 1_000_000
+    finally:
+        gc.set_threshold(*before)

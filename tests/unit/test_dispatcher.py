@@ -282,7 +282,8 @@ async def test_request_timing_adds_queue_and_model_time_per_request():
     first, second = RequestTiming(), RequestTiming()
     await asyncio.gather(d.submit("a", 1, timing=first), d.submit("b", 1, timing=second))
     assert first.queue_s < 0.02 <= 0.04 <= second.queue_s
-    assert 0.05 <= first.model_s < 0.2 and 0.05 <= second.model_s < 0.2
+    # 0.045, not 0.05: asyncio.sleep(0.05) on the loop's clock can end a little early by time.monotonic (CI: 0.0497).
+    assert 0.045 <= first.model_s < 0.2 and 0.045 <= second.model_s < 0.2
     header = second.header(total_s=0.123)
     assert header.startswith("queue;dur=") and "model;dur=" in header and header.endswith("total;dur=123.00")
 

@@ -143,11 +143,12 @@ class SchedulingConfig(BaseModel):
         "the cores first (serve_app/cpu_priority.py); None keeps Ray's worker default",
     )
     router_full_gc_max_interval_s: float | None = Field(
-        120.0,
+        None,
         gt=0,
-        description="the router runs Python's full garbage collections itself: when idle, and at the latest this "
-        "long after the last one (serve_app/router/gcwatch.py); None leaves them to Python, which under a flood "
-        "stops the event loop for 100-600 ms every ~15 s",
+        description="opt-in: the router runs Python's full garbage collections itself, when idle and at the latest "
+        "this long after the last one (serve_app/router/gcwatch.py), instead of Python doing so mid-flood (100-600 "
+        "ms pauses measured). Off by default: a collection started after 1 s idle can still meet a burst arriving "
+        "just then, and its benefit to p99 is not shown yet (benchmarks/results/priority/bench-realsize/)",
     )
 
 

@@ -184,8 +184,8 @@ class Probe:
 
 
 @contextlib.contextmanager
-def naive_server(model_dir: Path, name: str, probe: Probe) -> Iterator[str]:
-    env = {**base_env(), "BENCH_MODEL_DIR": str(model_dir), "BENCH_MODEL_NAME": name}
+def naive_server(model_dir: Path, name: str, probe: Probe, gpu_ids: list[str] | None = None) -> Iterator[str]:
+    env = {**base_env(), "BENCH_MODEL_DIR": str(model_dir), "BENCH_MODEL_NAME": name, "BENCH_GPU_IDS": ",".join(gpu_ids or [])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "benchmarks.baselines.naive_server:app", "--port", str(NAIVE_PORT),
          "--workers", "1", "--no-access-log", "--log-level", "warning"],
@@ -193,7 +193,7 @@ def naive_server(model_dir: Path, name: str, probe: Probe) -> Iterator[str]:
     )  # fmt: skip
     url = f"http://127.0.0.1:{NAIVE_PORT}"
     try:
-        probe.wait(url, 60)
+        probe.wait(url, 120)
         yield url
     finally:
         proc.terminate()

@@ -45,12 +45,26 @@ def machine_info() -> dict[str, Any]:
         "cpu": cpu,
         "cores": os.cpu_count(),
         "memory_gib": mem_gib,
-        "gpu": None,
+        "gpu": gpu_info(),
         "python": platform.python_version(),
         "packages": {p: version(p) for p in ("ray", "onnxruntime-gpu", "numpy", "fastapi", "uvicorn") if _installed(p)},
         "commit": commit,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def gpu_info() -> list[dict[str, str]] | None:
+    """The machine's GPUs as nvidia-smi names them; None where there is none (or no driver)."""
+    fields = ("name", "memory.total", "driver_version")
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    gpus = [dict(zip(fields, (v.strip() for v in line.split(",")), strict=False)) for line in out.splitlines() if line.strip()]
+    return gpus or None
 
 
 def _installed(pkg: str) -> bool:
@@ -118,10 +132,12 @@ def compare_markdown(res: dict[str, Any]) -> str:
     lines = []
     for m, r in res["result"]["models"].items():
         limit = r["limit"]["best"]
+        provider = r["limit"].get("providers", ["CPUExecutionProvider"])[0]
         lines += [f"## {m}", "", f"Model: {_size_line(res['model_sizes'][m])}.", ""]
         lines += [
             f"Closed loop at concurrency {c} (served setups) vs ONNX Runtime alone at its best batch size "
-            f"({limit['batch_size']}, {r['limit']['threads']} threads). Latency of *limit* is one batch call.",
+            f"({limit['batch_size']}, {r['limit']['threads']} threads, {provider}). "
+            "Latency of *limit* is one batch call.",
             "",
             "| setup | throughput | p50 ms | p90 ms | p99 ms | throughput / limit | p50 / limit p50 | p99 / limit p99 |",
             "|---|---|---|---|---|---|---|---|",
@@ -398,7 +414,7 @@ def write(scenario: str, res: dict[str, Any], out_dir: Path) -> Path:
             f"Reproduce: `{res['command']}`",
             "",
             f"Machine: {res['machine']['cpu']}, {res['machine']['cores']} cores, {res['machine']['memory_gib']} GiB, "
-            f"no GPU; Python {res['machine']['python']}; "
+            f"{_gpu_text(res['machine'].get('gpu'))}; Python {res['machine']['python']}; "
             + ", ".join(f"{k} {v}" for k, v in res["machine"]["packages"].items())
             + f"; commit {res['machine']['commit']}; {res['machine']['date']}.",
             "",
@@ -414,6 +430,12 @@ def write(scenario: str, res: dict[str, Any], out_dir: Path) -> Path:
     )
     (out_dir / "README.md").write_text(text)
     return out_dir / "README.md"
+
+
+def _gpu_text(gpus: list[dict[str, str]] | None) -> str:
+    if not gpus:
+        return "no GPU"
+    return ", ".join(f"{g.get('name')} ({g.get('memory.total')})" for g in gpus)
 
 
 def loadgen_cost(res: Any) -> dict[str, float] | None:

@@ -141,6 +141,14 @@ def plain_config(s: Settings, model: str) -> dict[str, Any]:
     }
 
 
+def model_gpu_ids(s: Settings, model: str) -> list[str]:
+    """GPU 0 for the baselines that run outside Ray (limit, naive) when ours gives this model a GPU
+    share: every setup then runs the model on the same device, and only what wraps it differs."""
+    deployments = _load_config(s)["applications"][0].get("deployments", [])
+    options = next((d.get("ray_actor_options", {}) for d in deployments if d["name"] == model), {})
+    return ["0"] if float(options.get("num_gpus") or 0) > 0 else []
+
+
 def _closed_curve(url: str, workload: Path, s: Settings, watch: tuple[str, ...]) -> list[dict[str, Any]]:
     return [run_loadgen(url, workload, {"concurrency": c}, s.seconds, s.warmup, watch) for c in s.concurrencies]
 
@@ -150,10 +158,11 @@ def compare(s: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {"models": {}}
     for m in s.models:
         out["models"][m] = {"limit": measure_limit(s.model_dir / m, workloads.bodies_for(s.model_dir / m), s.limit_batch_sizes,
-                                                   s.limit_seconds, threads=os.cpu_count() or 1)}  # fmt: skip
+                                                   s.limit_seconds, threads=os.cpu_count() or 1,
+                                                   gpu_ids=model_gpu_ids(s, m))}  # fmt: skip
     for m in s.models:
         wl = _workload(s, m, tmp)
-        with naive_server(s.model_dir / m, m, _probe(s, m)) as url:
+        with naive_server(s.model_dir / m, m, _probe(s, m), model_gpu_ids(s, m)) as url:
             curve = _closed_curve(url, wl, s, ())
             rate = round(max(p["goodput_rps"] for p in curve) * s.open_rate_share, 1) or 1.0
             out["models"][m]["open_rate_rps"] = rate

@@ -17,9 +17,14 @@ from benchmarks.baselines.runner import ModelRunner
 
 
 def measure_limit(
-    model_dir: str | Path, bodies: list[dict[str, Any]], batch_sizes: list[int], seconds: float, threads: int
+    model_dir: str | Path,
+    bodies: list[dict[str, Any]],
+    batch_sizes: list[int],
+    seconds: float,
+    threads: int,
+    gpu_ids: list[str] | None = None,
 ) -> dict[str, Any]:
-    runner = ModelRunner(model_dir, threads=threads)
+    runner = ModelRunner(model_dir, threads=threads, gpu_ids=gpu_ids)
     items = [item for body in bodies for item in runner.decode(body)]
     runner.run(items[:1])  # lazy init out of the figures
     points = []
@@ -45,4 +50,4 @@ def measure_limit(
             }
         )
     best = max(points, key=lambda p: p["items_per_s"])
-    return {"threads": threads, "points": points, "best": best}
+    return {"threads": threads, "providers": runner.providers, "points": points, "best": best}

@@ -15,8 +15,12 @@ from fastapi import Body, FastAPI
 from benchmarks.baselines.runner import ModelRunner
 
 NAME = os.environ.get("BENCH_MODEL_NAME", "model")
-# 0 = ONNX Runtime's default, one intra-op thread per core.
-runner = ModelRunner(os.environ["BENCH_MODEL_DIR"], threads=int(os.environ.get("BENCH_THREADS", "0")))
+# 0 = ONNX Runtime's default, one intra-op thread per core. $BENCH_GPU_IDS: on the GPU ours gets.
+runner = ModelRunner(
+    os.environ["BENCH_MODEL_DIR"],
+    threads=int(os.environ.get("BENCH_THREADS", "0")),
+    gpu_ids=[g for g in os.environ.get("BENCH_GPU_IDS", "").split(",") if g],
+)
 app = FastAPI()
 
 

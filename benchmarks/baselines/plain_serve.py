@@ -28,7 +28,9 @@ class PlainModel:
         # The same thread rule as ours, so the two differ only in what wraps the model.
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
         self.name = name
-        self.runner = ModelRunner(model_dir, threads=threads or intra_op_threads(cpus))
+        self.runner = ModelRunner(
+            model_dir, threads=threads or intra_op_threads(cpus), gpu_ids=[str(g) for g in ray.get_gpu_ids()]
+        )
         self.infer_batch.set_max_batch_size(max_batch_size)
         self.infer_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 

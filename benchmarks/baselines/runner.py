@@ -15,19 +15,22 @@ import onnxruntime as ort
 
 from serve_app.manifest import Manifest
 from serve_app.models.batching import pad_right
+from serve_app.models.runtime import select_providers
 from serve_app.tokenization import TextTokenizer
 
 
 class ModelRunner:
-    def __init__(self, model_dir: str | Path, threads: int) -> None:
+    def __init__(self, model_dir: str | Path, threads: int, gpu_ids: list[str] | None = None) -> None:
+        """`gpu_ids`: run on CUDA when given (and onnxruntime-gpu can), as ours does on a GPU replica."""
         self.model_dir = Path(model_dir)
         self.manifest = Manifest.load(self.model_dir)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         self.session = ort.InferenceSession(
-            str(self.model_dir / self.manifest.onnx_file), sess_options=opts, providers=["CPUExecutionProvider"]
+            str(self.model_dir / self.manifest.onnx_file), sess_options=opts, providers=select_providers(gpu_ids or [])
         )
+        self.providers = self.session.get_providers()
         self.text = self.manifest.family == "bert"
         self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file) if self.text else None
         self.max_len = self.manifest.max_sequence_length or 512

@@ -2,7 +2,9 @@
 `ray start --head --num-gpus=1` then `serve run --address=auto CONFIG`.
 
 Ray's scheduler does the packing, so a CPU machine shows it: fractional
-replicas share GPU id 0 and the cluster's one GPU is fully allocated.
+replicas share GPU id 0 and the cluster's one GPU is fully allocated. On a
+machine with a real GPU (nvidia-smi answers) the same tests also require every
+replica's session to run on ONNX Runtime's CUDA provider.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import httpx
 import pytest
 import yaml
 
+from benchmarks.report import gpu_info
 from tests.integration.serving import deployment_handle
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8124
 CATALOG = ["bert-light", "bert-heavy", "resnet-light", "resnet-heavy", "gpt"]
+REAL_GPU = gpu_info() is not None
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +118,9 @@ def _replica_gpus(name: str, expected_replicas: int) -> dict[str, list[str]]:
     while len(seen) < expected_replicas:
         info = handle.runtime_info.remote().result()
         seen[info["replica"]] = info["gpu_ids"]
+        if REAL_GPU:
+            # onnxruntime-gpu lists CUDA as available on any machine; only a real GPU runs it.
+            assert info["providers"][0] == "CUDAExecutionProvider", f"{name}: {info['providers']}"
         assert time.monotonic() < deadline, f"saw only {len(seen)} replicas of {name}"
     return seen
 

@@ -55,6 +55,13 @@ def base_env() -> dict[str, str]:
     return env
 
 
+def ensure_auth_token(env: dict[str, str]) -> None:
+    """`ray start` in token mode refuses to start without a token (~/.ray/auth_token or
+    $RAY_AUTH_TOKEN) and, unlike `ray.init()`, never makes one: on a fresh machine the first
+    `ray start` failed (seen on the GPU machine). `--generate` keeps an existing token."""
+    subprocess.run(["ray", "get-auth-token", "--generate"], env=env, capture_output=True, check=True)
+
+
 class RayCluster:
     """`ray start --head` with the ingress switches in its environment; `serve run` configs onto it."""
 
@@ -65,6 +72,7 @@ class RayCluster:
 
     def __enter__(self) -> RayCluster:
         self._stop()
+        ensure_auth_token(self.env)
         subprocess.run(
             ["ray", "start", "--head", f"--port={RAY_PORT}", "--include-dashboard=false", "--disable-usage-stats"],
             env=self.env,

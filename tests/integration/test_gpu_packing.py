@@ -36,13 +36,14 @@ def cluster(tiny_model_dir, tmp_path_factory):
     import ray
     from ray import serve
 
-    from benchmarks.cluster import kill_orphan_haproxy, wait_for_ray_exit
+    from benchmarks.cluster import ensure_auth_token, kill_orphan_haproxy, wait_for_ray_exit
     from tests.integration.serving import release_handles
 
     # Logical CPUs: gpu.yaml asks one CPU per replica, as a GPU node would have.
     start = ["ray", "start", "--head", "--num-cpus=16", "--num-gpus=1", "--include-dashboard=false"]
     start += ["--disable-usage-stats", "--port=6390"]
     try:
+        ensure_auth_token(env)
         subprocess.run(start, check=True, env=env, capture_output=True)
         with ray_auth_mode("token"):
             ray.init(address="auto", log_to_driver=False)

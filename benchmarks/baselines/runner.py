@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from serve_app.manifest import Manifest
 from serve_app.models.batching import pad_right
-from serve_app.models.runtime import select_providers
+from serve_app.models.runtime import select_providers, with_options
 from serve_app.tokenization import TextTokenizer
 
 
@@ -27,9 +27,8 @@ class ModelRunner:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(
-            str(self.model_dir / self.manifest.onnx_file), sess_options=opts, providers=select_providers(gpu_ids or [])
-        )
+        providers = with_options(select_providers(gpu_ids or []))
+        self.session = ort.InferenceSession(str(self.model_dir / self.manifest.onnx_file), sess_options=opts, providers=providers)
         self.providers = self.session.get_providers()
         self.text = self.manifest.family == "bert"
         self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file) if self.text else None

@@ -30,6 +30,17 @@ def select_providers(gpu_ids: list[str] | list[int], use_tensorrt: bool = False)
     return providers
 
 
+# ONNX Runtime's CUDA provider defaults to EXHAUSTIVE: it benchmarks every cuDNN convolution
+# algorithm for each new input shape. A served model sees a new shape for every batch size
+# (and, for text, every padded length), so each first batch of a size pays that search.
+CUDA_OPTIONS: dict[str, str] = {"cudnn_conv_algo_search": "HEURISTIC"}
+
+
+def with_options(providers: list[str]) -> list[str | tuple[str, dict[str, str]]]:
+    """`providers` as ONNX Runtime takes them, with this project's CUDA options."""
+    return [(p, dict(CUDA_OPTIONS)) if p == "CUDAExecutionProvider" else p for p in providers]
+
+
 def intra_op_threads(num_cpus: float | None) -> int:
     """Threads per session follow the replica's `num_cpus` so replicas don't fight over cores."""
     return max(1, math.ceil(num_cpus)) if num_cpus else 1
@@ -51,7 +62,7 @@ def create_session(
     if not spinning:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     before = thread_ids() if background else set()
-    session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+    session = ort.InferenceSession(str(path), sess_options=opts, providers=with_options(providers))
     if background:
         # ORT creates the session's thread pool in the constructor and offers no hook to set
         # its threads' priority, so lower the threads that the constructor started. A thread

@@ -1,6 +1,7 @@
 import numpy as np
 
-from serve_app.models.batching import length_buckets, pad_left, pad_right
+from serve_app.models.batching import batch_buckets, length_buckets, pad_batch, pad_left, pad_right
+from serve_app.models.runtime import with_options
 
 
 def test_buckets_never_pad_more_than_twice_the_shortest_member():
@@ -28,3 +29,27 @@ def test_pad_left_aligns_ends():
     assert ids.tolist() == [[5, 6, 7], [0, 0, 9]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert ids.dtype == np.int64
+
+
+def test_batch_buckets_are_powers_of_two_up_to_the_max() -> None:
+    assert batch_buckets(32) == [1, 2, 4, 8, 16, 32]
+    assert batch_buckets(24) == [1, 2, 4, 8, 16, 24]
+    assert batch_buckets(1) == [1]
+
+
+def test_pad_batch_appends_zero_rows_up_to_the_next_bucket() -> None:
+    batch = np.arange(3 * 2, dtype=np.float32).reshape(3, 2) + 1
+    padded = pad_batch(batch, [1, 2, 4, 8])
+    assert padded.shape == (4, 2) and padded.dtype == np.float32
+    np.testing.assert_array_equal(padded[:3], batch)
+    assert not padded[3:].any()
+    assert pad_batch(batch[:2], [1, 2, 4]).shape == (2, 2)  # already a bucket size
+    assert pad_batch(batch, [1, 2]).shape == (3, 2)  # larger than every bucket: as is
+
+
+def test_cuda_sessions_get_the_heuristic_cudnn_search_and_cpu_stays_bare() -> None:
+    assert with_options(["CUDAExecutionProvider", "CPUExecutionProvider"]) == [
+        ("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"}),
+        "CPUExecutionProvider",
+    ]
+    assert with_options(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]

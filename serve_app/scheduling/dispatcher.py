@@ -29,7 +29,7 @@ from typing import Any
 
 from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
 from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
-from serve_app.scheduling.estimate import LatencyEstimator
+from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
 from serve_app.scheduling.limit import AdaptiveLimit
 from serve_app.scheduling.queue import Priority, QueueFull, QueuePolicy, RequestQueue, Ticket
 
@@ -89,6 +89,7 @@ class Lane:
     queue: RequestQueue
     limit: AdaptiveLimit
     estimator: LatencyEstimator = field(default_factory=LatencyEstimator)
+    drain: DrainRate = field(default_factory=DrainRate)
     inflight: int = 0
     inflight_items: int = 0
     timer: asyncio.TimerHandle | None = None
@@ -180,13 +181,30 @@ class Dispatcher:
 
     # -- admission -------------------------------------------------------------
 
-    def predicted_s(self, items: int, priority: Priority) -> float:
+    @staticmethod
+    def _saturated(lane: Lane) -> bool:
+        return lane.inflight >= lane.limit.slots
+
+    def wait_s(self, priority: Priority) -> float:
+        """Predicted seconds before a request of this class would start its own batch."""
         s, lane = self.settings, self.lane_for(priority)
         ahead = lane.queue.items_ahead(priority)
-        return lane.estimator.completion_s(ahead, items, s.max_batch_size, lane.limit.slots, lane.inflight, lane.inflight_items)
+        if self._saturated(lane):
+            # Every slot busy: the rows ahead and in flight leave at the rate the lane delivers.
+            drained = lane.drain.seconds_for(ahead + lane.inflight_items)
+            if drained is not None:
+                return drained
+        return lane.estimator.wait_s(ahead, s.max_batch_size, lane.limit.slots, lane.inflight, lane.inflight_items)
+
+    def predicted_s(self, items: int, priority: Priority) -> float:
+        """Predicted seconds until a request of `items` rows of this class completes."""
+        return self.wait_s(priority) + self.lane_for(priority).estimator.batch_s(items)
 
     def _retry_after(self, lane: Lane) -> float:
-        return max(1.0, lane.estimator.drain_s(lane.queue.items, self.settings.max_batch_size, lane.limit.slots))
+        drained = lane.drain.seconds_for(lane.queue.items + lane.inflight_items)
+        if drained is None:
+            drained = lane.estimator.drain_s(lane.queue.items, self.settings.max_batch_size, lane.limit.slots)
+        return max(1.0, drained)
 
     def _refuse(self, lane: Lane, reason: str, message: str) -> Overloaded:
         self.stats.shed[reason] += 1
@@ -194,14 +212,14 @@ class Dispatcher:
 
     def _check(self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float) -> None:
         """Refuse (raise Overloaded) a request of `items` rows that cannot be served in time."""
-        predicted = self.predicted_s(items, priority)
+        waiting = self.wait_s(priority)
+        predicted = waiting + lane.estimator.batch_s(items)
         if deadline is not None and now + predicted > deadline:
             raise self._refuse(lane, "deadline", f"cannot meet the deadline (about {predicted * 1000:.0f} ms of work ahead)")
         # The wait, not the request's own batch: an estimate inflated by one slow batch
         # would otherwise refuse everything, and with nothing admitted it never learns
         # that the model got fast again (measured: a ResNet-50 closed loop at
         # concurrency 32 answered 7 of 300 requests).
-        waiting = predicted - lane.estimator.batch_s(items)
         if waiting > self.settings.max_queue_delay_s:
             raise self._refuse(lane, "queue_delay", f"overloaded (about {waiting:.1f} s of work queued)")
 
@@ -276,6 +294,8 @@ class Dispatcher:
                     "inflight_batches": lane.inflight,
                     "inflight_limit": round(lane.limit.value, 2),
                     "replica_queue_estimate": round(lane.limit.queue_estimate, 3),
+                    "drain_rows_per_s": round(lane.drain.rate, 2),
+                    "predicted_wait_ms": round(self.wait_s(Priority.LOW if lane is self.bulk else Priority.HIGH) * 1e3, 1),
                     "batch_ms": {
                         "one": round(lane.estimator.batch_s(1) * 1e3, 3),
                         "full": round(lane.estimator.batch_s(s.max_batch_size) * 1e3, 3),
@@ -349,6 +369,8 @@ class Dispatcher:
             items = sum(t.items for t in batch)
             lane.limit.on_batch(reply.wait_s, reply.exec_s, inflight)
             lane.estimator.observe(items, rtt, reply.wait_s)
+            # `lane.inflight` still counts this batch: the lane was full if it is at its limit now.
+            lane.drain.on_completion(items, self.clock(), bool(lane.queue.items) and self._saturated(lane))
             lane.recent.append((queued_s, rtt, reply.wait_s, reply.exec_s))
             self._adopt(reply)
             self.stats.completed_items += items

@@ -4,6 +4,7 @@ import pytest
 
 from serve_app.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
 from serve_app.scheduling.dispatcher import BatchReply, Dispatcher, DispatchSettings, RequestTiming
+from serve_app.scheduling.estimate import DrainRate
 from serve_app.scheduling.limit import AdaptiveLimit
 from serve_app.scheduling.queue import Priority
 
@@ -319,4 +320,27 @@ async def test_precheck_leaves_an_open_circuit_and_fifo_to_admission():
     backlog = [asyncio.ensure_future(d.submit(f"b{i}", 1)) for i in range(4)]
     await asyncio.sleep(0)
     d.precheck(Priority.LOW, None)  # fifo has no delay-based refusal
+    await asyncio.gather(*backlog)
+
+
+async def test_a_saturated_lane_predicts_its_wait_from_the_rate_it_drains():
+    """Four batches in flight on one replica: three of them wait at the replica, so service time
+    over slots would promise 4x the real drain rate. The rate measured while saturated does not."""
+    model = FakeModel(replicas=1, base_s=0.01, per_item_s=0.0)  # 100 rows/s at most
+    d = Dispatcher(
+        "m",
+        model.send,
+        DispatchSettings(max_batch_size=1, batch_wait_timeout_s=0.0),
+        limit=AdaptiveLimit(4, minimum=4, maximum=4),
+    )
+    d.bulk.drain = DrainRate(window_s=0.1)
+    backlog = [asyncio.ensure_future(d.submit(f"b{i}", 1, Priority.LOW)) for i in range(60)]
+    await asyncio.sleep(0.3)
+    lane = d.bulk
+    assert lane.inflight == 4 and lane.queue.items > 0
+    assert 70 <= lane.drain.rate <= 110
+    rows = lane.queue.items + lane.inflight_items
+    model_based = lane.estimator.wait_s(lane.queue.items, 1, lane.limit.slots, lane.inflight, lane.inflight_items)
+    assert d.wait_s(Priority.LOW) == pytest.approx(rows / lane.drain.rate)
+    assert d.wait_s(Priority.LOW) > 2.5 * model_based
     await asyncio.gather(*backlog)

@@ -1,6 +1,6 @@
 import pytest
 
-from serve_app.scheduling.estimate import LatencyEstimator
+from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
 from serve_app.scheduling.limit import AdaptiveLimit
 
 
@@ -71,3 +71,21 @@ def test_completion_counts_queued_batches_per_slot():
     # A small batch running is a short wait, not a full batch's.
     small = est.completion_s(0, 1, 16, slots=1, inflight=1, inflight_items=1)
     assert small == pytest.approx(2 * est.batch_s(1))
+
+
+def test_drain_rate_counts_only_saturated_windows():
+    drain = DrainRate(window_s=1.0, smoothing=0.5)
+    assert drain.seconds_for(10) is None  # nothing learned
+    drain.on_completion(8, 0.0, saturated=True)  # opens a window; its own rows predate it
+    drain.on_completion(8, 0.5, saturated=True)
+    assert drain.rate == 0.0  # window not closed yet
+    drain.on_completion(8, 1.0, saturated=True)
+    assert drain.rate == pytest.approx(16.0)
+    # An idle spell says nothing about capacity: it discards the open window and keeps the rate.
+    drain.on_completion(8, 1.5, saturated=True)
+    drain.on_completion(1, 9.0, saturated=False)
+    assert drain.rate == pytest.approx(16.0)
+    drain.on_completion(8, 10.0, saturated=True)
+    drain.on_completion(8, 11.0, saturated=True)  # 8 rows in 1 s
+    assert drain.rate == pytest.approx(12.0)
+    assert drain.seconds_for(24) == pytest.approx(2.0)

@@ -91,12 +91,6 @@ class ModelConfig(BaseModel):
         "between them. Default: one per thread on CPU (most throughput beside other load), one on GPUs. 1 halves a "
         "batch's run time on 2 threads, which is what a request waits for at moderate load",
     )
-    urgent_threads: int | None = Field(
-        None,
-        ge=1,
-        le=256,
-        description="with the urgent lane on: intra-op threads of the urgent session. Default: intra_op_threads",
-    )
     faults: FaultConfig = Field(default_factory=FaultConfig)
 
     def tuning(self) -> ReplicaTuning:

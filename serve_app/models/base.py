@@ -42,12 +42,9 @@ class OnnxModel:
         self.providers = select_providers(self.gpu_ids)
         self.threads = self.config.intra_op_threads or intra_op_threads(num_cpus)
         self.lanes_enabled = self.supports_lanes and self.config.urgent_lane
-        # With lanes, `self.session` is the urgent lane's (serve_app.models.classifier).
-        urgent = self.config.urgent_threads if self.lanes_enabled else None
-        self.session_threads = urgent or self.threads
         # With two sessions sharing the cores, neither pool may spin while idle (runtime.create_session).
         self.session = create_session(
-            self.model_dir / self.manifest.onnx_file, self.providers, self.session_threads, spinning=not self.lanes_enabled
+            self.model_dir / self.manifest.onnx_file, self.providers, self.threads, spinning=not self.lanes_enabled
         )
         self.batch_sizes: Counter[int] = Counter()
         self._batch_hist = metrics.Histogram(

@@ -78,7 +78,7 @@ class Classifier(OnnxModel):
         bulk = [create_session(path, self.providers, n, spinning=False, background=True) for n in layout]
         for session in bulk:
             self._warm(session)
-        self.lane_layout = {BULK: layout, URGENT: [self.session_threads]}
+        self.lane_layout = {BULK: layout, URGENT: [self.threads]}
         pool = ThreadPoolExecutor(len(bulk), thread_name_prefix=f"{name}-bulk", initializer=lower_thread_priority)
         runs = [partial(self._run_payloads, session=session) for session in bulk]
         self.lanes[BULK] = BatchExecutor(runs, size, pool)

@@ -196,10 +196,6 @@ class Dispatcher:
                 return drained
         return lane.estimator.wait_s(ahead, s.max_batch_size, lane.limit.slots, lane.inflight, lane.inflight_items)
 
-    def predicted_s(self, items: int, priority: Priority) -> float:
-        """Predicted seconds until a request of `items` rows of this class completes."""
-        return self.wait_s(priority) + self.lane_for(priority).estimator.batch_s(items)
-
     def _retry_after(self, lane: Lane) -> float:
         drained = lane.drain.seconds_for(lane.queue.items + lane.inflight_items)
         if drained is None:

@@ -71,9 +71,8 @@ class LatencyEstimator:
     def completion_s(
         self, items_ahead: int, items: int, batch_size: int, slots: int, inflight: int, inflight_items: int = 0
     ) -> float:
-        """Predicted seconds until a request of `items` rows completes: the wait, then its own batch."""
-        if self.samples == 0:
-            return 0.0
+        """Predicted seconds until a request of `items` rows completes: the wait, then its own batch
+        (0 before any batch was seen: admit, and learn)."""
         return self.wait_s(items_ahead, batch_size, slots, inflight, inflight_items) + self.batch_s(items)
 
     def drain_s(self, items: int, batch_size: int, slots: int) -> float:

@@ -35,6 +35,12 @@ class RouterTelemetry:
             description="Batches the router may have in flight per model and lane (learned).",
             tag_keys=("model", "lane"),
         )
+        self.drain_rate = metrics.Gauge(
+            "serve_app_drain_rows_per_s",
+            description="Rows per second a model's lane completed while saturated (learned; 0 before its first "
+            "saturated window): what admission divides the queue by.",
+            tag_keys=("model", "lane"),
+        )
         self.admitted = metrics.Counter(
             "serve_app_admitted", description="Requests admitted to a model's queue.", tag_keys=("model", "priority")
         )
@@ -76,6 +82,7 @@ class RouterTelemetry:
                 self.queue_depth.set(n, tags={"model": model, "priority": p.name.lower()})
             for lane in d.lanes:
                 self.inflight_limit.set(lane.limit.value, tags={"model": model, "lane": lane.name})
+                self.drain_rate.set(lane.drain.rate, tags={"model": model, "lane": lane.name})
             for priority, n in self._delta(f"admitted/{model}", d.stats.admitted).items():
                 self.admitted.inc(n, tags={"model": model, "priority": priority})
             for reason, n in self._delta(f"shed/{model}", d.stats.shed).items():

@@ -47,3 +47,20 @@ def test_queue_waits_are_all_recorded_in_chunks_that_yield_to_the_loop() -> None
     values, ticks = asyncio.run(scenario())
     assert values == [float(i) for i in range(200)]
     assert ticks >= 200 // RouterTelemetry.chunk  # the other coroutine ran between chunks
+
+
+class FakeGauge:
+    def __init__(self) -> None:
+        self.values: dict[tuple[tuple[str, str], ...], float] = {}
+
+    def set(self, value: float, tags: dict[str, str] | None = None) -> None:
+        self.values[tuple(sorted((tags or {}).items()))] = value
+
+
+def test_the_learned_drain_rate_is_exported_per_model_and_lane() -> None:
+    telemetry = RouterTelemetry()
+    telemetry.drain_rate = FakeGauge()  # type: ignore[assignment]
+    d = Dispatcher("m", _noop)
+    d.bulk.drain.rate = 106.4
+    asyncio.run(telemetry.export({"m": d}, Counter(), {"m": 0}))
+    assert telemetry.drain_rate.values == {(("lane", "bulk"), ("model", "m")): 106.4}  # type: ignore[attr-defined]

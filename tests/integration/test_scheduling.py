@@ -29,6 +29,7 @@ pytestmark = pytest.mark.integration
 PORT = 8125
 URL = f"http://127.0.0.1:{PORT}"
 RAY_PORT = 6393
+METRICS_PORT = 8127  # Ray's Prometheus endpoint (`ray start --metrics-export-port`)
 BATCH_S = 0.1  # every batch of the slow models takes this long
 POLICY = "serve_app.scheduling.autoscale:router_demand_policy"
 GOLD_KEY, FREE_KEY = "gold-key-for-tests", "free-key-for-tests"
@@ -98,7 +99,8 @@ def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         if not link.exists():
             link.symlink_to(tiny_model_dir / "bert-light")
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_SERVE_ENABLE_HA_PROXY": "0", "SCHED_TEST_FREE_KEY": FREE_KEY}
-    start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=8", "--include-dashboard=false", "--disable-usage-stats"]
+    start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=8", "--include-dashboard=false", "--disable-usage-stats",
+             f"--metrics-export-port={METRICS_PORT}"]  # fmt: skip
     wait_for_ray_exit()
     subprocess.run(start, check=True, env=env, capture_output=True)
     path = tmp_path_factory.mktemp("sched") / "config.yaml"
@@ -287,3 +289,30 @@ def test_router_held_load_scales_the_model_up_and_back_down(app):
     assert _replicas(app, "autoscaled") == 2, "router-held load never scaled the model up"
     assert peak_queue >= 4, "the load was held in the router's queue"
     _wait_for(lambda: _replicas(app, "autoscaled") == 1, 90, "the model never scaled back down")
+
+
+def test_router_metrics_are_scraped_from_ray_as_prometheus_text(app):
+    """The router's queue, admission, shedding, capacity and breaker metrics leave through
+    Ray's metrics pipeline: scraped the way Prometheus does, after the flood above shed."""
+    wanted = [
+        "serve_app_queue_depth",
+        "serve_app_inflight_limit",
+        "serve_app_drain_rows_per_s",
+        "serve_app_admitted",
+        "serve_app_shed",
+        "serve_app_queue_wait_ms",
+        "serve_app_breaker_state",
+    ]
+    text, deadline = "", time.monotonic() + 90  # the router exports every 2 s, Ray's agent every few more
+    while True:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+        except httpx.HTTPError:
+            text = ""
+        missing = [m for m in wanted if m not in text]
+        if not missing and 'reason="queue_' in text:
+            break
+        assert time.monotonic() < deadline, f"not exported: {missing}"
+        time.sleep(2)
+    shed = [line for line in text.splitlines() if "serve_app_shed" in line and not line.startswith("#")]
+    assert any('model="slow"' in line and 'reason="queue_' in line for line in shed), shed

@@ -5,7 +5,8 @@
 An urgent session (URGENT_THREADS intra-op threads, default 2, normal priority) runs
 lone requests 50 ms apart, first with the bulk sessions idle, then while two
 single-threaded bulk sessions run batches of 8 back to back under SCHED_IDLE, as a
-replica lays them out (serve_app/models/classifier.py). Text models only (a BERT-style
+replica lays them out (serve_app/models/classifier.py). Also the CPU time per row of
+each lane's batch, measured before the bulk sessions start. Text models only (a BERT-style
 model directory with its tokenizer). Why: it tells whether a high-priority request's
 slower run under a flood comes from the bulk lane beside it or from the rest of the node
 (benchmarks/results/priority/).
@@ -48,6 +49,15 @@ def _latencies(session: ort.InferenceSession, rows: list[list[int]], pad_id: int
     return {q: round(float(np.percentile(a, p)), 2) for q, p in (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))}
 
 
+def _cpu_ms_per_row(session: ort.InferenceSession, feed: dict[str, np.ndarray], reps: int = 12) -> float:
+    """Process CPU time per row of `feed`'s batch (every thread of this process: run it alone)."""
+    session.run(None, feed)
+    started = time.process_time()
+    for _ in range(reps):
+        session.run(None, feed)
+    return round((time.process_time() - started) * 1e3 / (reps * len(feed["input_ids"])), 2)
+
+
 def main(argv: list[str]) -> int:
     model_dir, out = Path(argv[0]), Path(argv[1])
     urgent_threads = int(argv[2]) if len(argv) > 2 else 2
@@ -64,6 +74,13 @@ def main(argv: list[str]) -> int:
     for _ in range(3):
         urgent.run(None, {"input_ids": ids[:1], "attention_mask": mask[:1]})
     result: dict[str, Any] = {"model_dir": str(model_dir), "urgent_threads": urgent_threads}
+    # What a row costs in cores on each lane, nothing else running: a lone urgent request against
+    # a row of a full bulk batch (the priority scenario's goodput turns on the difference).
+    one = {"input_ids": ids[:1], "attention_mask": mask[:1]}
+    result["cpu_ms_per_row"] = {
+        "urgent_batch_1": _cpu_ms_per_row(urgent, one),
+        f"bulk_batch_{BULK_BATCH}": _cpu_ms_per_row(bulk[0], feed),
+    }
     result["urgent_alone_ms"] = _latencies(urgent, rows, tok.pad_id)
     stop, done = threading.Event(), [0]
 

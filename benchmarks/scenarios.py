@@ -145,7 +145,7 @@ def model_gpu_ids(s: Settings, model: str) -> list[str]:
     """GPU 0 for the baselines that run outside Ray (limit, naive) when ours gives this model a GPU
     share: every setup then runs the model on the same device, and only what wraps it differs."""
     deployments = _load_config(s)["applications"][0].get("deployments", [])
-    options = next((d.get("ray_actor_options", {}) for d in deployments if d["name"] == model), {})
+    options: dict[str, Any] = next((d.get("ray_actor_options", {}) for d in deployments if d["name"] == model), {})
     return ["0"] if float(options.get("num_gpus") or 0) > 0 else []
 
 

@@ -25,7 +25,8 @@ def main(argv: list[str]) -> int:
         cuda = ("CUDAExecutionProvider", {"cudnn_conv_algo_search": algo})
         s = ort.InferenceSession(path, opts, providers=[cuda, "CPUExecutionProvider"])
         s.run(None, {"image": np.zeros((1, 3, 224, 224), np.float32)})
-        first, second = [], []
+        first: list[float] = []
+        second: list[float] = []
         for n in SIZES:
             feed = {"image": np.random.rand(n, 3, 224, 224).astype(np.float32)}
             for runs in (first, second):

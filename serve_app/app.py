@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from ray.serve import Application
 from ray.serve.deployment import Deployment
@@ -13,10 +13,17 @@ from serve_app.models.generator import TextGenerator
 from serve_app.models.generator_static import RequestBatchGenerator
 from serve_app.router.ingress import Router
 
+
+def as_deployment(decorated: object) -> Deployment:
+    """What `@serve.deployment` made of a class. Ray types the decorator as returning the class
+    itself, so the checker would not see `.options`/`.bind` without this."""
+    return cast(Deployment, decorated)
+
+
 DEPLOYMENT_FOR_FAMILY: dict[str, Deployment] = {
-    "bert": TextClassifier,
-    "resnet": ImageClassifier,
-    "gpt": TextGenerator,
+    "bert": as_deployment(TextClassifier),
+    "resnet": as_deployment(ImageClassifier),
+    "gpt": as_deployment(TextGenerator),
 }
 
 
@@ -36,7 +43,7 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
         # the rest is headroom for several routers.
         ongoing = 16
         if model.family == "gpt" and model.generation.scheduler == "request":
-            deployment = RequestBatchGenerator
+            deployment = as_deployment(RequestBatchGenerator)
             # @serve.batch fills only when a replica may hold a full batch (ray-project/ray#43288).
             ongoing = max(2 * model.batching.max_batch_size, 8)
         elif model.family == "gpt":
@@ -49,7 +56,11 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
             max_ongoing_requests=ongoing,
         ).bind(name, str(args.model_path(name)), model.model_dump(mode="json"))
     # Routes and models travel to the router as plain data plus handles.
-    return Router.options(name="router", max_ongoing_requests=router_capacity(args)).bind(args.model_dump(mode="json"), handles)
+    return (
+        as_deployment(Router)
+        .options(name="router", max_ongoing_requests=router_capacity(args))
+        .bind(args.model_dump(mode="json"), handles)
+    )
 
 
 def router_capacity(args: AppArgs) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import ray
@@ -31,8 +31,10 @@ class PlainModel:
         self.runner = ModelRunner(
             model_dir, threads=threads or intra_op_threads(cpus), gpu_ids=[str(g) for g in ray.get_gpu_ids()]
         )
-        self.infer_batch.set_max_batch_size(max_batch_size)
-        self.infer_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        # @serve.batch adds these setters to the method; Ray's typing does not show them.
+        batched = cast(Any, self.infer_batch)
+        batched.set_max_batch_size(max_batch_size)
+        batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def infer_batch(self, requests: list[list[Any]]) -> list[np.ndarray]:
@@ -48,6 +50,8 @@ class PlainModel:
 
 def build(args: dict[str, Any]) -> Any:
     batch = int(args.get("max_batch_size", 16))
-    return PlainModel.options(max_ongoing_requests=max(2 * batch, 8)).bind(
-        args["name"], args["model_dir"], batch, float(args.get("batch_wait_timeout_s", 0.005)), args.get("threads")
+    return (
+        cast(Any, PlainModel)
+        .options(max_ongoing_requests=max(2 * batch, 8))
+        .bind(args["name"], args["model_dir"], batch, float(args.get("batch_wait_timeout_s", 0.005)), args.get("threads"))
     )

@@ -31,7 +31,10 @@ class ModelRunner:
         self.session = ort.InferenceSession(str(self.model_dir / self.manifest.onnx_file), sess_options=opts, providers=providers)
         self.providers = self.session.get_providers()
         self.text = self.manifest.family == "bert"
-        self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file) if self.text else None
+        self.tokenizer = None
+        if self.text:
+            assert self.manifest.tokenizer_file, f"{self.model_dir}: a text model's manifest names its tokenizer"
+            self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file)
         self.max_len = self.manifest.max_sequence_length or 512
 
     def decode(self, body: dict[str, Any]) -> list[Any]:

@@ -20,7 +20,7 @@ from serve_app.errors import ModelFailure
 from serve_app.manifest import Manifest
 from serve_app.models.runtime import create_session, intra_op_threads, select_providers
 
-BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128]
+BATCH_SIZE_BOUNDARIES = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]
 
 
 class OnnxModel:

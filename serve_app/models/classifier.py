@@ -29,7 +29,7 @@ from serve_app.cpu_priority import lower_thread_priority
 from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.batching import batch_buckets, length_buckets, pad_batch, pad_right
-from serve_app.models.executor import BatchExecutor
+from serve_app.models.executor import BatchExecutor, RunBatch
 from serve_app.models.runtime import create_session
 from serve_app.scheduling.dispatcher import BULK, URGENT, BatchReply
 from serve_app.scheduling.router_load import RouterLoad
@@ -80,7 +80,7 @@ class Classifier(OnnxModel):
             self._warm(session)
         self.lane_layout = {BULK: layout, URGENT: [self.threads]}
         pool = ThreadPoolExecutor(len(bulk), thread_name_prefix=f"{name}-bulk", initializer=lower_thread_priority)
-        runs = [partial(self._run_payloads, session=session) for session in bulk]
+        runs: list[RunBatch] = [partial(self._run_payloads, session=session) for session in bulk]
         self.lanes[BULK] = BatchExecutor(runs, size, pool)
         urgent_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-urgent")
         self.lanes[URGENT] = BatchExecutor(partial(self._run_payloads, session=self.session), size, urgent_pool)

@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import cast
 
 from ray.serve import metrics
 
 from serve_app.scheduling.dispatcher import Dispatcher
 
-QUEUE_WAIT_MS_BOUNDARIES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
+QUEUE_WAIT_MS_BOUNDARIES = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0]
+
+
+def tags(*keys: str) -> tuple[str]:
+    """Tag keys as Ray's metrics take them: Ray annotates `tag_keys` as `Tuple[str]` (one key)
+    but accepts any number; the cast keeps mypy on the rest of the call."""
+    return cast("tuple[str]", keys)
 
 
 class RouterTelemetry:
@@ -28,27 +35,27 @@ class RouterTelemetry:
         self.queue_depth = metrics.Gauge(
             "serve_app_queue_depth",
             description="Rows queued in the router per model and priority.",
-            tag_keys=("model", "priority"),
+            tag_keys=tags("model", "priority"),
         )
         self.inflight_limit = metrics.Gauge(
             "serve_app_inflight_limit",
             description="Batches the router may have in flight per model and lane (learned).",
-            tag_keys=("model", "lane"),
+            tag_keys=tags("model", "lane"),
         )
         self.drain_rate = metrics.Gauge(
             "serve_app_drain_rows_per_s",
             description="Rows per second a model's lane completed while saturated (learned; 0 before its first "
             "saturated window): what admission divides the queue by.",
-            tag_keys=("model", "lane"),
+            tag_keys=tags("model", "lane"),
         )
         self.admitted = metrics.Counter(
-            "serve_app_admitted", description="Requests admitted to a model's queue.", tag_keys=("model", "priority")
+            "serve_app_admitted", description="Requests admitted to a model's queue.", tag_keys=tags("model", "priority")
         )
         self.shed = metrics.Counter(
             "serve_app_shed",
             description="Requests refused or dropped, by reason: deadline, queue_delay, queue_full, evicted, expired, "
             "breaker_open, rate_limited.",
-            tag_keys=("model", "reason"),
+            tag_keys=tags("model", "reason"),
         )
         self.queue_wait = metrics.Histogram(
             "serve_app_queue_wait_ms",
@@ -59,7 +66,7 @@ class RouterTelemetry:
         self.cascade = metrics.Counter(
             "serve_app_cascade_items",
             description="Rows per route by who answered: light, heavy, or degraded (light, heavy unavailable).",
-            tag_keys=("route", "outcome"),
+            tag_keys=tags("route", "outcome"),
         )
         self.breaker_state = metrics.Gauge(
             "serve_app_breaker_state",

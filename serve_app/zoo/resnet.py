@@ -65,6 +65,9 @@ def _shortcut(c_in: int, c_out: int, stride: int) -> nn.Module:
 class ResNet(nn.Module):
     """image (B, 3, H, W) float32 in [0, 1] -> logits (B, n_classes)."""
 
+    mean: torch.Tensor  # buffers (register_buffer), typed for the checker
+    std: torch.Tensor
+
     def __init__(self, cfg: ResNetConfig) -> None:
         super().__init__()
         self.cfg = cfg

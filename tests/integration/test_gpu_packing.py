@@ -73,7 +73,7 @@ def ray_auth_mode(mode: str) -> Iterator[None]:
     and leaving it set changed how the next module's `ray.init()` started its own cluster
     (CI: every test_protocols test errored in setup). Ray's own `_enable_token_auth` refreshes
     the cache the same way."""
-    from ray._raylet import Config
+    from ray._raylet import Config  # type: ignore[attr-defined]  # a Cython class, no stubs
 
     old = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = mode
@@ -103,7 +103,8 @@ def _wait_running(names: list[str], replicas: dict[str, int], timeout_s: float =
     while True:
         status = serve.status().applications.get("default")
         if status is not None and status.status == "RUNNING":
-            running = {n: status.deployments[n].replica_states.get("RUNNING", 0) for n in names}
+            # replica_states is keyed by ReplicaState, a str enum: the plain string finds the same entry.
+            running = {n: status.deployments[n].replica_states.get("RUNNING", 0) for n in names}  # type: ignore[call-overload]
             if all(running[n] == replicas.get(n, 1) for n in names):
                 return
         assert time.monotonic() < deadline, f"not running in time: {status}"

@@ -519,7 +519,8 @@ def test_openapi_fuzz_finds_no_server_error(app_url):
     """Schemathesis generates valid and invalid requests for every operation in /openapi.json;
     none may get a 5xx (which is also how a crashed replica would show)."""
     schema = schemathesis.openapi.from_url(f"{app_url}/openapi.json")
-    operations = [result.ok() for result in schema.get_all_operations()]
+    # An Err (a schema the fuzzer cannot read) has no .ok(): the AttributeError fails the test, as it should.
+    operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
     assert len(operations) >= 15
     failures: list[str] = []
     for op in operations:

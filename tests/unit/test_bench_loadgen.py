@@ -51,7 +51,8 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event, port_box: li
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
-    loop, ready, port = asyncio.new_event_loop(), threading.Event(), []
+    loop, ready = asyncio.new_event_loop(), threading.Event()
+    port: list[int] = []
     threading.Thread(target=_serve, args=(loop, ready, port), daemon=True).start()
     assert ready.wait(5)
     yield f"http://127.0.0.1:{port[0]}"

@@ -200,4 +200,4 @@ def test_a_replica_error_keeps_its_retry_after_through_rays_wrapper():
     assert isinstance(wrapped, Overloaded)
     resp = error_response("/v1/completions", wrapped)
     assert resp.status_code == 503 and resp.headers["retry-after"] == "3"
-    assert json.loads(resp.body)["error"]["message"] == "16 wait"
+    assert json.loads(bytes(resp.body))["error"]["message"] == "16 wait"

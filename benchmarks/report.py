@@ -262,7 +262,7 @@ def priority_markdown(res: dict[str, Any]) -> str:
             refused = hl["requests"] - hl["statuses"].get("200", 0) + hl.get("client_dropped", 0)
             sent = hl["requests"] + hl.get("client_dropped", 0)
             loaded = e[policy]["loaded"]
-            low_ok = ll.get("goodput_in_window_rps", ll["goodput_rps"])
+            low_ok = _in_window(ll)
             goodput = _in_window(loaded)
             # The model replica's cores during the flood: the urgent lane's own session can use cores
             # beyond the bulk lane's threads when the node has them idle.

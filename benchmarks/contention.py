@@ -28,8 +28,8 @@ import numpy as np
 
 from serve_app.cpu_priority import lower_thread_priority
 from serve_app.manifest import Manifest
-from serve_app.models.batching import pad_right
 from serve_app.models.runtime import create_session
+from serve_app.padding import pad_right
 from serve_app.tokenization import TextTokenizer
 
 PERIOD_S = 0.02

@@ -27,8 +27,8 @@ import onnxruntime as ort
 from benchmarks.workloads import TEST_SEED
 from serve_app.cpu_priority import lower_thread_priority
 from serve_app.manifest import Manifest
-from serve_app.models.batching import pad_right
 from serve_app.models.runtime import create_session
+from serve_app.padding import pad_right
 from serve_app.tokenization import TextTokenizer
 from serve_app.zoo.data import sentiment_dataset
 

@@ -3,7 +3,7 @@
     python -m benchmarks.shape_warmup models-realsize/resnet-heavy/model.onnx
 
 For each batch size, the first run (a shape the session has not seen) and the second.
-Why GPU image replicas pad batches to a few sizes warmed at start (serve_app.models.batching).
+Why GPU image replicas pad batches to a few sizes warmed at start (serve_app.padding).
 """
 
 from __future__ import annotations

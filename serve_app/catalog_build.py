@@ -32,8 +32,8 @@ class BuildPlan:
 
 
 def plan(args: AppArgs) -> list[BuildPlan]:
+    from serve_app.presets import get_preset
     from serve_app.zoo.build import is_built
-    from serve_app.zoo.presets import get_preset
 
     out = []
     for name, model in args.models.items():
@@ -48,8 +48,8 @@ def build_missing(args: AppArgs, force: bool = False, log: Callable[[str], None]
     """Build every preset model that is missing or stale; returns the names built."""
     from tqdm import tqdm
 
+    from serve_app.presets import get_preset
     from serve_app.zoo.build import build_model
-    from serve_app.zoo.presets import get_preset
 
     todo = [p for p in plan(args) if force or not p.built]
     for p in plan(args):

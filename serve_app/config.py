@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from serve_app.zoo.presets import Family, get_preset
+from serve_app.presets import Family, get_preset
 
 MODEL_DIR_ENV = "SERVE_APP_MODEL_DIR"
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from serve_app.presets import get_preset
 from serve_app.zoo.build import build_model
-from serve_app.zoo.presets import get_preset
 
 # The default catalog's names, built from the tiny presets: same code paths, seconds to build.
 TINY_CATALOG = {

@@ -14,8 +14,8 @@ import numpy as np
 import onnxruntime as ort
 
 from serve_app.manifest import Manifest
-from serve_app.models.batching import pad_right
 from serve_app.models.runtime import select_providers, with_options
+from serve_app.padding import pad_right
 from serve_app.tokenization import TextTokenizer
 
 

@@ -25,14 +25,13 @@ import onnxruntime as ort
 from ray import serve
 
 from serve_app.config import BatchingConfig
+from serve_app.contract import BULK, URGENT, BatchReply, RouterLoad
 from serve_app.cpu_priority import lower_thread_priority
 from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.models.base import OnnxModel
-from serve_app.models.batching import batch_buckets, length_buckets, pad_batch, pad_right
 from serve_app.models.executor import BatchExecutor, RunBatch
 from serve_app.models.runtime import create_session
-from serve_app.scheduling.dispatcher import BULK, URGENT, BatchReply
-from serve_app.scheduling.router_load import RouterLoad
+from serve_app.padding import batch_buckets, length_buckets, pad_batch, pad_right
 from serve_app.tokenization import TextTokenizer
 
 Result = np.ndarray | ServeAppError

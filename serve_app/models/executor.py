@@ -47,20 +47,27 @@ class _Call:
 
 
 class BatchExecutor:
-    def __init__(self, run: RunBatch | list[RunBatch], max_items: int, pool: Executor | None = None) -> None:
+    def __init__(
+        self,
+        run: RunBatch | list[RunBatch],
+        max_items: int,
+        pool: Executor | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         # One worker per run function; each runs one batch at a time (a session is not shared).
         self.runs = run if isinstance(run, list) else [run]
         if not self.runs:
             raise ValueError("at least one run function")
         self.max_items = max_items
         self.pool = pool  # None: asyncio's default thread pool; else one with a thread per run
+        self.clock = clock
         self._pending: list[_Call] = []
         self._workers: list[asyncio.Task[None] | None] = [None] * len(self.runs)
 
     async def submit(self, payloads: list[Any], items: int) -> tuple[list[Any], float, float]:
         """Results for `payloads`, the seconds the call waited, and the seconds its batch ran."""
         loop = asyncio.get_running_loop()
-        call = _Call(payloads, items, time.perf_counter(), loop.create_future())
+        call = _Call(payloads, items, self.clock(), loop.create_future())
         self._pending.append(call)
         for i, worker in enumerate(self._workers):
             if worker is None or worker.done():
@@ -84,7 +91,7 @@ class BatchExecutor:
             if not calls:
                 continue
             payloads = [p for c in calls for p in c.payloads]
-            started = time.perf_counter()
+            started = self.clock()
             try:
                 results = await asyncio.get_running_loop().run_in_executor(self.pool, run, payloads)
             except Exception as e:  # a bug in the batch function fails this batch, not the replica
@@ -92,7 +99,7 @@ class BatchExecutor:
                     if not c.future.done():
                         c.future.set_exception(e)
                 continue
-            exec_s = time.perf_counter() - started
+            exec_s = self.clock() - started
             offset = 0
             for c in calls:
                 part = results[offset : offset + len(c.payloads)]

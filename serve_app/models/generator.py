@@ -21,14 +21,14 @@ import numpy as np
 from ray import serve
 from ray.serve import metrics
 
+from serve_app.contract import Priority
 from serve_app.errors import InvalidInput, ModelFailure, Overloaded, ServeAppError
 from serve_app.models.base import OnnxModel
-from serve_app.models.batching import pad_left
 from serve_app.models.continuous import ContinuousScheduler, QueueFull, SchedulerConfig
 from serve_app.models.kv_cache import CacheShape, KVCache
 from serve_app.models.sampling import GenerationParams
 from serve_app.models.sequence import Sequence, TokenEvent
-from serve_app.scheduling.queue import Priority
+from serve_app.padding import pad_left
 from serve_app.tokenization import TextTokenizer
 
 __all__ = ["GeneratorBase", "TextGenerator", "TokenEvent"]

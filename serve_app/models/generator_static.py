@@ -18,9 +18,9 @@ import numpy as np
 from ray import serve
 
 from serve_app.errors import ServeAppError
-from serve_app.models.batching import pad_left
 from serve_app.models.generator import GeneratorBase
 from serve_app.models.sequence import Sequence, TokenEvent
+from serve_app.padding import pad_left
 
 # Placeholder for a running row in a step where only failed rows report; never sent on.
 KEEPALIVE = TokenEvent("", None, 0, 0, None)

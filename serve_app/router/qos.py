@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from serve_app.contract import Priority
 from serve_app.errors import InvalidInput
-from serve_app.scheduling.queue import Priority
 
 PRIORITY_HEADER = "x-priority"
 TIMEOUT_HEADER = "x-request-timeout-ms"

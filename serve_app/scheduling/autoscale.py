@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from serve_app.scheduling.router_load import RouterLoad
+from serve_app.contract import RouterLoad
 
 
 def router_demand(aggregated_metrics: dict[str, dict[Any, float]] | None) -> float:

@@ -27,22 +27,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from serve_app.contract import BULK, URGENT, BatchReply, Priority
 from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
 from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
 from serve_app.scheduling.limit import AdaptiveLimit
-from serve_app.scheduling.queue import Priority, QueueFull, QueuePolicy, RequestQueue, Ticket
-
-
-@dataclass
-class BatchReply:
-    """What a replica returns for one batch: a result or an exception per payload, and timings."""
-
-    results: list[Any]
-    wait_s: float  # queued at the replica before the batch started
-    exec_s: float  # running the batch
-    max_batch_size: int | None = None  # the replica's live batching config, so user_config reaches the router
-    batch_wait_timeout_s: float | None = None
+from serve_app.scheduling.queue import QueueFull, QueuePolicy, RequestQueue, Ticket, make_queue
 
 
 @dataclass
@@ -64,8 +54,6 @@ class RequestTiming:
 
 # (payloads, rows still queued in this router for the model, lane name) -> reply
 SendBatch = Callable[[list[Any], int, str], Awaitable[BatchReply]]
-
-BULK, URGENT = "bulk", "urgent"
 
 
 @dataclass
@@ -138,11 +126,11 @@ class Dispatcher:
         self.model = model
         self.send = send
         self.settings = s = settings or DispatchSettings()
-        self.bulk = Lane(BULK, RequestQueue(s.policy, s.max_queue_items), limit or AdaptiveLimit())
+        self.bulk = Lane(BULK, make_queue(s.policy, s.max_queue_items), limit or AdaptiveLimit())
         self.lanes = [self.bulk]
         if s.urgent_lane and self.prioritized:
             # Its own bound: high-priority work neither evicts nor is crowded out by the bulk queue.
-            self.lanes.insert(0, Lane(URGENT, RequestQueue(s.policy, s.max_queue_items), AdaptiveLimit(initial=1)))
+            self.lanes.insert(0, Lane(URGENT, make_queue(s.policy, s.max_queue_items), AdaptiveLimit(initial=1)))
         self.breaker = CircuitBreaker(s.breaker_failures, s.breaker_open_s, clock)
         self.clock = clock
         self.stats = DispatchStats()
@@ -150,23 +138,11 @@ class Dispatcher:
 
     @property
     def prioritized(self) -> bool:
-        return self.settings.policy == "priority"
+        """Admission by class and deadline (and so shedding) is the queue policy's to say."""
+        return self.bulk.queue.prioritized
 
     def lane_for(self, priority: Priority) -> Lane:
         return self.lanes[0] if priority == Priority.HIGH else self.bulk
-
-    # The bulk lane's state under the names a single-lane dispatcher has.
-    @property
-    def queue(self) -> RequestQueue:
-        return self.bulk.queue
-
-    @property
-    def limit(self) -> AdaptiveLimit:
-        return self.bulk.limit
-
-    @property
-    def estimator(self) -> LatencyEstimator:
-        return self.bulk.estimator
 
     @property
     def inflight(self) -> int:
@@ -280,7 +256,7 @@ class Dispatcher:
         """What an operator wants to see about this queue right now (the router's /router/status)."""
         s = self.settings
         return {
-            "policy": s.policy,
+            "policy": self.bulk.queue.policy,
             "queued_items": {p.name.lower(): n for p, n in self.items_by_priority().items()},
             "breaker": self.breaker.state.name.lower(),
             "max_batch_size": s.max_batch_size,

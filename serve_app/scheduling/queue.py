@@ -1,9 +1,11 @@
-"""Per-model request queue: priority classes, earliest deadline first within a class.
+"""Per-model request queues, one class per scheduling policy, chosen by `make_queue`.
 
-The queue is bounded in items (tensor rows), not requests, because items are
-what cost model time and memory. When it is full, a request of a higher class
-evicts the worst queued one (lowest class, latest deadline, newest); a request
-that is no better than the worst queued one is refused instead.
+Both are bounded in items (tensor rows), not requests, because items are what
+cost model time and memory.
+- `PriorityQueue`: priority classes, earliest deadline first within a class. When
+  it is full, a request of a higher class evicts the worst queued one (lowest
+  class, latest deadline, newest); one no better than the worst is refused.
+- `FifoQueue`: arrival order, no eviction: the baseline the benchmarks compare with.
 """
 
 from __future__ import annotations
@@ -12,37 +14,11 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
+
+from serve_app.contract import Priority
 
 QueuePolicy = Literal["priority", "fifo"]
-
-
-class Priority(IntEnum):
-    """Lower value is served first."""
-
-    HIGH = 0
-    NORMAL = 1
-    LOW = 2
-
-    @classmethod
-    def parse(cls, value: str | int | None, default: Priority | None = None) -> Priority:
-        """From a header (`high|normal|low`) or Triton's integer `parameters.priority`.
-
-        Triton counts levels from 1 (highest); 0 means "the model's default".
-        """
-        if value is None or value == "" or value == 0:
-            return default if default is not None else cls.NORMAL
-        if isinstance(value, bool):
-            raise ValueError(f"priority must be high, normal or low, got {value!r}")
-        if isinstance(value, int):
-            if value < 0:
-                raise ValueError(f"priority must be >= 0, got {value}")
-            return cls(min(value - 1, cls.LOW))
-        try:
-            return cls[value.strip().upper()]
-        except KeyError:
-            raise ValueError(f"priority must be high, normal or low, got {value!r}") from None
 
 
 @dataclass(eq=False)
@@ -60,23 +36,22 @@ class Ticket:
     queued_s: float = 0.0  # set when its batch is sent: time waiting in this queue
     model_s: float = 0.0  # set when its batch returns: the round trip to the model
 
-    def sort_key(self, policy: QueuePolicy) -> tuple[float, ...]:
-        if policy == "fifo":
-            return (self.seq,)
-        return (int(self.priority), self.deadline if self.deadline is not None else math.inf, self.seq)
-
 
 class QueueFull(Exception):
     """The queue has no room for this request, and it may not evict anything."""
 
 
 class RequestQueue:
-    """A bounded heap of tickets; `fifo` ignores priority and deadlines (the baseline)."""
+    """A bounded heap of tickets; subclasses say the order, who may evict whom, and what
+    runs ahead of a new request."""
 
-    def __init__(self, policy: QueuePolicy = "priority", max_items: int = 1024) -> None:
+    policy: ClassVar[QueuePolicy]
+    # Whether the dispatcher admits by class and deadline (and so may shed) and keeps an urgent lane.
+    prioritized: ClassVar[bool]
+
+    def __init__(self, max_items: int = 1024) -> None:
         if max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {max_items}")
-        self.policy = policy
         self.max_items = max_items
         self._heap: list[tuple[tuple[float, ...], Ticket]] = []
         self._seq = itertools.count()
@@ -96,8 +71,6 @@ class RequestQueue:
             raise QueueFull(f"{ticket.items} items exceed the queue's {self.max_items}")
         evicted: list[Ticket] = []
         if self.items + ticket.items > self.max_items:
-            if self.policy == "fifo":
-                raise QueueFull("queue full")
             victims = self._victims(ticket)
             if victims is None:
                 raise QueueFull("queue full of work at or above this priority")
@@ -106,32 +79,32 @@ class RequestQueue:
             self._compact()
             evicted = victims
         ticket.seq = next(self._seq)
-        heapq.heappush(self._heap, (ticket.sort_key(self.policy), ticket))
+        heapq.heappush(self._heap, (self.sort_key(ticket), ticket))
         self._count(ticket, +1)
         return evicted
 
+    def sort_key(self, ticket: Ticket) -> tuple[float, ...]:
+        """The heap order: smallest first."""
+        raise NotImplementedError
+
     def _victims(self, ticket: Ticket) -> list[Ticket] | None:
-        """The worst-ranked tickets, strictly below `ticket`, that free enough room."""
-        need = self.items + ticket.items - self.max_items
-        candidates = sorted(
-            (t for _, t in self._heap if not t.done and t.priority > ticket.priority),
-            key=lambda t: t.sort_key(self.policy),
-            reverse=True,
-        )
-        chosen, freed = [], 0
-        for t in candidates:
-            if freed >= need:
-                break
-            chosen.append(t)
-            freed += t.items
-        return chosen if freed >= need else None
+        """Queued tickets to evict so that `ticket` fits, or None to refuse it."""
+        raise NotImplementedError
+
+    def _joins(self, ticket: Ticket, batch: list[Ticket]) -> bool:
+        """Whether `ticket` may join a batch that `batch[0]` leads (room permitting)."""
+        raise NotImplementedError
+
+    def items_ahead(self, priority: Priority) -> int:
+        """Rows that would run before a new request of `priority` (an upper bound)."""
+        raise NotImplementedError
 
     def pop_batch(self, max_items: int, now: float) -> tuple[list[Ticket], list[Ticket]]:
         """Up to `max_items` rows of the best tickets, and those whose deadline passed.
 
         A ticket is never split: a request's rows run in one model batch. The
         first ticket is taken even when it alone exceeds `max_items`; the replica
-        splits it. Under the priority policy a batch holds one class only.
+        splits it.
         """
         batch: list[Ticket] = []
         expired: list[Ticket] = []
@@ -148,9 +121,7 @@ class RequestQueue:
                 continue
             if batch and size + ticket.items > max_items:
                 break
-            # Never fill a batch led by a higher class with lower-class rows: that batch would
-            # run longer, and the high-priority rows in it would wait for the low ones.
-            if batch and self.policy == "priority" and ticket.priority != batch[0].priority:
+            if batch and not self._joins(ticket, batch):
                 break
             heapq.heappop(self._heap)
             self._discard(ticket)
@@ -165,12 +136,6 @@ class RequestQueue:
         if not ticket.done:
             self._discard(ticket)
             self._compact()
-
-    def items_ahead(self, priority: Priority) -> int:
-        """Rows that would run before a new request of `priority` (upper bound for EDF)."""
-        if self.policy == "fifo":
-            return self.items
-        return sum(n for p, n in self.items_by_priority.items() if p <= priority)
 
     def oldest_wait(self, now: float) -> float:
         """Seconds the head of the queue has waited; 0 when empty."""
@@ -193,3 +158,62 @@ class RequestQueue:
         self.tickets += sign
         self.items += sign * ticket.items
         self.items_by_priority[ticket.priority] += sign * ticket.items
+
+
+class PriorityQueue(RequestQueue):
+    """Priority classes first, then earliest deadline, then arrival."""
+
+    policy = "priority"
+    prioritized = True
+
+    def sort_key(self, ticket: Ticket) -> tuple[float, ...]:
+        return (int(ticket.priority), ticket.deadline if ticket.deadline is not None else math.inf, ticket.seq)
+
+    def _victims(self, ticket: Ticket) -> list[Ticket] | None:
+        """The worst-ranked tickets, strictly below `ticket`'s class, that free enough room."""
+        need = self.items + ticket.items - self.max_items
+        candidates = sorted(
+            (t for _, t in self._heap if not t.done and t.priority > ticket.priority), key=self.sort_key, reverse=True
+        )
+        chosen, freed = [], 0
+        for t in candidates:
+            if freed >= need:
+                break
+            chosen.append(t)
+            freed += t.items
+        return chosen if freed >= need else None
+
+    def _joins(self, ticket: Ticket, batch: list[Ticket]) -> bool:
+        # Never fill a batch led by a higher class with lower-class rows: that batch would
+        # run longer, and the high-priority rows in it would wait for the low ones.
+        return ticket.priority == batch[0].priority
+
+    def items_ahead(self, priority: Priority) -> int:
+        return sum(n for p, n in self.items_by_priority.items() if p <= priority)
+
+
+class FifoQueue(RequestQueue):
+    """Arrival order for every class; a full queue refuses (the baseline)."""
+
+    policy = "fifo"
+    prioritized = False
+
+    def sort_key(self, ticket: Ticket) -> tuple[float, ...]:
+        return (ticket.seq,)
+
+    def _victims(self, ticket: Ticket) -> list[Ticket] | None:
+        return None
+
+    def _joins(self, ticket: Ticket, batch: list[Ticket]) -> bool:
+        return True
+
+    def items_ahead(self, priority: Priority) -> int:
+        return self.items
+
+
+QUEUES: dict[QueuePolicy, type[RequestQueue]] = {"priority": PriorityQueue, "fifo": FifoQueue}
+
+
+def make_queue(policy: QueuePolicy, max_items: int = 1024) -> RequestQueue:
+    """The queue class of a scheduling policy (the config's `scheduling.policy`)."""
+    return QUEUES[policy](max_items)

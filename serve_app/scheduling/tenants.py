@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serve_app.contract import Priority
 from serve_app.errors import RateLimited, Unauthorized
-from serve_app.scheduling.queue import Priority
 
 
 def key_digest(key: str) -> bytes:

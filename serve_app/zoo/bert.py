@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from serve_app.zoo.presets import BertConfig
+from serve_app.presets import BertConfig
 
 # Additive mask value; -inf would turn an all-padding row into NaN.
 MASK_VALUE = -1e9

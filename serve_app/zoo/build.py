@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from serve_app.manifest import MANIFEST_FILE, GenerationSpec, Manifest, TensorSpec
+from serve_app.presets import DEMO_VOCAB, BertConfig, GPTConfig, Preset, ResNetConfig
 from serve_app.tokenization import TextTokenizer, train_byte_level_bpe
 from serve_app.zoo import data, export, train
 from serve_app.zoo.bert import BertClassifier
 from serve_app.zoo.gpt import GPT
-from serve_app.zoo.presets import DEMO_VOCAB, BertConfig, GPTConfig, Preset, ResNetConfig
 
 # Bump when training data, code or export change in a way that alters outputs.
 BUILD_VERSION = "1"

@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from serve_app.manifest import Manifest
-from serve_app.models.batching import pad_right
+from serve_app.padding import pad_right
 from serve_app.tokenization import TextTokenizer
 from serve_app.zoo.data import sentiment_dataset, shapes_dataset
 

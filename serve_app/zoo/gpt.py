@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from serve_app.zoo.presets import GPTConfig
+from serve_app.presets import GPTConfig
 
 MASK_VALUE = -1e9
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from serve_app.zoo.presets import ResNetConfig
+from serve_app.presets import ResNetConfig
 
 PIXEL_MEAN = (0.5, 0.5, 0.5)
 PIXEL_STD = (0.25, 0.25, 0.25)

@@ -8,12 +8,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from serve_app.models.batching import pad_right
+from serve_app.padding import pad_right
+from serve_app.presets import TrainConfig
 from serve_app.tokenization import TextTokenizer
 from serve_app.zoo import data
 from serve_app.zoo.bert import BertClassifier
 from serve_app.zoo.gpt import GPT
-from serve_app.zoo.presets import TrainConfig
 from serve_app.zoo.resnet import ResNet
 
 Progress = Callable[[int], None]

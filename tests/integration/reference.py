@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from serve_app.models.batching import pad_left
+from serve_app.padding import pad_left
 from serve_app.tokenization import TextTokenizer
 
 

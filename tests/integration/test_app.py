@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from serve_app.errors import InvalidInput
-from serve_app.models.batching import pad_right
+from serve_app.padding import pad_right
 from serve_app.tokenization import TextTokenizer
 from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args

@@ -1,7 +1,7 @@
 from types import SimpleNamespace
 
+from serve_app.contract import RouterLoad
 from serve_app.scheduling.autoscale import desired_replicas, router_demand, router_demand_policy
-from serve_app.scheduling.router_load import RouterLoad
 
 
 def ctx(ongoing: float, reports: dict[str, float], target: float = 2.0) -> SimpleNamespace:

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from serve_app.contract import Priority
 from serve_app.models.continuous import ContinuousScheduler, QueueFull, SchedulerConfig
 from serve_app.models.kv_cache import CacheShape, KVCache
 from serve_app.models.sampling import GenerationParams
 from serve_app.models.sequence import Sequence, TokenEvent
-from serve_app.scheduling.queue import Priority
 from serve_app.tokenization import TextTokenizer
 from tests.integration.reference import greedy_tokens, session
 

@@ -1,8 +1,8 @@
 import pytest
 
+from serve_app.contract import Priority
 from serve_app.errors import InvalidInput
 from serve_app.router.qos import parse_qos
-from serve_app.scheduling.queue import Priority
 
 
 def test_headers_set_priority_and_deadline():

@@ -1,6 +1,7 @@
 import pytest
 
-from serve_app.scheduling.queue import Priority, QueueFull, RequestQueue, Ticket
+from serve_app.contract import Priority
+from serve_app.scheduling.queue import FifoQueue, PriorityQueue, QueueFull, Ticket, make_queue
 
 
 def ticket(name: str, items: int = 1, priority: Priority = Priority.NORMAL, deadline: float | None = None) -> Ticket:
@@ -26,7 +27,7 @@ def test_priority_parses_headers_and_triton_levels():
 
 
 def test_higher_priority_first_then_earliest_deadline():
-    q = RequestQueue()
+    q = PriorityQueue()
     q.push(ticket("low", priority=Priority.LOW))
     q.push(ticket("normal-late", deadline=9.0))
     q.push(ticket("normal-none"))
@@ -43,26 +44,26 @@ def test_higher_priority_first_then_earliest_deadline():
 
 
 def test_fifo_ignores_priority():
-    q = RequestQueue("fifo")
+    q = make_queue("fifo")
     q.push(ticket("a", priority=Priority.LOW))
     q.push(ticket("b", priority=Priority.HIGH))
     assert names(q.pop_batch(10, now=0.0)[0]) == ["a", "b"]  # and mixes classes in one batch
 
 
 def test_batches_are_bounded_in_items_and_never_split_a_request():
-    q = RequestQueue()
+    q = PriorityQueue()
     for i, n in enumerate([3, 3, 3]):
         q.push(ticket(f"r{i}", items=n))
     batch, _ = q.pop_batch(8, now=0.0)
     assert names(batch) == ["r0", "r1"]
     assert q.items == 3
-    big = RequestQueue()
+    big = PriorityQueue()
     big.push(ticket("huge", items=20))
     assert names(big.pop_batch(8, now=0.0)[0]) == ["huge"]
 
 
 def test_expired_requests_are_returned_apart():
-    q = RequestQueue()
+    q = PriorityQueue()
     q.push(ticket("stale", deadline=1.0))
     q.push(ticket("fresh", deadline=10.0))
     batch, expired = q.pop_batch(8, now=2.0)
@@ -70,7 +71,7 @@ def test_expired_requests_are_returned_apart():
 
 
 def test_full_queue_evicts_lowest_priority_latest_deadline_for_better_work():
-    q = RequestQueue(max_items=3)
+    q = PriorityQueue(max_items=3)
     q.push(ticket("low-early", priority=Priority.LOW, deadline=1.0))
     q.push(ticket("low-late", priority=Priority.LOW, deadline=5.0))
     q.push(ticket("normal"))
@@ -81,30 +82,30 @@ def test_full_queue_evicts_lowest_priority_latest_deadline_for_better_work():
 
 
 def test_full_queue_refuses_work_that_outranks_nothing():
-    q = RequestQueue(max_items=2)
+    q = PriorityQueue(max_items=2)
     q.push(ticket("a", priority=Priority.HIGH))
     q.push(ticket("b"))
     with pytest.raises(QueueFull):
         q.push(ticket("c"))
-    fifo = RequestQueue("fifo", max_items=1)
+    fifo = FifoQueue(max_items=1)
     fifo.push(ticket("a", priority=Priority.LOW))
     with pytest.raises(QueueFull):
         fifo.push(ticket("b", priority=Priority.HIGH))
 
 
 def test_items_ahead_counts_only_work_served_first():
-    q = RequestQueue()
+    q = PriorityQueue()
     q.push(ticket("h", items=2, priority=Priority.HIGH))
     q.push(ticket("n", items=3))
     q.push(ticket("l", items=5, priority=Priority.LOW))
     assert q.items_ahead(Priority.HIGH) == 2
     assert q.items_ahead(Priority.NORMAL) == 5
     assert q.items_ahead(Priority.LOW) == 10
-    assert RequestQueue("fifo").items_ahead(Priority.HIGH) == 0
+    assert make_queue("fifo").items_ahead(Priority.HIGH) == 0
 
 
 def test_cancelled_and_evicted_tickets_do_not_grow_the_heap():
-    q = RequestQueue(max_items=10)
+    q = PriorityQueue(max_items=10)
     for i in range(10):
         q.push(ticket(f"low{i}", priority=Priority.LOW))
     # Sustained overload: every high request evicts a low one, and every high one is served.

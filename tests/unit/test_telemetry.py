@@ -7,8 +7,9 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+from serve_app.contract import BatchReply
 from serve_app.router.telemetry import RouterTelemetry
-from serve_app.scheduling.dispatcher import BatchReply, Dispatcher
+from serve_app.scheduling.dispatcher import Dispatcher
 
 
 class FakeHistogram:

@@ -1,7 +1,7 @@
 import pytest
 
+from serve_app.contract import Priority
 from serve_app.errors import RateLimited, Unauthorized
-from serve_app.scheduling.queue import Priority
 from serve_app.scheduling.tenants import Tenant, TenantRegistry, TokenBucket, key_digest, resolve_key
 from tests.unit.fakes import Clock
 

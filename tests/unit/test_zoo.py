@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from serve_app.manifest import Manifest
+from serve_app.presets import PRESETS, BertConfig, GPTConfig, ResNetConfig, get_preset
 from serve_app.zoo import export
 from serve_app.zoo.bert import BertClassifier
 from serve_app.zoo.build import build_model, fingerprint, is_built
 from serve_app.zoo.gpt import GPT
-from serve_app.zoo.presets import PRESETS, BertConfig, GPTConfig, ResNetConfig, get_preset
 from serve_app.zoo.resnet import ResNet
 
 

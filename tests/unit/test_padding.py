@@ -1,7 +1,7 @@
 import numpy as np
 
-from serve_app.models.batching import batch_buckets, length_buckets, pad_batch, pad_left, pad_right
 from serve_app.models.runtime import with_options
+from serve_app.padding import batch_buckets, length_buckets, pad_batch, pad_left, pad_right
 
 
 def test_buckets_never_pad_more_than_twice_the_shortest_member():

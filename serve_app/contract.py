@@ -45,7 +45,6 @@ class Priority(IntEnum):
             raise ValueError(f"priority must be high, normal or low, got {value!r}") from None
 
 
-
 @dataclass
 class BatchReply:
     """What a replica returns for one batch: a result or an exception per payload, and timings."""
@@ -55,7 +54,6 @@ class BatchReply:
     exec_s: float  # running the batch
     max_batch_size: int | None = None  # the replica's live batching config, so user_config reaches the router
     batch_wait_timeout_s: float | None = None
-
 
 
 class RouterLoad:

@@ -1,6 +1,8 @@
 """What every model deployment shares: manifest, session, batching knobs, stats.
 
-Subclasses add one family's pre/post-processing and a `@serve.batch` method.
+Subclasses add one family's pre/post-processing and how it batches. Each deployment
+class finishes its own `__init__` with `self.warm_up()`, once everything warm-up needs
+is in place: the base constructor only loads, and calls no method a subclass overrides.
 """
 
 from __future__ import annotations
@@ -24,10 +26,8 @@ BATCH_SIZE_BOUNDARIES = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]
 
 
 class OnnxModel:
-    """Loads the model in `__init__`, warms it up before the replica reports ready."""
+    """Loads the model; the deployment warms it up before the replica reports ready."""
 
-    # The `@serve.batch` method that `user_config` tunes; None where batching lives elsewhere.
-    batched_method: str | None = "_run_batch"
     # Whether this family can run an urgent lane (a second session for high-priority batches).
     supports_lanes = False
 
@@ -63,17 +63,14 @@ class OnnxModel:
         self._latency_hist.set_default_tags({"model": name})
         self.faults: FaultConfig = self.config.faults
         self._faults_since: float | None = None
-        self.apply_batching(self.config.batching)
-        self.warm_up()
+        self.batching = self.config.batching
 
     def warm_up(self) -> None:
-        """Run the graph once so the first real request doesn't pay for lazy init."""
+        """Run the graph so the first real request doesn't pay for lazy init."""
+        raise NotImplementedError
 
     def apply_batching(self, batching: BatchingConfig) -> None:
-        if self.batched_method is not None:
-            method = getattr(self, self.batched_method)
-            method.set_max_batch_size(batching.max_batch_size)
-            method.set_batch_wait_timeout_s(batching.batch_wait_timeout_s)
+        """Live batching knobs; subclasses pass them on to whatever forms their batches."""
         self.batching = batching
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -115,5 +112,4 @@ class OnnxModel:
             "batching": self.batching.model_dump(),
             "faults": self.faults.model_dump(),
             "batch_sizes": dict(self.batch_sizes),
-            "cancelled_rows": getattr(self, "cancelled_rows", 0),
         }

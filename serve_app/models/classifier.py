@@ -53,13 +53,13 @@ def bulk_layout(threads: int, sessions: int) -> list[int]:
 class Classifier(OnnxModel):
     """The batch path both classifier families share; subclasses turn payloads into logits."""
 
-    batched_method = None
     supports_lanes = True
 
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
+        super().__init__(name, model_path, config)
         self.lanes: dict[str, BatchExecutor] = {}
         self.router_load = RouterLoad()
-        super().__init__(name, model_path, config)  # loads and warms `self.session`
+        self.sessions = [self.session]  # every session a lane runs; warm_up runs each
         size = self.batching.max_batch_size
         # Intra-op threads of each session per lane, for runtime_info.
         self.lane_layout: dict[str, list[int]] = {BULK: [self.threads]}
@@ -75,8 +75,7 @@ class Classifier(OnnxModel):
         layout = bulk_layout(self.threads, self.config.bulk_sessions or (self.threads if on_cpu else 1))
         path = self.model_dir / self.manifest.onnx_file
         bulk = [create_session(path, self.providers, n, spinning=False, background=True) for n in layout]
-        for session in bulk:
-            self._warm(session)
+        self.sessions += bulk
         self.lane_layout = {BULK: layout, URGENT: [self.threads]}
         pool = ThreadPoolExecutor(len(bulk), thread_name_prefix=f"{name}-bulk", initializer=lower_thread_priority)
         runs: list[RunBatch] = [partial(self._run_payloads, session=session) for session in bulk]
@@ -85,7 +84,8 @@ class Classifier(OnnxModel):
         self.lanes[URGENT] = BatchExecutor(partial(self._run_payloads, session=self.session), size, urgent_pool)
 
     def warm_up(self) -> None:
-        self._warm(self.session)
+        for session in self.sessions:
+            self._warm(session)
 
     def _warm(self, session: ort.InferenceSession) -> None:
         """Run the graph once so the first real request doesn't pay for lazy init."""
@@ -147,13 +147,10 @@ class TextClassifier(Classifier):
     """BYTES text in, (N, C) logits out; tokenizes server-side, pads per length bucket."""
 
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
-        self.tokenizer: TextTokenizer | None = None
         super().__init__(name, model_path, config)
-
-    def warm_up(self) -> None:
         assert self.manifest.tokenizer_file, f"{self.name}: text model manifest names no tokenizer"
-        self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file)
-        super().warm_up()
+        self.tokenizer: TextTokenizer | None = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file)
+        self.warm_up()
 
     def _warm(self, session: ort.InferenceSession) -> None:
         assert self.tokenizer is not None
@@ -198,6 +195,10 @@ class TextClassifier(Classifier):
 @serve.deployment(max_ongoing_requests=16)
 class ImageClassifier(Classifier):
     """(N, 3, H, W) images in: float32 in [0, 1], or uint8 (4x less to send), out (N, C) logits."""
+
+    def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
+        super().__init__(name, model_path, config)
+        self.warm_up()
 
     def _warm(self, session: ort.InferenceSession) -> None:
         s = self.manifest.image_size or 32

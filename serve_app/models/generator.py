@@ -40,11 +40,14 @@ LATENCY_MS = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000
 class GeneratorBase(OnnxModel):
     """What both generator versions share: tokenizer, parameter checks, the model call."""
 
-    def warm_up(self) -> None:
+    def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
+        super().__init__(name, model_path, config)
         assert self.manifest.generation and self.manifest.tokenizer_file, f"{self.name}: not a generator manifest"
         self.gen = self.manifest.generation
         self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file)
         self._ids = itertools.count(1)
+
+    def warm_up(self) -> None:
         ids, mask = pad_left([[self.tokenizer.eos_id]], self.tokenizer.pad_id)
         self.session.run(None, self._feeds(ids, np.zeros((1, 1), dtype=np.int64), mask, self.empty_past(1)))
 
@@ -93,10 +96,10 @@ class GeneratorBase(OnnxModel):
 
 @serve.deployment(max_ongoing_requests=80)
 class TextGenerator(GeneratorBase):
-    batched_method = None  # batching is the decode loop's, per step; not @serve.batch
+    """Batching is the decode loop's, per step (not `@serve.batch`)."""
 
-    def warm_up(self) -> None:
-        super().warm_up()
+    def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
+        super().__init__(name, model_path, config)
         g, cfg = self.gen, self.config.generation
         self.cache = KVCache(CacheShape(g.n_layers, g.n_heads, g.head_dim, g.block_size), cfg.kv_slots)
         self.scheduler = ContinuousScheduler(
@@ -112,6 +115,7 @@ class TextGenerator(GeneratorBase):
         self._loop: asyncio.Task[None] | None = None
         self._metrics = GenerationMetrics(self.name)
         self.coalesce = cfg.coalesce_stream
+        self.warm_up()
 
     async def generate(self, prompt: str, raw_params: dict[str, Any]) -> AsyncGenerator[TokenEvent, None]:
         """Stream TokenEvents for one prompt (call with `handle.options(stream=True)`)."""

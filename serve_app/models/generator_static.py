@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from ray import serve
 
+from serve_app.config import BatchingConfig
 from serve_app.errors import ServeAppError
 from serve_app.models.generator import GeneratorBase
 from serve_app.models.sequence import Sequence, TokenEvent
@@ -28,7 +29,20 @@ KEEPALIVE = TokenEvent("", None, 0, 0, None)
 
 @serve.deployment(max_ongoing_requests=32)
 class RequestBatchGenerator(GeneratorBase):
-    cancelled_rows = 0  # generations stopped because their caller left
+    def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
+        super().__init__(name, model_path, config)
+        self.cancelled_rows = 0  # generations stopped because their caller left
+        self.apply_batching(self.batching)
+        self.warm_up()
+
+    def apply_batching(self, batching: BatchingConfig) -> None:
+        super().apply_batching(batching)
+        batcher: Any = self._run_batch  # type: ignore[misc]  # Ray types @serve.batch as the bare function
+        batcher.set_max_batch_size(batching.max_batch_size)
+        batcher.set_batch_wait_timeout_s(batching.batch_wait_timeout_s)
+
+    async def runtime_info(self) -> dict[str, Any]:
+        return {**await super().runtime_info(), "cancelled_rows": self.cancelled_rows}
 
     async def generate(self, prompt: str, raw_params: dict[str, Any]) -> AsyncGenerator[TokenEvent, None]:
         """Stream TokenEvents for one prompt (call with `handle.options(stream=True)`)."""

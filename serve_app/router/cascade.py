@@ -1,11 +1,20 @@
-"""Tiered routing policy: which items the light model may answer on its own."""
+"""Tiered routing: which items the light model may answer on its own (`CascadePolicy`), and
+how a route runs its tiers and falls back when one fails (`Cascade`). No Ray here."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+
+from serve_app.config import RouteConfig
+from serve_app.contract import Priority
+from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
+from serve_app.manifest import Manifest
+from serve_app.scheduling.dispatcher import RequestTiming
 
 Signal = Literal["max_prob", "margin", "entropy"]
 SIGNALS: tuple[Signal, ...] = ("max_prob", "margin", "entropy")
@@ -37,3 +46,84 @@ class CascadePolicy:
     def escalate(self, light_logits: np.ndarray) -> np.ndarray:
         """Boolean mask of rows the heavy model must answer."""
         return confidence(light_logits, self.signal) < self.threshold
+
+
+# A classifier payload: texts, or images as an (N, 3, H, W) array.
+Payload = list[str] | np.ndarray
+
+
+@dataclass
+class ClassifierResult:
+    """Logits for N items, which model answered each, and why the heavy tier was skipped, if it was."""
+
+    logits: np.ndarray  # (N, C)
+    served_by: list[str]
+    degraded: str | None = None
+
+
+# (model, payload, items, priority, deadline, timing) -> (N, C) logits, or the model's error
+Submit = Callable[[str, Payload, int, Priority, float | None, RequestTiming | None], Awaitable[np.ndarray]]
+
+
+class Cascade:
+    """Runs one tiered route: the light model first, the heavy one for the items it is unsure of.
+
+    The rules, each with its reason:
+    - the light tier refuses (a client error, overloaded, the deadline cannot be met): that
+      refusal is the answer; the heavy tier would be busier or slower still;
+    - the light tier fails (circuit open, model error, timeout): the heavy tier answers every
+      item, and the response says so (`degraded`). The light breaker's half-open probe comes
+      through here too, so route traffic alone can close it again;
+    - the heavy tier is overloaded, too slow for the deadline, or behind an open circuit when
+      items escalate: the light answer in hand beats an error later (`degraded`);
+    - any other heavy failure fails the request.
+    `counts` gets the items each outcome served: light, heavy, fallback, degraded.
+    """
+
+    def __init__(self, route: str, light: str, heavy: str, policy: CascadePolicy, submit: Submit) -> None:
+        self.route, self.light, self.heavy = route, light, heavy
+        self.policy = policy
+        self.submit = submit
+        self.counts: Counter[str] = Counter()
+
+    async def classify(
+        self, payload: Payload, priority: Priority, deadline: float | None, timing: RequestTiming | None = None
+    ) -> ClassifierResult:
+        n = len(payload)
+        try:
+            light = await self.submit(self.light, payload, n, priority, deadline, timing)
+        except Exception as e:
+            if isinstance(e, Overloaded | DeadlineExceeded) or (isinstance(e, ServeAppError) and e.status_code < 500):
+                raise
+            logits = await self.submit(self.heavy, payload, n, priority, deadline, timing)
+            self.counts["fallback"] += n
+            return ClassifierResult(logits, [self.heavy] * n, f"{self.light} unavailable; answered by {self.heavy}")
+        escalate = self.policy.escalate(light)
+        escalated = int(escalate.sum())
+        self.counts["light"] += n - escalated
+        if not escalated:
+            return ClassifierResult(light, [self.light] * n)
+        idx = np.flatnonzero(escalate)
+        subset = [payload[i] for i in idx] if isinstance(payload, list) else payload[idx]
+        try:
+            heavy = await self.submit(self.heavy, subset, escalated, priority, deadline, timing)
+        except (Overloaded, DeadlineExceeded, Unavailable) as e:
+            self.counts["degraded"] += escalated
+            return ClassifierResult(light, [self.light] * n, f"{self.heavy} {e.code}; answered by {self.light}")
+        self.counts["heavy"] += escalated
+        merged = light.copy()
+        merged[idx] = heavy
+        return ClassifierResult(merged, [self.heavy if e else self.light for e in escalate])
+
+
+def route_policy(name: str, route: RouteConfig, light_manifest: Manifest) -> CascadePolicy:
+    """The route's pinned threshold, or the one calibrated on held-out data (in the light manifest)."""
+    if route.threshold is not None:
+        return CascadePolicy(route.threshold, route.signal)
+    fitted = light_manifest.calibrations.get(route.heavy)
+    if fitted is None:
+        raise ValueError(
+            f"route {name!r} has no threshold and {route.light} was never calibrated against {route.heavy}: "
+            "run `serve-app calibrate --config <this config>` or set `threshold`"
+        )
+    return CascadePolicy(float(fitted["threshold"]), fitted["signal"])

@@ -1,11 +1,23 @@
-"""How each model family looks on the wire: served inputs/outputs and Triton config."""
+"""What the router serves: the names it knows (models and routes), each model's manifest as
+its replicas report it, and how each family looks on the wire (inputs/outputs, Triton config)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from serve_app.config import AppArgs
+from serve_app.errors import NotFound
 from serve_app.manifest import Manifest
 from serve_app.protocols.v2 import ModelMetadata, TensorMetadata
+from serve_app.router.gcwatch import freeze_startup_heap
+
+logger = logging.getLogger("ray.serve")
+READY_TIMEOUT_S = 5.0
+# A model's replica metadata: {"manifest": ..., "batching": ...} (serve_app.models.base.OnnxModel.metadata)
+FetchMetadata = Callable[[str], Awaitable[dict[str, Any]]]
 
 TEXT_INPUT = "text"
 IMAGE_INPUT = "image"
@@ -58,3 +70,65 @@ def triton_config(name: str, manifest: Manifest, max_batch_size: int, platform: 
         "input": [dims(t) for t in inputs],
         "output": [dims(t) for t in outputs],
     }
+
+
+class ModelCatalog:
+    """The models and routes of one application, and each model's manifest, fetched once."""
+
+    def __init__(self, args: AppArgs, fetch: FetchMetadata) -> None:
+        self.args = args
+        self.fetch = fetch
+        self.manifests: dict[str, Manifest] = {}
+        self.batching: dict[str, dict[str, Any]] = {}
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.args.models)
+
+    def generators(self) -> list[str]:
+        return [n for n, m in self.args.models.items() if m.family == "gpt"]
+
+    def is_known(self, name: str) -> bool:
+        return name in self.args.models or name in self.args.routes
+
+    def known(self, name: str) -> None:
+        """Raise 404 for a name that is neither a model nor a route."""
+        if not self.is_known(name):
+            raise NotFound(f"unknown model {name!r}; available: {sorted([*self.args.models, *self.args.routes])}")
+
+    def answering_model(self, name: str) -> str:
+        """The model whose metadata a name shows: itself, or a route's light tier."""
+        return self.args.routes[name].light if name in self.args.routes else name
+
+    def members(self, name: str) -> list[str]:
+        """The models behind a name: a route's two tiers, or the model itself."""
+        route = self.args.routes.get(name)
+        return [route.light, route.heavy] if route is not None else [name]
+
+    def platform(self, name: str) -> str:
+        return "ensemble" if name in self.args.routes else "onnxruntime_onnx"
+
+    async def manifest(self, model: str) -> Manifest:
+        if model not in self.manifests:
+            meta = await self.fetch(model)
+            self.manifests[model] = Manifest.model_validate(meta["manifest"])
+            self.batching[model] = meta["batching"]
+            if len(self.manifests) == len(self.args.models):
+                # Every model has answered once (readiness, before traffic as a rule): the
+                # handles' routing state is built, and lives as long as the router. Once.
+                logger.info("router: %d objects frozen out of garbage collection", freeze_startup_heap())
+        return self.manifests[model]
+
+    def check_version(self, name: str, version: str | None, manifest: Manifest) -> None:
+        if version is not None and version != manifest.version:
+            raise NotFound(f"model {name!r} has no version {version!r}; available: [{manifest.version!r}]")
+
+    async def is_ready(self, model: str) -> bool:
+        try:
+            await asyncio.wait_for(self.manifest(model), READY_TIMEOUT_S)
+            return True
+        except Exception:  # any failure to answer means not ready
+            return False
+
+    async def all_ready(self, models: list[str]) -> bool:
+        return all(await asyncio.gather(*(self.is_ready(m) for m in models)))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from serve_app.errors import ServeAppError
 from serve_app.protocols import openai
@@ -106,6 +107,39 @@ async def sse_events(
         # and the cancel reaches the replica, which stops decoding this row.
         stream.cancel()
     yield "data: [DONE]\n\n"
+
+
+# (completion id, created, token event or None for the usage-only tail, first chunk?, usage) -> chunk
+RenderChunk = Callable[[str, int, Any, bool, openai.Usage | None], dict[str, Any]]
+# (the choices of every prompt, prompt-major) -> the whole, non-streamed answer
+RenderWhole = Callable[[list[Generated]], dict[str, Any]]
+
+
+async def stream_or_collect(
+    handle: DeploymentHandle,
+    prompts: list[str],
+    body: openai.SamplingFields,
+    priority: str,
+    id_prefix: str,
+    chunk: RenderChunk,
+    whole: RenderWhole,
+) -> Response:
+    """One OpenAI generation request, either protocol: SSE chunks when `body.stream`, else one JSON answer."""
+    headers = {"X-Served-By": body.model}
+    if not body.stream:
+        results = await generate_all(handle, prompts, body, priority)
+        return JSONResponse(whole(results), headers=headers)
+    stream = open_stream(handle, prompts[0], body.sampling(priority=priority))
+    first = await first_event(stream)
+    cid, created = new_id(id_prefix), now()
+
+    def render(event: Any, is_first: bool) -> dict[str, Any]:
+        return chunk(cid, created, event, is_first, event_usage(event) if body.usage_per_chunk() else None)
+
+    def final(last: Any) -> dict[str, Any] | None:
+        return chunk(cid, created, None, False, event_usage(last)) if body.include_usage() else None
+
+    return StreamingResponse(sse_events(stream, first, render, final), media_type="text/event-stream", headers=headers)
 
 
 def new_id(prefix: str) -> str:

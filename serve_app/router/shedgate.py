@@ -10,9 +10,9 @@ ahead than `max_queue_delay_s` (or a deadline that even a one-row request would
 miss), it answers the same 503 with Retry-After, in the protocol's shape, that
 admission would have given after the parse.
 
-It decides nothing on its own: the router installs a check (`set_check`) that
-asks the model's dispatcher (`Dispatcher.precheck`), and anything it cannot
-judge from the headers alone (no `X-Priority` header, an unknown model, a bad
+It decides nothing on its own: it is given a check (`HeaderCheck`, which asks
+the model's dispatcher: `Dispatcher.precheck`), and anything that cannot be
+judged from the headers alone (no `X-Priority` header, an unknown model, a bad
 key) passes through to the full path, which answers it as before.
 """
 
@@ -22,6 +22,13 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from starlette.responses import Response
+
+from serve_app.errors import Overloaded, ServeAppError
+from serve_app.protocols.errors import error_response
+from serve_app.router.callers import Callers
+from serve_app.router.catalog import ModelCatalog
+from serve_app.router.dispatchers import DispatcherPool
+from serve_app.router.qos import PRIORITY_HEADER
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -33,13 +40,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Check = Callable[[str, str, dict[str, str]], Response | None]
 
 MARKER = "/v2/models/"
-_check: Check | None = None
-
-
-def set_check(check: Check | None) -> None:
-    """One router replica per process: the replica's check serves the module-level app."""
-    global _check
-    _check = check
 
 
 def infer_target(path: str) -> str | None:
@@ -56,12 +56,13 @@ def infer_target(path: str) -> str | None:
 class ShedGate:
     """Pure ASGI middleware (no per-request objects unless it refuses)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, check: Check) -> None:
         self.app = app
+        self.check = check
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        check = _check
-        if check is not None and scope["type"] == "http" and scope["method"] == "POST":
+        check = self.check
+        if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
             name = infer_target(path)
             if name is not None:
@@ -71,3 +72,31 @@ class ShedGate:
                     await refusal(scope, receive, send)
                     return
         await self.app(scope, receive, send)
+
+
+class HeaderCheck:
+    """The 503 admission would give a request, judged from its headers alone.
+
+    Only with an `X-Priority` header (headers win over body parameters, so the class is
+    final) and a valid key; everything else goes the full way."""
+
+    def __init__(self, callers: Callers, catalog: ModelCatalog, dispatchers: DispatcherPool) -> None:
+        self.callers = callers
+        self.catalog = catalog
+        self.dispatchers = dispatchers
+
+    def __call__(self, path: str, name: str, headers: dict[str, str]) -> Response | None:
+        if PRIORITY_HEADER not in headers or not self.catalog.is_known(name):
+            return None
+        dispatcher = self.dispatchers.existing(self.catalog.answering_model(name))
+        if dispatcher is None:
+            return None
+        try:
+            tenant = self.callers.authenticate(headers.get("authorization"))
+            qos = self.callers.qos_from_headers(tenant, headers)
+            dispatcher.precheck(qos.priority, qos.deadline)
+        except Overloaded as e:
+            return error_response(path, e)
+        except ServeAppError:  # a bad key or header: the full path gives its 4xx
+            return None
+        return None

@@ -1,0 +1,77 @@
+"""The router's background loops, started together at startup and stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from serve_app.router.cascade import Cascade
+from serve_app.router.dispatchers import DispatcherPool
+from serve_app.router.gcwatch import FullCollectionSchedule
+from serve_app.router.telemetry import RouterTelemetry
+
+logger = logging.getLogger("ray.serve")
+GC_POLL_S = 0.25
+
+
+class BackgroundLoops:
+    """Metrics export, and (when configured) the router's own full-collection schedule."""
+
+    def __init__(
+        self,
+        dispatchers: DispatcherPool,
+        cascades: dict[str, Cascade],
+        full_gc_max_interval_s: float | None,
+        telemetry: Callable[[], RouterTelemetry] = RouterTelemetry,
+    ) -> None:
+        self.dispatchers = dispatchers
+        self.cascades = cascades
+        self.full_gc_max_interval_s = full_gc_max_interval_s
+        self.make_telemetry = telemetry
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Start every loop on the running event loop; call once, from the router's startup hook."""
+        assert not self.tasks, "background loops already started"
+        self._spawn(self._export_metrics())
+        if self.full_gc_max_interval_s is not None:
+            self._spawn(self._collect_garbage(FullCollectionSchedule(max_interval_s=self.full_gc_max_interval_s)))
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks.clear()
+
+    def _spawn(self, loop: Coroutine[Any, Any, None]) -> None:
+        self.tasks.append(asyncio.get_running_loop().create_task(loop))
+
+    def cascade_counts(self) -> Counter[tuple[str, str]]:
+        return Counter({(route, outcome): n for route, c in self.cascades.items() for outcome, n in c.counts.items()})
+
+    async def _export_metrics(self) -> None:
+        telemetry = self.make_telemetry()
+        while True:
+            await asyncio.sleep(telemetry.interval_s)
+            try:
+                by_model = dict(self.dispatchers.by_model)
+                breakers = {m: int(d.breaker.state) for m, d in by_model.items()}
+                await telemetry.export(by_model, self.cascade_counts(), breakers)
+            except Exception:  # metrics must never take the router down
+                logger.exception("exporting router metrics failed")
+
+    async def _collect_garbage(self, schedule: FullCollectionSchedule) -> None:
+        threshold = gc.get_threshold()
+        FullCollectionSchedule.take_over()
+        try:
+            while True:
+                await asyncio.sleep(GC_POLL_S)
+                if schedule.due(self.dispatchers.busy()):
+                    gc.collect()
+                    schedule.ran()
+        finally:  # whatever ends this loop, Python collects on its own again
+            gc.set_threshold(*threshold)

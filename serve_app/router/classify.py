@@ -1,0 +1,64 @@
+"""Classification over Open Inference Protocol v2: inputs checked and decoded, outputs built."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from serve_app.config import AppArgs
+from serve_app.errors import InvalidInput
+from serve_app.manifest import Manifest
+from serve_app.protocols import v2
+from serve_app.protocols.images import decode_images
+from serve_app.router import catalog
+from serve_app.router.cascade import ClassifierResult, Payload, softmax
+
+
+def single_input(body: v2.InferRequest, expected: str) -> v2.RequestInput:
+    match = [t for t in body.inputs if t.name == expected]
+    if len(body.inputs) != 1 or not match:
+        raise InvalidInput(f"expected exactly one input named {expected!r}, got {[t.name for t in body.inputs]}")
+    return match[0]
+
+
+def check_count(args: AppArgs, model: str, n: int) -> None:
+    limit = args.models[model].max_items_per_request
+    if n == 0:
+        raise InvalidInput("empty batch: the input tensor has no items")
+    if n > limit:
+        raise InvalidInput(f"{n} items in one request; at most {limit} are allowed")
+
+
+def decode_input(args: AppArgs, model: str, manifest: Manifest, body: v2.InferRequest) -> Payload:
+    """Texts for a text model; (N, 3, H, W) images for an image model."""
+    if manifest.family == "bert":
+        texts = v2.decode_bytes(single_input(body, catalog.TEXT_INPUT), args.limits.max_text_chars)
+        check_count(args, model, len(texts))
+        return texts
+    tensor = single_input(body, catalog.IMAGE_INPUT)
+    s = manifest.image_size or 0
+    if tensor.datatype == "BYTES":
+        # Encoded PNG/JPEG, one per element: decoded and resized here, sent on as uint8 pixels.
+        if len(tensor.shape) != 1:
+            raise InvalidInput(f"input 'image' as BYTES (encoded PNG/JPEG) must have shape [N], got {tensor.shape}")
+        check_count(args, model, tensor.element_count())
+        return decode_images(v2.decode_raw_bytes(tensor), s)
+    if tensor.datatype not in ("FP32", "UINT8"):
+        raise InvalidInput(f"input 'image' must be FP32 in [0, 1], UINT8, or BYTES (encoded PNG/JPEG), got {tensor.datatype}")
+    if len(tensor.shape) != 4 or tensor.shape[1:] != [3, s, s]:
+        raise InvalidInput(f"input 'image' must have shape [N, 3, {s}, {s}], got {tensor.shape}")
+    check_count(args, model, tensor.shape[0])
+    images = v2.decode_numeric(tensor)
+    # uint8 travels to the replica as is (4x fewer bytes); it scales to [0, 1] there.
+    if images.dtype != np.uint8 and not np.isfinite(images).all():
+        raise InvalidInput("input 'image' contains NaN or Inf")
+    return images
+
+
+def outputs(result: ClassifierResult, labels: list[str]) -> list[v2.ResponseOutput]:
+    """logits, probabilities and the label of each item."""
+    probs = softmax(result.logits).astype(np.float32)
+    return [
+        v2.encode("logits", result.logits.astype(np.float32)),
+        v2.encode("probabilities", probs),
+        v2.encode("label", [labels[i] for i in probs.argmax(axis=1)]),
+    ]

@@ -1,0 +1,62 @@
+"""One dispatcher per model, made from the config on first use; making one starts nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from serve_app.config import AppArgs
+from serve_app.contract import BatchReply
+from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, SendBatch
+
+# (model) -> how to send that model a batch (a deployment handle call, in the router)
+SenderFor = Callable[[str], SendBatch]
+
+
+class DispatcherPool:
+    """The router's per-model queues. `send_for(model)` returns the coroutine that runs a batch."""
+
+    def __init__(self, args: AppArgs, send_for: SenderFor) -> None:
+        self.args = args
+        self.send_for = send_for
+        self.by_model: dict[str, Dispatcher] = {}
+
+    def get(self, model: str) -> Dispatcher:
+        if model not in self.by_model:
+            self.by_model[model] = Dispatcher(model, self.send_for(model), self.settings(model))
+        return self.by_model[model]
+
+    def existing(self, model: str) -> Dispatcher | None:
+        """The model's dispatcher if it has seen a request, without making one."""
+        return self.by_model.get(model)
+
+    def settings(self, model: str) -> DispatchSettings:
+        config, sched = self.args.models[model], self.args.scheduling
+        return DispatchSettings(
+            policy=sched.policy,
+            max_queue_items=sched.max_queue_items,
+            max_queue_delay_s=sched.max_queue_delay_s,
+            max_batch_size=config.batching.max_batch_size,
+            batch_wait_timeout_s=config.batching.batch_wait_timeout_s,
+            batch_timeout_s=sched.batch_timeout_s,
+            breaker_failures=sched.breaker_failures,
+            breaker_open_s=sched.breaker_open_s,
+            urgent_lane=config.urgent_lane,
+        )
+
+    def busy(self) -> bool:
+        """Any work queued or in flight: what the full-collection schedule avoids."""
+        return any(d.queued_items or d.inflight for d in self.by_model.values())
+
+    def __iter__(self) -> Iterator[Dispatcher]:
+        return iter(self.by_model.values())
+
+
+def handle_sender(handle: Any, router_id: str) -> SendBatch:
+    """A batch as one call to a classifier deployment (`serve_app.models.classifier.Classifier.run`)."""
+
+    async def send(payloads: list[Any], queued: int, lane: str) -> BatchReply:
+        reply: BatchReply = await handle.run.remote(payloads, router_id, queued, lane)
+        return reply
+
+    return send

@@ -1,0 +1,105 @@
+"""OpenAI-compatible generation: `/v1/models`, `/v1/completions`, `/v1/chat/completions`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header
+from fastapi.responses import Response
+
+from serve_app.errors import InvalidInput, NotFound
+from serve_app.protocols import openai
+from serve_app.router import generation
+from serve_app.router.classify import check_count
+from serve_app.router.docs import OPENAI_ERRORS, PRIORITY_DOC
+from serve_app.router.generation import Generated
+from serve_app.router.parts import RouterParts, router_parts
+
+api = APIRouter()
+PARTS = Depends(router_parts)
+
+
+def _priority(parts: RouterParts, authorization: str | None, x_priority: str | None) -> str:
+    return parts.callers.qos(parts.callers.admit(authorization), x_priority, None, None).priority.name.lower()
+
+
+def _generator_for(parts: RouterParts, body: openai.SamplingFields, prompts: list[str]) -> Any:
+    generators = parts.catalog.generators()
+    if body.model not in generators:
+        raise NotFound(f"model {body.model!r} does not generate text; available: {generators}")
+    check_count(parts.args, body.model, len(prompts) * body.n)
+    limit = parts.args.limits.max_text_chars
+    for i, p in enumerate(prompts):
+        if len(p) > limit:
+            raise InvalidInput(f"prompt {i} has {len(p)} characters; at most {limit} are allowed")
+    if body.stream and (len(prompts) != 1 or body.n != 1):
+        raise InvalidInput("streaming takes exactly one prompt and n = 1")
+    return parts.handles[body.model]
+
+
+@api.get("/v1/models", responses=OPENAI_ERRORS)
+async def openai_models(authorization: str | None = Header(None), parts: RouterParts = PARTS) -> openai.ModelList:
+    parts.callers.authenticate(authorization)
+    return openai.ModelList(data=[openai.ModelCard(id=n) for n in parts.catalog.generators()])
+
+
+@api.post(
+    "/v1/completions",
+    response_model=None,
+    responses={200: {"model": openai.CompletionResponse, "description": "JSON, or SSE when stream"}, **OPENAI_ERRORS},
+)
+async def completions(
+    body: openai.CompletionRequest,
+    authorization: str | None = Header(None),
+    x_priority: str | None = Header(None, description=PRIORITY_DOC),
+    parts: RouterParts = PARTS,
+) -> Response:
+    priority = _priority(parts, authorization, x_priority)
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+
+    def chunk(cid: str, created: int, event: Any, is_first: bool, use: openai.Usage | None) -> dict[str, Any]:
+        choices = [] if event is None else [openai.CompletionChoice(index=0, text=event.text, finish_reason=event.finish_reason)]
+        return openai.CompletionResponse(id=cid, created=created, model=body.model, choices=choices, usage=use).model_dump()
+
+    def whole(results: list[Generated]) -> dict[str, Any]:
+        choices = [openai.CompletionChoice(index=i, text=r.text, finish_reason=r.finish_reason) for i, r in enumerate(results)]  # type: ignore[arg-type]
+        usage = generation.usage(results, body.n)
+        return openai.CompletionResponse(model=body.model, choices=choices, usage=usage).model_dump()
+
+    handle = _generator_for(parts, body, prompts)
+    return await generation.stream_or_collect(handle, prompts, body, priority, "cmpl", chunk, whole)
+
+
+@api.post(
+    "/v1/chat/completions",
+    response_model=None,
+    responses={200: {"model": openai.ChatCompletionResponse, "description": "JSON, or SSE when stream"}, **OPENAI_ERRORS},
+)
+async def chat_completions(
+    body: openai.ChatCompletionRequest,
+    authorization: str | None = Header(None),
+    x_priority: str | None = Header(None, description=PRIORITY_DOC),
+    parts: RouterParts = PARTS,
+) -> Response:
+    priority = _priority(parts, authorization, x_priority)
+    prompts = [body.prompt()]
+
+    def chunk(cid: str, created: int, event: Any, is_first: bool, use: openai.Usage | None) -> dict[str, Any]:
+        choices = []
+        if event is not None:
+            # OpenAI's first chunk carries the role; later ones only content.
+            delta = openai.ChatDelta(role="assistant" if is_first else None, content=event.text)
+            choices = [openai.ChatChunkChoice(index=0, delta=delta, finish_reason=event.finish_reason)]
+        reply = openai.ChatCompletionChunk(id=cid, created=created, model=body.model, choices=choices, usage=use)
+        return reply.model_dump(exclude_none=True)
+
+    def whole(results: list[Generated]) -> dict[str, Any]:
+        choices = [
+            openai.ChatChoice(index=i, message=openai.ChatReply(content=r.text), finish_reason=r.finish_reason)  # type: ignore[arg-type]
+            for i, r in enumerate(results)
+        ]
+        usage = generation.usage(results, body.n)
+        return openai.ChatCompletionResponse(model=body.model, choices=choices, usage=usage).model_dump()
+
+    handle = _generator_for(parts, body, prompts)
+    return await generation.stream_or_collect(handle, prompts, body, priority, "chatcmpl", chunk, whole)

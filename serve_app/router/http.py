@@ -1,0 +1,92 @@
+"""The router's HTTP app: both protocols' endpoints, their error shapes, and the OpenAPI document.
+
+Built once per router replica (`build_http_app`), around that replica's parts; its
+lifespan runs the replica's startup hook before it takes traffic.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serve_app import __version__
+from serve_app.errors import InvalidInput, ModelFailure, ServeAppError
+from serve_app.protocols import v2
+from serve_app.protocols.errors import error_response
+from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
+from serve_app.router.parts import RouterParts
+from serve_app.router.shedgate import HeaderCheck, ShedGate
+
+logger = logging.getLogger("ray.serve")
+
+
+def build_http_app(
+    parts: RouterParts, startup: Callable[[], Awaitable[None]], shutdown: Callable[[], Awaitable[None]]
+) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await startup()
+        yield
+        await shutdown()
+
+    app = FastAPI(
+        title="serve-app",
+        version=__version__,
+        description="Multi-model inference: Open Inference Protocol v2 and OpenAI-compatible generation.",
+        lifespan=lifespan,
+    )
+    app.state.parts = parts
+    for endpoints in (endpoints_v2, endpoints_openai, endpoints_status):
+        app.include_router(endpoints.api)
+    # Refuses what admission would refuse from the headers alone, before routing and the body parse.
+    app.add_middleware(ShedGate, check=HeaderCheck(parts.callers, parts.catalog, parts.dispatchers))
+    _add_error_handlers(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        defs = v2.InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(defs.pop("$defs", {}))
+        components["InferRequest"] = defs
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error leaves in the protocol's own shape: OpenAI's under /v1, v2's elsewhere."""
+
+    @app.exception_handler(ServeAppError)
+    async def _app_error(request: Request, exc: ServeAppError) -> Response:
+        return error_response(request.url.path, exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI's own errors (an unparseable JSON body, an unknown path, a wrong method) in the
+        # protocol's shape too, not FastAPI's `{"detail": ...}` (found by schemathesis).
+        error = ServeAppError(f"malformed request body: {exc.detail}" if exc.status_code == 400 else str(exc.detail))
+        error.status_code = exc.status_code
+        error.code = "invalid_input" if exc.status_code == 400 else "http_error"
+        return error_response(request.url.path, error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+        return error_response(request.url.path, InvalidInput(f"malformed request body: {problems}"))
+
+    @app.exception_handler(Exception)
+    async def _unexpected_error(request: Request, exc: Exception) -> Response:
+        # A replica crash or bug still answers in the protocol's shape, never as bare text.
+        logger.exception("unhandled error on %s", request.url.path)
+        return error_response(request.url.path, ModelFailure(f"internal error: {type(exc).__name__}"))

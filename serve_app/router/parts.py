@@ -1,0 +1,71 @@
+"""The parts one router replica is made of, wired once; the endpoints reach them per request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from serve_app.config import AppArgs
+from serve_app.contract import Priority
+from serve_app.manifest import Manifest
+from serve_app.router.background import BackgroundLoops
+from serve_app.router.callers import Callers, build_registry
+from serve_app.router.cascade import Cascade, Payload, route_policy
+from serve_app.router.catalog import ModelCatalog
+from serve_app.router.dispatchers import DispatcherPool, SenderFor
+from serve_app.router.gcwatch import GcPauses
+from serve_app.scheduling.dispatcher import RequestTiming
+
+
+@dataclass
+class RouterParts:
+    args: AppArgs
+    handles: dict[str, Any]  # model name -> its deployment handle
+    router_id: str
+    callers: Callers
+    catalog: ModelCatalog
+    dispatchers: DispatcherPool
+    cascades: dict[str, Cascade]  # route name -> its tiers
+    loops: BackgroundLoops
+    gc_pauses: GcPauses
+
+    async def submit(
+        self, model: str, payload: Payload, items: int, priority: Priority, deadline: float | None, timing: RequestTiming | None
+    ) -> Any:
+        """One request's rows through a model's queue; its result, or its error."""
+        return await self.dispatchers.get(model).submit(payload, items, priority, deadline, timing)
+
+
+def build_parts(args: AppArgs, handles: dict[str, Any], router_id: str, send_for: SenderFor) -> RouterParts:
+    """Wire a router's parts from its config; starts nothing (see BackgroundLoops.start)."""
+
+    async def fetch_metadata(model: str) -> dict[str, Any]:
+        meta: dict[str, Any] = await handles[model].metadata.remote()
+        return meta
+
+    dispatchers = DispatcherPool(args, send_for)
+    parts = RouterParts(
+        args=args,
+        handles=handles,
+        router_id=router_id,
+        callers=Callers(build_registry(args.tenants), Priority.parse(args.scheduling.default_priority)),
+        catalog=ModelCatalog(args, fetch_metadata),
+        dispatchers=dispatchers,
+        cascades={},
+        loops=BackgroundLoops(dispatchers, {}, args.scheduling.router_full_gc_max_interval_s),
+        gc_pauses=GcPauses(),
+    )
+    for name, route in args.routes.items():
+        policy = route_policy(name, route, Manifest.load(args.model_path(route.light)))
+        parts.cascades[name] = Cascade(name, route.light, route.heavy, policy, parts.submit)
+    parts.loops.cascades = parts.cascades
+    return parts
+
+
+async def router_parts(request: Request) -> RouterParts:
+    """The endpoints' dependency. `async` on purpose: FastAPI runs a plain `def` dependency in
+    a worker thread, one hop per request, and anyio's hop walks every task on the loop."""
+    parts: RouterParts = request.app.state.parts
+    return parts

@@ -60,55 +60,61 @@ def render(gpu_config_path: str | Path) -> str:
                 "autoscalerOptions": {"upscalingMode": "Default", "idleTimeoutSeconds": 120},
                 # Ray 2.60 enables token auth; KubeRay creates and mounts the secret.
                 "authOptions": {"mode": "token"},
-                "headGroupSpec": {
-                    # The head schedules no replicas: model work lands on GPU workers.
-                    "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0", "metrics-export-port": "8080"},
-                    "template": {
-                        "spec": {
-                            "containers": [
-                                _container(
-                                    "ray-head",
-                                    {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
-                                    [
-                                        {"containerPort": 6379, "name": "gcs"},
-                                        {"containerPort": 8265, "name": "dashboard"},
-                                        {"containerPort": 10001, "name": "client"},
-                                        {"containerPort": 8000, "name": "serve"},
-                                        {"containerPort": 8080, "name": "metrics"},
-                                    ],
-                                )
-                            ]
-                        }
-                    },
-                },
-                "workerGroupSpecs": [
-                    {
-                        "groupName": "gpu",
-                        "replicas": 1,
-                        "minReplicas": 1,
-                        "maxReplicas": 4,
-                        "rayStartParams": {"metrics-export-port": "8080"},
-                        "template": {
-                            "spec": {
-                                "containers": [
-                                    _container(
-                                        "ray-worker",
-                                        {
-                                            "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
-                                            "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
-                                        },
-                                        [{"containerPort": 8080, "name": "metrics"}],
-                                    )
-                                ],
-                                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                            }
-                        },
-                    }
-                ],
+                "headGroupSpec": _head_group(),
+                "workerGroupSpecs": [_gpu_worker_group()],
             },
         },
     }
     return HEADER + yaml.safe_dump(manifest, sort_keys=False, width=120)
+
+
+def _head_group() -> dict[str, Any]:
+    return {
+        # The head schedules no replicas: model work lands on GPU workers.
+        "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0", "metrics-export-port": "8080"},
+        "template": {
+            "spec": {
+                "containers": [
+                    _container(
+                        "ray-head",
+                        {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
+                        [
+                            {"containerPort": 6379, "name": "gcs"},
+                            {"containerPort": 8265, "name": "dashboard"},
+                            {"containerPort": 10001, "name": "client"},
+                            {"containerPort": 8000, "name": "serve"},
+                            {"containerPort": 8080, "name": "metrics"},
+                        ],
+                    )
+                ]
+            }
+        },
+    }
+
+
+def _gpu_worker_group() -> dict[str, Any]:
+    return {
+        "groupName": "gpu",
+        "replicas": 1,
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "rayStartParams": {"metrics-export-port": "8080"},
+        "template": {
+            "spec": {
+                "containers": [
+                    _container(
+                        "ray-worker",
+                        {
+                            "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
+                            "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
+                        },
+                        [{"containerPort": 8080, "name": "metrics"}],
+                    )
+                ],
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            }
+        },
+    }
 
 
 def serve_config_of(manifest_text: str) -> dict[str, Any]:

@@ -84,6 +84,21 @@ class Lane:
     # Recent batches as (router queue s, round trip s, replica wait s, exec s): where latency goes.
     recent: deque[tuple[float, float, float, float]] = field(default_factory=lambda: deque(maxlen=512))
 
+    def snapshot(self, predicted_wait_s: float, max_batch_size: int) -> dict[str, Any]:
+        return {
+            "queued_items": self.queue.items,
+            "inflight_batches": self.inflight,
+            "inflight_limit": round(self.limit.value, 2),
+            "replica_queue_estimate": round(self.limit.queue_estimate, 3),
+            "drain_rows_per_s": round(self.drain.rate, 2),
+            "predicted_wait_ms": round(predicted_wait_s * 1e3, 1),
+            "batch_ms": {
+                "one": round(self.estimator.batch_s(1) * 1e3, 3),
+                "full": round(self.estimator.batch_s(max_batch_size) * 1e3, 3),
+            },
+            "recent_ms": self.latency_breakdown(),
+        }
+
     def latency_breakdown(self) -> dict[str, dict[str, float]]:
         if not self.recent:
             return {}
@@ -261,19 +276,7 @@ class Dispatcher:
             "breaker": self.breaker.state.name.lower(),
             "max_batch_size": s.max_batch_size,
             "lanes": {
-                lane.name: {
-                    "queued_items": lane.queue.items,
-                    "inflight_batches": lane.inflight,
-                    "inflight_limit": round(lane.limit.value, 2),
-                    "replica_queue_estimate": round(lane.limit.queue_estimate, 3),
-                    "drain_rows_per_s": round(lane.drain.rate, 2),
-                    "predicted_wait_ms": round(self.wait_s(Priority.LOW if lane is self.bulk else Priority.HIGH) * 1e3, 1),
-                    "batch_ms": {
-                        "one": round(lane.estimator.batch_s(1) * 1e3, 3),
-                        "full": round(lane.estimator.batch_s(s.max_batch_size) * 1e3, 3),
-                    },
-                    "recent_ms": lane.latency_breakdown(),
-                }
+                lane.name: lane.snapshot(self.wait_s(Priority.LOW if lane is self.bulk else Priority.HIGH), s.max_batch_size)
                 for lane in self.lanes
             },
             "admitted": dict(self.stats.admitted),

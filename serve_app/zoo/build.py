@@ -64,81 +64,13 @@ def build_model(name: str, preset: Preset, model_dir: Path, progress: Progress =
         "train": asdict(preset.train),
         "trained": preset.trained,
     }
-    onnx_path = scratch / "model.onnx"
     cfg = preset.model
     if isinstance(cfg, BertConfig):
-        tok = _demo_tokenizer(scratch / "tokenizer.json")
-        bert = BertClassifier(cfg)
-        if preset.trained:
-            train.train_bert(bert, tok, preset.train, progress)
-            source["accuracy"] = {
-                "test": train.accuracy_bert(bert, tok, EVAL_SIZE, data.TEST_SEED),
-                "val": train.accuracy_bert(bert, tok, EVAL_SIZE, data.VAL_SEED),
-            }
-        source["parity_max_abs_diff"] = export.export_bert(bert, onnx_path)
-        manifest = Manifest(
-            name=name,
-            family="bert",
-            tokenizer_file="tokenizer.json",
-            max_sequence_length=cfg.max_len,
-            inputs=[
-                TensorSpec(name="input_ids", datatype="INT64", shape=[-1, -1]),
-                TensorSpec(name="attention_mask", datatype="INT64", shape=[-1, -1]),
-            ],
-            outputs=[TensorSpec(name="logits", datatype="FP32", shape=[-1, cfg.n_classes])],
-            labels=data.SENTIMENT_LABELS if cfg.n_classes == 2 else [str(i) for i in range(cfg.n_classes)],
-            source=source,
-        )
+        manifest = _build_bert(name, cfg, preset, scratch, source, progress)
     elif isinstance(cfg, GPTConfig):
-        tok = _demo_tokenizer(scratch / "tokenizer.json")
-        gpt = GPT(cfg)
-        if preset.trained:
-            train.train_gpt(gpt, tok, preset.train, progress)
-            source["val_loss"] = train.gpt_loss(gpt, tok, 300, data.VAL_SEED)
-        source["parity_max_abs_diff"] = export.export_gpt(gpt, onnx_path)
-        hd = cfg.d_model // cfg.n_heads
-        manifest = Manifest(
-            name=name,
-            family="gpt",
-            tokenizer_file="tokenizer.json",
-            max_sequence_length=cfg.block_size,
-            inputs=[
-                TensorSpec(name="input_ids", datatype="INT64", shape=[-1, -1]),
-                TensorSpec(name="position_ids", datatype="INT64", shape=[-1, -1]),
-                TensorSpec(name="attention_mask", datatype="INT64", shape=[-1, -1]),
-                TensorSpec(name="past", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd]),
-            ],
-            outputs=[
-                TensorSpec(name="logits", datatype="FP32", shape=[-1, -1, cfg.vocab_size]),
-                TensorSpec(name="present", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd]),
-            ],
-            generation=GenerationSpec(n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=hd, block_size=cfg.block_size),
-            source=source,
-        )
+        manifest = _build_gpt(name, cfg, preset, scratch, source, progress)
     elif isinstance(cfg, ResNetConfig):
-        from serve_app.zoo.resnet import ResNet, calibrate_batchnorm
-
-        net = ResNet(cfg)
-        if preset.trained:
-            train.train_resnet(net, preset.train, progress)
-            source["accuracy"] = {
-                "test": train.accuracy_resnet(net, EVAL_SIZE, data.TEST_SEED),
-                "val": train.accuracy_resnet(net, EVAL_SIZE, data.VAL_SEED),
-            }
-        else:
-            calibrate_batchnorm(net, cfg.image_size)
-            source["batchnorm"] = "running statistics estimated on generated images (untrained weights)"
-        source["parity_max_abs_diff"] = export.export_resnet(net, onnx_path)
-        s = cfg.image_size
-        manifest = Manifest(
-            name=name,
-            family="resnet",
-            image_size=s,
-            inputs=[TensorSpec(name="image", datatype="FP32", shape=[-1, 3, s, s])],
-            outputs=[TensorSpec(name="logits", datatype="FP32", shape=[-1, cfg.n_classes])],
-            labels=data.SHAPE_LABELS if cfg.n_classes == len(data.SHAPE_LABELS) else [str(i) for i in range(cfg.n_classes)],
-            source=source,
-        )
+        manifest = _build_resnet(name, cfg, preset, scratch, source, progress)
     else:  # pragma: no cover - presets are a closed set
         raise TypeError(f"unknown model config {type(cfg).__name__}")
     manifest.source["build_seconds"] = round(time.perf_counter() - started, 1)
@@ -148,3 +80,91 @@ def build_model(name: str, preset: Preset, model_dir: Path, progress: Progress =
     scratch.rename(model_dir)
     assert (model_dir / MANIFEST_FILE).is_file(), "manifest missing after build"
     return manifest
+
+
+def _build_bert(
+    name: str, cfg: BertConfig, preset: Preset, scratch: Path, source: dict[str, object], progress: Progress
+) -> Manifest:
+    onnx_path = scratch / "model.onnx"
+    tok = _demo_tokenizer(scratch / "tokenizer.json")
+    bert = BertClassifier(cfg)
+    if preset.trained:
+        train.train_bert(bert, tok, preset.train, progress)
+        source["accuracy"] = {
+            "test": train.accuracy_bert(bert, tok, EVAL_SIZE, data.TEST_SEED),
+            "val": train.accuracy_bert(bert, tok, EVAL_SIZE, data.VAL_SEED),
+        }
+    source["parity_max_abs_diff"] = export.export_bert(bert, onnx_path)
+    return Manifest(
+        name=name,
+        family="bert",
+        tokenizer_file="tokenizer.json",
+        max_sequence_length=cfg.max_len,
+        inputs=[
+            TensorSpec(name="input_ids", datatype="INT64", shape=[-1, -1]),
+            TensorSpec(name="attention_mask", datatype="INT64", shape=[-1, -1]),
+        ],
+        outputs=[TensorSpec(name="logits", datatype="FP32", shape=[-1, cfg.n_classes])],
+        labels=data.SENTIMENT_LABELS if cfg.n_classes == 2 else [str(i) for i in range(cfg.n_classes)],
+        source=source,
+    )
+
+
+def _build_gpt(
+    name: str, cfg: GPTConfig, preset: Preset, scratch: Path, source: dict[str, object], progress: Progress
+) -> Manifest:
+    onnx_path = scratch / "model.onnx"
+    tok = _demo_tokenizer(scratch / "tokenizer.json")
+    gpt = GPT(cfg)
+    if preset.trained:
+        train.train_gpt(gpt, tok, preset.train, progress)
+        source["val_loss"] = train.gpt_loss(gpt, tok, 300, data.VAL_SEED)
+    source["parity_max_abs_diff"] = export.export_gpt(gpt, onnx_path)
+    hd = cfg.d_model // cfg.n_heads
+    return Manifest(
+        name=name,
+        family="gpt",
+        tokenizer_file="tokenizer.json",
+        max_sequence_length=cfg.block_size,
+        inputs=[
+            TensorSpec(name="input_ids", datatype="INT64", shape=[-1, -1]),
+            TensorSpec(name="position_ids", datatype="INT64", shape=[-1, -1]),
+            TensorSpec(name="attention_mask", datatype="INT64", shape=[-1, -1]),
+            TensorSpec(name="past", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd]),
+        ],
+        outputs=[
+            TensorSpec(name="logits", datatype="FP32", shape=[-1, -1, cfg.vocab_size]),
+            TensorSpec(name="present", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd]),
+        ],
+        generation=GenerationSpec(n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=hd, block_size=cfg.block_size),
+        source=source,
+    )
+
+
+def _build_resnet(
+    name: str, cfg: ResNetConfig, preset: Preset, scratch: Path, source: dict[str, object], progress: Progress
+) -> Manifest:
+    onnx_path = scratch / "model.onnx"
+    from serve_app.zoo.resnet import ResNet, calibrate_batchnorm
+
+    net = ResNet(cfg)
+    if preset.trained:
+        train.train_resnet(net, preset.train, progress)
+        source["accuracy"] = {
+            "test": train.accuracy_resnet(net, EVAL_SIZE, data.TEST_SEED),
+            "val": train.accuracy_resnet(net, EVAL_SIZE, data.VAL_SEED),
+        }
+    else:
+        calibrate_batchnorm(net, cfg.image_size)
+        source["batchnorm"] = "running statistics estimated on generated images (untrained weights)"
+    source["parity_max_abs_diff"] = export.export_resnet(net, onnx_path)
+    s = cfg.image_size
+    return Manifest(
+        name=name,
+        family="resnet",
+        image_size=s,
+        inputs=[TensorSpec(name="image", datatype="FP32", shape=[-1, 3, s, s])],
+        outputs=[TensorSpec(name="logits", datatype="FP32", shape=[-1, cfg.n_classes])],
+        labels=data.SHAPE_LABELS if cfg.n_classes == len(data.SHAPE_LABELS) else [str(i) for i in range(cfg.n_classes)],
+        source=source,
+    )

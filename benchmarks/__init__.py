@@ -1,1 +1,1 @@
-"""Benchmark harness: load generator, baseline servers, scenarios and reports (`serve-app bench`)."""
+"""Benchmark harness: load generator, baseline servers, scenarios and reports (`python -m benchmarks`)."""

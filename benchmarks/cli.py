@@ -1,4 +1,6 @@
-"""`serve-app bench SCENARIO`: run one benchmark scenario and write its report."""
+"""`python -m benchmarks SCENARIO`: run one benchmark scenario and write its report.
+
+Run from the repository root; the harness is not installed with the serving package."""
 
 from __future__ import annotations
 
@@ -7,42 +9,38 @@ import shlex
 import sys
 from pathlib import Path
 
-SCENARIO_HELP = """\
-scenarios (each runs its setups side by side, in one invocation, on the same model files):
-  compare  limit (ONNX Runtime in-process at its best batch size), naive (FastAPI + ORT,
-           one session.run per request, one worker), plain Ray Serve (the model as its own
-           ingress with @serve.batch) and ours (the full app through the router):
-           closed-loop latency/throughput curves plus one open-loop (Poisson) point
-  sweep    ours at max_batch_size 1, 4, 8, 16, 32 under a fixed load: throughput,
-           p50/p99 and replica memory
-  ingress  ours behind Ray Serve's default proxy vs HAProxy, each with and without
-           RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (Ray restarted per setting)
-  profile  ours under load with py-spy on the router and model replicas (collapsed stacks)
-  priority high-priority traffic (10% of capacity) alone, then under a low-priority flood
-           at 2x capacity: the router's priority policy vs plain FIFO, each on a fresh Ray
-  cascade  each route (light first, heavy when unsure) vs its heavy model alone: throughput,
-           latency, who answered; with the calibrated accuracies from the light manifest
-  contention  no Ray: a model's bulk-lane throughput under SCHED_IDLE, one session on all its
-           threads vs one single-threaded session per thread side by side, alone and beside
-           bursty nice-19 load (why the replica's bulk lane runs sessions side by side)
-  generation  the GPT deployment with continuous batching vs the @serve.batch request-level
-           version, same model and batch size: streaming completions of mixed lengths, tokens/s,
-           TTFT p50/p99, ITL p99, latency; alternating phases, --rounds of each
+SCENARIOS = {
+    "compare": "limit (ONNX Runtime in-process at its best batch size), naive (FastAPI + ORT, one session.run per "
+    "request, one worker), plain Ray Serve (the model as its own ingress with @serve.batch) and ours (the full app "
+    "through the router): closed-loop latency/throughput curves plus one open-loop (Poisson) point",
+    "sweep": "ours at max_batch_size 1, 4, 8, 16, 32 under a fixed load: throughput, p50/p99 and replica memory",
+    "ingress": "ours behind Ray Serve's default proxy vs HAProxy, each with and without RAY_SERVE_THROUGHPUT_OPTIMIZED=1 "
+    "(Ray restarted per setting)",
+    "profile": "ours under load with py-spy on the router and model replicas (collapsed stacks)",
+    "priority": "high-priority traffic (10% of capacity) alone, then under a low-priority flood at 2x capacity: the "
+    "router's priority policy vs plain FIFO, each on a fresh Ray",
+    "cascade": "each route (light first, heavy when unsure) vs its heavy model alone: throughput, latency, who answered; "
+    "with the calibrated accuracies from the light manifest",
+    "contention": "no Ray: a model's bulk-lane throughput under SCHED_IDLE, one session on all its threads vs one "
+    "single-threaded session per thread side by side, alone and beside bursty nice-19 load",
+    "generation": "the GPT deployment with continuous batching vs the @serve.batch request-level version, same model and "
+    "batch size: streaming completions of mixed lengths, tokens/s, TTFT p50/p99, ITL p99, latency",
+}
 
+EPILOG = """\
+Each scenario runs its setups side by side, in one invocation, on the same model files.
 Results go to benchmarks/results/<scenario>/<config name>/: result.json (all raw
 figures, machine info, the command), README.md (tables) and PNG plots.
-Examples:
-  serve-app bench compare                                   # demo catalog, configs/local.yaml
-  serve-app bench compare --config configs/bench-realsize.yaml   # BERT-base / ResNet-50 shapes
-  serve-app bench sweep --smoke --model-dir /tmp/tiny       # seconds, for CI
-  serve-app bench generation --concurrency 8 32 --rounds 3
+Examples (from the repository root):
+  python -m benchmarks compare                                   # demo catalog, configs/local.yaml
+  python -m benchmarks compare --config configs/bench-realsize.yaml   # BERT-base / ResNet-50 shapes
+  python -m benchmarks sweep --smoke --model-dir /tmp/tiny       # seconds, for CI
+  python -m benchmarks generation --concurrency 8 32 --rounds 3
+  python -m benchmarks SCENARIO --help
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "scenario", choices=["compare", "sweep", "ingress", "profile", "priority", "cascade", "generation", "contention"]
-    )
     p.add_argument("--config", type=Path, default=Path("configs/local.yaml"), help="Serve config of ours (default: %(default)s)")
     p.add_argument("--model-dir", type=Path, help="built models (default: the config's model_dir)")
     p.add_argument("--models", nargs="+", default=["bert-heavy", "resnet-heavy"], help="default: %(default)s")
@@ -115,7 +113,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         result = scenarios.SCENARIOS[ns.scenario](s)
     res = {
         "scenario": ns.scenario,
-        "command": "serve-app bench " + shlex.join(argv),
+        "command": "python -m benchmarks " + shlex.join(argv),
         "machine": report.machine_info(),
         "settings": s.to_json(),
         "model_sizes": {m: report.model_size(model_dir / m) for m in s.models},
@@ -127,12 +125,19 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
+    for name, help_text in SCENARIOS.items():
+        add_arguments(sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text))
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="serve-app bench", description=__doc__, epilog=SCENARIO_HELP,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    add_arguments(p)
-    return run(p.parse_args(argv), argv)
+    return run(parser().parse_args(argv), argv)
 
 
 if __name__ == "__main__":

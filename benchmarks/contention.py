@@ -1,4 +1,4 @@
-"""`serve-app bench contention`: how a background model lane's session layout stands other load.
+"""`python -m benchmarks contention`: how a background model lane's session layout stands other load.
 
 The bulk lane of a model replica runs under SCHED_IDLE beside the router, the
 proxy and the urgent lane (serve_app.cpu_priority). This measures, in-process

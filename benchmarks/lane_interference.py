@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from benchmarks import probe_args
 from benchmarks.workloads import TEST_SEED
 from serve_app.cpu_priority import lower_thread_priority
 from serve_app.manifest import Manifest
@@ -59,8 +60,11 @@ def _cpu_ms_per_row(session: ort.InferenceSession, feed: dict[str, np.ndarray], 
 
 
 def main(argv: list[str]) -> int:
-    model_dir, out = Path(argv[0]), Path(argv[1])
-    urgent_threads = int(argv[2]) if len(argv) > 2 else 2
+    ns = probe_args.parse(
+        argv, __doc__, "python -m benchmarks.lane_interference", "MODEL_DIR", "OUT", optional=("URGENT_THREADS",)
+    )
+    model_dir, out = Path(ns.MODEL_DIR), Path(ns.OUT)
+    urgent_threads = int(ns.URGENT_THREADS or 2)
     manifest = Manifest.load(model_dir)
     assert manifest.tokenizer_file, "a text model directory (with a tokenizer)"
     tok = TextTokenizer.from_file(model_dir / manifest.tokenizer_file)

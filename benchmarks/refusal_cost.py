@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks import cluster, scenarios, workloads
+from benchmarks import cluster, probe_args, scenarios, workloads
 
 RATE = 250.0
 SECONDS = 12.0
@@ -36,7 +36,8 @@ def _router_ms_per_request(point: dict[str, Any]) -> float:
 
 
 def main(argv: list[str]) -> int:
-    config, model, out = Path(argv[0]), argv[1], Path(argv[2])
+    ns = probe_args.parse(argv, __doc__, "python -m benchmarks.refusal_cost", "CONFIG", "MODEL", "OUT")
+    config, model, out = Path(ns.CONFIG), ns.MODEL, Path(ns.OUT)
     model_dir = Path(yaml.safe_load(config.read_text())["applications"][0]["args"]["model_dir"]).resolve()
     s = scenarios.Settings(models=[model], model_dir=model_dir, config=config)
     tmp = Path(tempfile.mkdtemp())

@@ -44,7 +44,7 @@ def machine_info() -> dict[str, Any]:
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
-        # `taskset -c 0-1 serve-app bench ...` runs the whole stack (Ray, its workers, the load
+        # `taskset -c 0-1 python -m benchmarks ...` runs the whole stack (Ray, its workers, the load
         # generator) on fewer cores than the machine has: the report must say which it measured.
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "memory_gib": mem_gib,
@@ -482,8 +482,10 @@ def loadgen_cost(res: Any) -> dict[str, float] | None:
 if __name__ == "__main__":
     # Re-render committed results after the report's format changed, without re-running them:
     # python -m benchmarks.report benchmarks/results/priority/bench-realsize [...]
-    import sys
+    import argparse
 
-    for arg in sys.argv[1:]:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.report", description="Re-render committed results' README.md.")
+    p.add_argument("folders", nargs="+", help="results folders holding a result.json")
+    for arg in p.parse_args().folders:
         saved = json.loads((Path(arg) / "result.json").read_text())
         print(write(saved["scenario"], saved, Path(arg)))

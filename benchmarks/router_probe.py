@@ -18,13 +18,14 @@ from typing import Any
 import httpx
 import yaml
 
-from benchmarks import cluster, scenarios
+from benchmarks import cluster, probe_args, scenarios
 
 MODELS = ["bert-heavy", "resnet-heavy"]
 
 
 def main(argv: list[str]) -> int:
-    cfg, routers, out = Path(argv[0]), int(argv[1]), Path(argv[2])
+    ns = probe_args.parse(argv, __doc__, "python -m benchmarks.router_probe", "CONFIG", "ROUTER_REPLICAS", "OUT")
+    cfg, routers, out = Path(ns.CONFIG), int(ns.ROUTER_REPLICAS), Path(ns.OUT)
     conf = yaml.safe_load(cfg.read_text())
     for d in conf["applications"][0]["deployments"]:
         if d["name"] == "router":

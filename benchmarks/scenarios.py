@@ -1,4 +1,4 @@
-"""The scenarios `serve-app bench` runs. Each measures its setups side by side in
+"""The scenarios `python -m benchmarks` runs. Each measures its setups side by side in
 one invocation, on the same model files and machine, and returns plain data
 that `benchmarks.report` writes out.
 

@@ -14,11 +14,13 @@ import time
 import numpy as np
 import onnxruntime as ort
 
+from benchmarks import probe_args
+
 SIZES = (2, 3, 5, 8, 13, 21, 32)
 
 
 def main(argv: list[str]) -> int:
-    path = argv[0]
+    path = probe_args.parse(argv, __doc__, "python -m benchmarks.shape_warmup", "MODEL_ONNX").MODEL_ONNX
     for algo in ("EXHAUSTIVE", "HEURISTIC"):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1

@@ -83,12 +83,6 @@ def _cmd_k8s_render(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(ns: argparse.Namespace) -> int:
-    from benchmarks.cli import run
-
-    return run(ns, ns.argv[1:])
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="serve-app", description=__doc__)
@@ -130,19 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--output", default="k8s/rayservice.yaml", help="file, or - for stdout")
     render.set_defaults(func=_cmd_k8s_render)
 
-    try:  # the harness ships with the repository checkout, not with the serving package
-        from benchmarks.cli import SCENARIO_HELP, add_arguments
-
-        bench = sub.add_parser(
-            "bench", help="run a benchmark scenario", epilog=SCENARIO_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
-        )
-        add_arguments(bench)
-        bench.set_defaults(func=_cmd_bench)
-    except ImportError:
-        pass
-
     ns = parser.parse_args(argv)
-    ns.argv = argv
     return int(ns.func(ns))
 
 

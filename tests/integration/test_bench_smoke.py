@@ -1,4 +1,4 @@
-"""Every `serve-app bench` scenario, run for seconds on the tiny models: the harness
+"""Every `python -m benchmarks` scenario, run for seconds on the tiny models: the harness
 works end to end and writes well-formed results. No timing is asserted."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _bench(scenario: str, model_dir: Path, out: Path, *models: str) -> dict:
-    cmd = [sys.executable, "-m", "serve_app.cli", "bench", scenario, "--smoke", "--model-dir", str(model_dir),
+    cmd = [sys.executable, "-m", "benchmarks", scenario, "--smoke", "--model-dir", str(model_dir),
            "--out", str(out), "--models", *models]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ})
     assert done.returncode == 0, done.stderr[-3000:]
     res = json.loads((out / "result.json").read_text())
-    assert res["scenario"] == scenario and res["command"].startswith(f"serve-app bench {scenario}")
+    assert res["scenario"] == scenario and res["command"].startswith(f"python -m benchmarks {scenario}")
     assert res["machine"]["cores"] and res["machine"]["packages"]["ray"]
     assert (out / "README.md").read_text().startswith(f"# Benchmark: {scenario}")
     for name in res.get("plots", []):

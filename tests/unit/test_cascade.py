@@ -1,7 +1,13 @@
+import asyncio
+
 import numpy as np
 import pytest
 
-from serve_app.router.cascade import CascadePolicy, confidence, softmax
+from serve_app.config import RouteConfig
+from serve_app.contract import Priority
+from serve_app.errors import DeadlineExceeded, InvalidInput, ModelFailure, Overloaded, Unavailable
+from serve_app.manifest import Manifest
+from serve_app.router.cascade import Cascade, CascadePolicy, ClassifierResult, confidence, route_policy, softmax
 
 
 def test_softmax_rows_sum_to_one():
@@ -25,3 +31,127 @@ def test_threshold_zero_never_escalates_and_one_always_does():
     logits = np.log(np.array([[0.99, 0.01], [0.5, 0.5]]))
     assert not CascadePolicy(0.0).escalate(logits).any()
     assert CascadePolicy(1.0).escalate(logits).all()
+
+
+# -- the route's execution (Cascade): every fallback and degrade rule, no Ray ----------------
+
+SURE, UNSURE = [5.0, -5.0], [0.1, 0.0]  # light logits: confident, and a coin flip
+HEAVY = [0.0, 9.0]
+
+
+class Tiers:
+    """Both tiers of a route as fakes: each answers its logits, or raises what it was told to."""
+
+    def __init__(self, light: list[list[float]] | Exception, heavy: Exception | None = None) -> None:
+        self.light, self.heavy = light, heavy
+        self.calls: list[tuple[str, object]] = []
+
+    async def submit(self, model: str, payload, items, priority, deadline, timing) -> np.ndarray:
+        self.calls.append((model, payload))
+        outcome = self.light if model == "light" else self.heavy
+        if isinstance(outcome, Exception):
+            raise outcome
+        if model == "light":
+            return np.array(outcome, dtype=np.float32)
+        return np.array([HEAVY] * items, dtype=np.float32)
+
+
+def run(tiers: Tiers, payload: list[str]) -> ClassifierResult:
+    cascade = Cascade("route", "light", "heavy", CascadePolicy(0.9), tiers.submit)
+    result = asyncio.run(cascade.classify(payload, Priority.NORMAL, None))
+    run.counts = dict(cascade.counts)  # type: ignore[attr-defined]
+    return result
+
+
+def test_confident_items_stay_with_the_light_tier_and_never_reach_the_heavy_one():
+    tiers = Tiers([SURE, SURE])
+    result = run(tiers, ["a", "b"])
+    assert result.served_by == ["light", "light"] and result.degraded is None
+    assert [m for m, _ in tiers.calls] == ["light"]
+    assert run.counts == {"light": 2}  # type: ignore[attr-defined]
+
+
+def test_only_the_unsure_items_escalate_and_their_answers_are_merged_in_order():
+    tiers = Tiers([SURE, UNSURE, SURE])
+    result = run(tiers, ["a", "b", "c"])
+    assert tiers.calls == [("light", ["a", "b", "c"]), ("heavy", ["b"])]
+    assert result.served_by == ["light", "heavy", "light"]
+    np.testing.assert_array_equal(result.logits[1], HEAVY)
+    np.testing.assert_array_equal(result.logits[0], SURE)
+    assert run.counts == {"light": 2, "heavy": 1}  # type: ignore[attr-defined]
+
+
+def test_images_escalate_as_an_array_subset():
+    tiers = Tiers([UNSURE, SURE])
+    images = np.arange(2 * 3 * 2 * 2, dtype=np.float32).reshape(2, 3, 2, 2)
+    cascade = Cascade("route", "light", "heavy", CascadePolicy(0.9), tiers.submit)
+    asyncio.run(cascade.classify(images, Priority.NORMAL, None))
+    (_, subset) = tiers.calls[1]
+    assert isinstance(subset, np.ndarray) and subset.shape == (1, 3, 2, 2)
+    np.testing.assert_array_equal(subset[0], images[0])
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [InvalidInput("bad text"), Overloaded("light busy", retry_after_s=2), DeadlineExceeded("too late")],
+    ids=["client-error", "overloaded", "deadline"],
+)
+def test_a_light_refusal_is_the_answer_and_the_heavy_tier_is_not_asked(refusal):
+    tiers = Tiers(refusal)
+    with pytest.raises(type(refusal)):
+        run(tiers, ["a"])
+    assert [m for m, _ in tiers.calls] == ["light"]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [Unavailable("circuit open"), ModelFailure("replica crashed"), RuntimeError("actor died")],
+    ids=["circuit-open", "model-error", "unexpected"],
+)
+def test_a_failing_light_tier_falls_back_to_the_heavy_one_for_every_item(failure):
+    tiers = Tiers(failure)
+    result = run(tiers, ["a", "b"])
+    assert tiers.calls == [("light", ["a", "b"]), ("heavy", ["a", "b"])]
+    assert result.served_by == ["heavy", "heavy"]
+    assert result.degraded == "light unavailable; answered by heavy"
+    assert run.counts == {"fallback": 2}  # type: ignore[attr-defined]
+
+
+def test_when_both_tiers_fail_the_heavy_error_is_the_answer():
+    tiers = Tiers(ModelFailure("light crashed"), heavy=Overloaded("heavy busy", retry_after_s=1))
+    with pytest.raises(Overloaded):
+        run(tiers, ["a"])
+
+
+@pytest.mark.parametrize(
+    ("failure", "code"),
+    [
+        (Overloaded("heavy busy", retry_after_s=1), "overloaded"),
+        (DeadlineExceeded("too late"), "deadline_exceeded"),
+        (Unavailable("circuit open"), "unavailable"),
+    ],
+    ids=["overloaded", "deadline", "circuit-open"],
+)
+def test_escalation_to_a_refusing_heavy_tier_degrades_to_the_light_answer(failure, code):
+    tiers = Tiers([SURE, UNSURE], heavy=failure)
+    result = run(tiers, ["a", "b"])
+    assert result.served_by == ["light", "light"]
+    assert result.degraded == f"heavy {code}; answered by light"
+    np.testing.assert_array_equal(result.logits, np.array([SURE, UNSURE], dtype=np.float32))
+    assert run.counts == {"light": 1, "degraded": 1}  # type: ignore[attr-defined]
+
+
+def test_any_other_heavy_failure_during_escalation_fails_the_request():
+    tiers = Tiers([UNSURE], heavy=ModelFailure("heavy crashed"))
+    with pytest.raises(ModelFailure):
+        run(tiers, ["a"])
+
+
+def test_a_route_takes_its_pinned_threshold_or_the_calibrated_one():
+    light = Manifest(
+        name="light", family="bert", inputs=[], outputs=[], calibrations={"heavy": {"threshold": 0.8, "signal": "margin"}}
+    )
+    assert route_policy("r", RouteConfig(light="light", heavy="heavy", threshold=0.6), light) == CascadePolicy(0.6)
+    assert route_policy("r", RouteConfig(light="light", heavy="heavy"), light) == CascadePolicy(0.8, "margin")
+    with pytest.raises(ValueError, match="never calibrated"):
+        route_policy("r", RouteConfig(light="light", heavy="other"), light)

@@ -254,23 +254,29 @@ def profile(s: Settings, out_dir: Path) -> dict[str, Any]:
         url = f"http://127.0.0.1:{HTTP_PORT}"
         for m in s.models:
             wl = _workload(s, m, tmp)
-            procs, files = [], {}
+            procs: dict[str, subprocess.Popen[bytes]] = {}
+            files: dict[str, Path] = {}
             if py_spy:
                 for role in ("router", m):
                     for pid in _pids(f"replica:{role}"):
                         f = out_dir / f"pyspy_{m}_{role}_{pid}.txt"
                         files[role] = f
                         # --idle off: time on the event loop's wait is not work; raw collapsed stacks are small.
-                        procs.append(subprocess.Popen(
+                        procs[role] = subprocess.Popen(
                             [py_spy, "record", "--pid", str(pid), "--duration", str(int(s.profile_seconds)),
                              "--rate", "50", "--format", "raw", "--output", str(f), "--nonblocking"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
             load = run_loadgen(url, wl, {"concurrency": s.headline_concurrency}, s.profile_seconds, 0.0)
-            for p in procs:
-                p.wait(timeout=60)
+            errors = {}
+            for role, p in procs.items():
+                _, err = p.communicate(timeout=60)
+                if p.returncode:
+                    errors[role] = err.decode(errors="replace").strip()[-500:]
             found = {role: f for role, f in files.items() if f.exists() and f.stat().st_size}
             out["models"][m] = {
                 "load": load,
+                "profiled": sorted(files),  # the roles py-spy was started on
+                "profile_errors": errors,  # py-spy's own words where it failed (ptrace not permitted, ...)
                 "profiles": {role: f.name for role, f in found.items()},
                 "top_self": {role: top_frames(f) for role, f in found.items()},
                 "top_inclusive": {role: inclusive_frames(f, 25) for role, f in found.items()},

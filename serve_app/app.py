@@ -68,8 +68,9 @@ def router_capacity(args: AppArgs) -> int:
 
     Below that, a flood that admission accepts fills the replica and the proxy queues the
     rest in arrival order, in front of the router's priority queues: high-priority requests
-    then wait behind low ones (measured: p99 5.9 s instead of 96 ms under a 2x flood with
-    max_queue_delay_s 10). Memory stays bounded: queues are capped in rows per model.
+    then wait behind low ones (seen under the flood of `python -m benchmarks priority`, whose
+    runs are in benchmarks/results/priority/). Memory stays bounded: queues are capped in
+    rows per model.
     """
     return len(args.models) * args.scheduling.max_queue_items + ROUTER_HEADROOM
 

@@ -88,8 +88,9 @@ class ModelConfig(BaseModel):
         ge=1,
         le=256,
         description="with the urgent lane on: sessions the bulk lane runs side by side, the intra-op threads split "
-        "between them. Default: one per thread on CPU (most throughput beside other load), one on GPUs. 1 halves a "
-        "batch's run time on 2 threads, which is what a request waits for at moderate load",
+        "between them. Default: one per thread on CPU (most throughput beside other load, see "
+        "benchmarks/results/contention/bench-realsize/), one on GPUs. 1 runs each batch on all the threads, so a "
+        "batch ends sooner, which is what a request waits for at moderate load",
     )
     faults: FaultConfig = Field(default_factory=FaultConfig)
 
@@ -146,9 +147,9 @@ class SchedulingConfig(BaseModel):
         None,
         gt=0,
         description="opt-in: the router runs Python's full garbage collections itself, when idle and at the latest "
-        "this long after the last one (serve_app/router/gcwatch.py), instead of Python doing so mid-flood (100-600 "
-        "ms pauses measured). Off by default: a collection started after 1 s idle can still meet a burst arriving "
-        "just then, and its benefit to p99 is not shown yet (benchmarks/results/priority/bench-realsize/)",
+        "this long after the last one (serve_app/router/gcwatch.py), instead of Python doing so mid-flood, where each "
+        "pause stops every request on the router. Off by default: a collection started after 1 s idle can still meet "
+        "a burst arriving just then, and its benefit to p99 is not shown yet (benchmarks/results/priority/bench-realsize/)",
     )
 
 

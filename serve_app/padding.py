@@ -47,9 +47,9 @@ def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray
 def batch_buckets(max_batch_size: int) -> list[int]:
     """The batch sizes a GPU session runs: powers of two below `max_batch_size`, and it.
 
-    Each new input shape costs ONNX Runtime's CUDA provider a first run of 124-743 ms for
-    ResNet-50 on an H100 (cuDNN's algorithm search and per-shape setup; 150 ms with the
-    HEURISTIC search), against 2-9 ms once seen (benchmarks/results/compare/bench-gpu/).
+    Each new input shape costs ONNX Runtime's CUDA provider a first run far slower than
+    the runs after it (cuDNN's algorithm search and per-shape setup; still so with the
+    HEURISTIC search): see benchmarks/results/gpu/ for ResNet-50 on an H100.
     Padding every batch up to one of a few sizes, each run once at replica start, keeps
     that cost out of traffic, for at most 2x the rows on a device that has them to spare.
     """

@@ -18,11 +18,10 @@ bulk lane uses this: two single-threaded sessions side by side instead of one
 session on two threads. Why: a background batch is preempted by everything
 else on the node (the router, the proxy, an urgent batch), and one
 intra-op thread preempted stalls the other at the next barrier of every
-operator; side by side, a preemption slows one batch only. Measured
-(`serve-app bench contention`, benchmarks/results/contention/bench-realsize/):
-BERT-base at batch 8 on 2 cores beside 0.2 cores of bursty nice-19 load per
-core lost 36% of its throughput as one session x 2 threads and 20% as two
-sessions x 1 thread (1.30x); ResNet-50, 1.08x; alone, 1.04x and 1.00x.
+operator; side by side, a preemption slows one batch only. Measured with
+`python -m benchmarks contention` (benchmarks/results/contention/bench-realsize/):
+beside bursty background load, two sessions x 1 thread lose less throughput
+than one session x 2 threads; alone, the two are about even.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class KVCache:
         """`past` for a batch: (L, 2, B, heads, width, head_dim), row i from slots[i]."""
         L, _, _, nh, _, hd = self.data.shape
         past = np.empty((L, 2, len(slots), nh, width, hd), dtype=np.float32)
-        # A block copy per row: 3x faster than fancy indexing, which copies twice (measured).
+        # A block copy per row: faster than fancy indexing, which copies twice.
         for i, slot in enumerate(slots):
             past[:, :, i] = self.data[:, :, slot, :, :width]
         return past

@@ -72,9 +72,9 @@ def freeze_startup_heap() -> int:
     """Move every object alive now out of the collector's reach; returns how many.
 
     A router's startup heap (Ray, FastAPI, pydantic, the app) lives as long as the
-    process, yet every full collection walked it: measured under the 2x flood of
-    `serve-app bench priority`, generation-2 pauses of 197 ms (median) to 592 ms, with
-    the event loop, and every request on it, stopped. Frozen objects are never
+    process, yet every full collection walked it, with the event loop, and every
+    request on it, stopped (the generation-2 pauses of `python -m benchmarks priority` are
+    `router_gc` in benchmarks/results/priority/bench-realsize/). Frozen objects are never
     collected, so collect first: only garbage-free, long-lived state is frozen.
     """
     gc.collect()
@@ -86,12 +86,13 @@ class FullCollectionSchedule:
     """When the router runs full (generation-2) collections itself, instead of Python.
 
     Python starts a full collection whenever enough objects have survived, which under a
-    flood is every ~15 s, each stopping the event loop for 100-600 ms (measured, see
+    flood is often, each stopping the event loop for long enough to show in the tail (see
     `GcPauses`). With Python's own full collections turned off (`take_over`), the router
     runs one when it has been idle for `idle_s` (no queued or running work: nobody waits
     on the pause), and at the latest `max_interval_s` after the last one, so memory held
     by cyclic garbage stays bounded under a flood that never ends. Generations 0 and 1
-    keep Python's schedule: they are short (p99 8-33 ms here) and free most garbage.
+    keep Python's schedule: they are short and free most garbage (`router_gc` in
+    benchmarks/results/priority/bench-realsize/).
     """
 
     def __init__(self, idle_s: float = 1.0, max_interval_s: float = 120.0, clock: Callable[[], float] = time.monotonic):

@@ -2,8 +2,9 @@
 
 Under a flood, most of what the router spends on a request that will be shed is
 not the admission check but what comes before it: FastAPI's routing, dependency
-solving, reading and parsing the body (py-spy: the endpoint itself is ~12% of
-the router's CPU; FastAPI and Starlette around it ~40%). On a 2-core node that
+solving, reading and parsing the body (py-spy: FastAPI and Starlette around the
+endpoint take far more of the router's CPU than the endpoint itself; see
+benchmarks/results/profile/bench-realsize/). On a 2-core node that
 CPU comes out of the models' share. This ASGI middleware reads only the path and
 the headers; when the request's priority class already has more queued work
 ahead than `max_queue_delay_s` (or a deadline that even a one-row request would

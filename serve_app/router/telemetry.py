@@ -1,11 +1,12 @@
 """The router's Prometheus metrics, exported through Ray Serve's metrics API.
 
-Recording a Ray metric costs tens of microseconds (it showed up in the router's
-profile), so the request path only bumps plain counters; a background loop
-turns them into Ray metrics every `interval_s`. That loop shares the event
-loop with requests: it records the queue waits (one histogram observation per
-request) in chunks and yields between them, so a high-priority request that
-arrives meanwhile waits for one chunk, not for two seconds' worth of a flood.
+Recording a Ray metric costs enough to show up in the router's profile
+(benchmarks/results/profile/), so the request path only bumps plain counters;
+a background loop turns them into Ray metrics every `interval_s`. That loop
+shares the event loop with requests: it records the queue waits (one
+histogram observation per request) in chunks and yields between them, so a
+high-priority request that arrives meanwhile waits for one chunk, not for two
+seconds' worth of a flood.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def tags(*keys: str) -> tuple[str]:
 
 class RouterTelemetry:
     interval_s = 2.0
-    chunk = 32  # observations between yields to the event loop (about 1 ms of work)
+    chunk = 32  # observations between yields to the event loop (a short slice of work)
 
     def __init__(self) -> None:
         self.queue_depth = metrics.Gauge(

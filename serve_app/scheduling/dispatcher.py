@@ -4,8 +4,8 @@ The router holds every request here and releases work to the model only
 while it has a free slot, as one batch (one handle call) at a time. Batches
 therefore form in the router, where priority and deadlines are known, and
 never queue in Ray's FIFO queues behind a flood of low-priority work. One
-handle call per batch instead of per request also halves the per-request CPU
-of the router->model hop (measured in benchmarks/results/profile/).
+handle call per batch instead of per request also cuts the per-request CPU
+of the router->model hop (see benchmarks/results/profile/).
 
 No Ray here: `send` is any coroutine that runs a batch, so the policy is
 tested with a fake model.
@@ -205,8 +205,8 @@ class Dispatcher:
             raise self._refuse(lane, "deadline", f"cannot meet the deadline (about {predicted * 1000:.0f} ms of work ahead)")
         # The wait, not the request's own batch: an estimate inflated by one slow batch
         # would otherwise refuse everything, and with nothing admitted it never learns
-        # that the model got fast again (measured: a ResNet-50 closed loop at
-        # concurrency 32 answered 7 of 300 requests).
+        # that the model got fast again (seen: a ResNet-50 closed loop then answered
+        # almost none of its requests).
         if waiting > self.settings.max_queue_delay_s:
             raise self._refuse(lane, "queue_delay", f"overloaded (about {waiting:.1f} s of work queued)")
 

@@ -12,10 +12,10 @@ Two estimates of the wait, for two regimes:
   running ones (serve_app/scheduling/limit.py keeps one ready per runner), and
   the runners share cores with the router and the urgent lane, so service time
   over slots overstates how fast a backlog drains. Measured on BERT-base under a
-  2x flood (benchmarks/results/priority/): the model predicted about 4 s for a
-  full queue of 1,024 rows that took 17 s, so the queue-delay bound (10 s) never
-  refused and the queue ran into its row bound instead, on the router's full
-  request path rather than at its header gate.
+  flood (benchmarks/results/priority/bench-realsize/runs/42857cc-base/ against
+  runs/drain-rate/): the model predicted a full queue would drain far sooner than
+  it did, so the queue-delay bound never refused and the queue ran into its row
+  bound instead, on the router's full request path rather than at its header gate.
 """
 
 from __future__ import annotations

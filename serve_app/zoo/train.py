@@ -42,11 +42,7 @@ def train_bert(model: BertClassifier, tok: TextTokenizer, tc: TrainConfig, progr
         idx = rng.integers(0, len(seqs), tc.batch_size)
         ids, mask = pad_batch([seqs[i] for i in idx], tok.pad_id, model.cfg.max_len)
         loss = F.cross_entropy(model(torch.from_numpy(ids), torch.from_numpy(mask)), torch.from_numpy(labels[idx]))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        progress(1)
+        _step(loss, opt, sched, progress)
     model.eval()
 
 
@@ -67,11 +63,7 @@ def train_gpt(model: GPT, tok: TextTokenizer, tc: TrainConfig, progress: Progres
         pos = torch.arange(T).expand(B, T)
         logits, _ = model(x, pos, torch.ones(B, T, dtype=torch.long), model.empty_past(B))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        progress(1)
+        _step(loss, opt, sched, progress)
     model.eval()
 
 
@@ -87,11 +79,7 @@ def train_resnet(model: ResNet, tc: TrainConfig, progress: Progress) -> None:
         if rng.random() < 0.5:  # horizontal flip: every shape here is mirror-symmetric
             x = x.flip(-1)
         loss = F.cross_entropy(model(x), y_all[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        progress(1)
+        _step(loss, opt, sched, progress)
     model.eval()
 
 
@@ -121,3 +109,14 @@ def gpt_loss(model: GPT, tok: TextTokenizer, n: int, seed: int) -> float:
     B = x.shape[0]
     logits, _ = model(x, torch.arange(T).expand(B, T), torch.ones(B, T, dtype=torch.long), model.empty_past(B))
     return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
+
+
+def _step(
+    loss: torch.Tensor, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, progress: Progress
+) -> None:
+    """One optimisation step, the same for every family."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    sched.step()
+    progress(1)

@@ -7,6 +7,7 @@ import logging
 from serve_app.config import SchedulingConfig
 from serve_app.cpu_priority import renice_process
 from serve_app.router.gcwatch import GcPauses, freeze_startup_heap
+from serve_app.scheduling.queue import QUEUES
 
 logger = logging.getLogger("ray.serve")
 
@@ -18,6 +19,6 @@ def prepare_process(scheduling: SchedulingConfig, gc_pauses: GcPauses, open_to_a
         renice_process(scheduling.router_nice)
     if open_to_all:
         logger.warning("no API keys configured: this server is OPEN to every caller (set `tenants` in the config)")
-    if scheduling.policy == "fifo":
+    if not QUEUES[scheduling.policy].prioritized:
         logger.warning("router scheduling policy is fifo: no priorities, deadlines or shedding (a benchmark baseline)")
     logger.info("router: %d startup objects frozen out of garbage collection", freeze_startup_heap())

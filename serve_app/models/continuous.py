@@ -29,8 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from serve_app.errors import ModelFailure, ServeAppError
 from serve_app.models.kv_cache import KVCache
 from serve_app.models.sequence import Sequence, TokenEvent
+
+# What one step gives a sequence: its next token event, or the error that ended it alone.
+StepOutcome = TokenEvent | ServeAppError
 
 # (input_ids (B, T), position_ids (B, T), attention_mask (B, P + T), past (L, 2, B, nh, P, hs))
 #   -> (logits (B, T, V), present (L, 2, B, nh, P + T, hs)): the exported GPT graph.
@@ -66,6 +70,7 @@ class SchedulerStats:
     generated_tokens: int = 0
     finished: int = 0
     cancelled: int = 0
+    failed: int = 0  # sequences whose own step failed (the rest of their batch went on)
     preemptions: int = 0
     refused: int = 0
     ttft_s: Window = field(default_factory=Window)
@@ -128,7 +133,7 @@ class ContinuousScheduler:
 
     # -- the decode loop's thread ---------------------------------------------
 
-    def step(self) -> list[tuple[Sequence, TokenEvent]]:
+    def step(self) -> list[tuple[Sequence, StepOutcome]]:
         self.stats.steps += 1
         self.stats.last_step_latencies = []
         while self._inbox:
@@ -138,7 +143,7 @@ class ContinuousScheduler:
             self.waiting.append(seq)
         self._drop_cancelled()
         self._admit()
-        events: list[tuple[Sequence, TokenEvent]] = []
+        events: list[tuple[Sequence, StepOutcome]] = []
         # Decoders are chosen before prefill runs: a sequence whose prompt completes in this
         # step has just sampled its first token and decodes from the next step on.
         decoding = [s for s in self.running if s.pending == 1]
@@ -233,19 +238,27 @@ class ContinuousScheduler:
         past = self.cache.gather(slots, past_width)  # type: ignore[arg-type]  # running rows have slots
         return {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": past}, past_width
 
-    def _run(self, rows: list[Sequence], counts: list[int]) -> list[tuple[Sequence, TokenEvent]]:
+    def _run(self, rows: list[Sequence], counts: list[int]) -> list[tuple[Sequence, StepOutcome]]:
         inputs, past_width = self._batch(rows, counts)
         logits, present = self.model(inputs["input_ids"], inputs["position_ids"], inputs["attention_mask"], inputs["past"])
         self.stats.model_calls += 1
         self.cache.store([s.slot for s in rows], present, past_width, counts)  # type: ignore[misc]
         now = self.clock()
-        events = []
+        events: list[tuple[Sequence, StepOutcome]] = []
         for i, (s, n) in enumerate(zip(rows, counts, strict=True)):
             self.stats.prefill_tokens += max(0, min(s.cached + n, len(s.prompt)) - s.cached)
             s.cached += n
             if s.pending:  # more prompt to feed in later steps
                 continue
-            events.append((s, s.advance(logits[i, n - 1], self.eos_id, self.detokenize)))
+            try:
+                events.append((s, s.advance(logits[i, n - 1], self.eos_id, self.detokenize)))
+            except Exception as e:
+                # One sequence's sampling or detokenizing fails that sequence alone; the rest of
+                # the batch decodes on. It is retired with the others that finished this step.
+                s.finished = True
+                self.stats.failed += 1
+                events.append((s, e if isinstance(e, ServeAppError) else ModelFailure(f"generation failed: {type(e).__name__}")))
+                continue
             self._observe(s, now)
         return events
 

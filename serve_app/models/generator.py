@@ -66,18 +66,8 @@ class GeneratorBase(OnnxModel):
         return logits, present
 
     def params_from(self, raw: dict[str, Any]) -> GenerationParams:
-        stop = raw.get("stop") or ()
-        params = GenerationParams(
-            max_tokens=int(raw.get("max_tokens") or self.config.generation.default_max_tokens),
-            temperature=float(raw.get("temperature", 0.0)),
-            top_p=float(raw.get("top_p", 1.0)),
-            top_k=int(raw.get("top_k", 0)),
-            seed=raw.get("seed"),
-            stop=(stop,) if isinstance(stop, str) else tuple(stop),
-            ignore_eos=bool(raw.get("ignore_eos", False)),
-        )
-        params.validate(self.config.generation.max_tokens_limit)
-        return params
+        cfg = self.config.generation
+        return GenerationParams.from_raw(raw, cfg.default_max_tokens, cfg.max_tokens_limit)
 
     def new_sequence(self, prompt: str, raw_params: dict[str, Any]) -> Sequence:
         if not isinstance(prompt, str):

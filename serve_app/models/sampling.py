@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +21,33 @@ class GenerationParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False  # keep generating past EOS (vLLM's extension; benchmarks use it for exact lengths)
 
+    @classmethod
+    def from_raw(cls, raw: dict[str, Any], default_max_tokens: int, max_tokens_limit: int) -> GenerationParams:
+        """From a request's sampling parameters (OpenAI's fields, or v2's `parameters`), every one
+        type-checked and range-checked: a bad value is the caller's 400, never a failed decode step."""
+        stop = raw.get("stop") or ()
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
+            raise InvalidInput("stop must be a string or a list of strings")
+        seed = raw.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+            raise InvalidInput(f"seed must be an integer in [0, 2**63), got {seed!r}")
+        ignore_eos = raw.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise InvalidInput(f"ignore_eos must be true or false, got {ignore_eos!r}")
+        params = cls(
+            max_tokens=_number(raw.get("max_tokens") or default_max_tokens, "max_tokens", int),
+            temperature=_number(raw.get("temperature", 0.0), "temperature", float),
+            top_p=_number(raw.get("top_p", 1.0), "top_p", float),
+            top_k=_number(raw.get("top_k", 0), "top_k", int),
+            seed=seed,
+            stop=tuple(stop),
+            ignore_eos=ignore_eos,
+        )
+        params.validate(max_tokens_limit)
+        return params
+
     def validate(self, max_tokens_limit: int) -> None:
         if not 1 <= self.max_tokens <= max_tokens_limit:
             raise InvalidInput(f"max_tokens must be between 1 and {max_tokens_limit}, got {self.max_tokens}")
@@ -32,13 +61,23 @@ class GenerationParams:
             raise InvalidInput("stop takes at most 4 non-empty strings")
 
 
+def _number(value: Any, name: str, kind: type[int] | type[float]) -> Any:
+    """An int or float parameter; bools, strings, NaN and infinities are refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"{name} must be a number, got {value!r}")
+    if kind is int and value != int(value):
+        raise InvalidInput(f"{name} must be an integer, got {value!r}")
+    return kind(value)
+
+
 def sample(logits: np.ndarray, params: GenerationParams, rng: np.random.Generator) -> int:
     """Pick the next token from (V,) logits."""
     if params.temperature == 0.0:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / params.temperature
-    if params.top_k:
-        kth = np.partition(z, -params.top_k)[-params.top_k]
+    k = min(params.top_k, len(z))  # a cut wider than the vocabulary keeps every token
+    if k:
+        kth = np.partition(z, -k)[-k]
         z = np.where(z < kth, -np.inf, z)
     p = np.exp(z - z.max())
     p /= p.sum()

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from serve_app import __version__
 from serve_app.errors import InvalidInput, PayloadTooLarge
 from serve_app.manifest import Manifest
+from serve_app.models.sampling import GenerationParams
 from serve_app.protocols import v2
 from serve_app.router import catalog, classify, generation
 from serve_app.router.docs import INFER_BODY, PRIORITY_DOC, V2_ERRORS
@@ -171,6 +172,9 @@ async def _generate(
     prompts = v2.decode_bytes(classify.single_input(body, catalog.PROMPT_INPUT), parts.args.limits.max_text_chars)
     classify.check_count(parts.args, model, len(prompts))
     sampling = {k: params[k] for k in SAMPLING_PARAMS if k in params}
+    # Checked here too, so that a bad value is refused before any replica sees it.
+    gen = parts.args.models[model].generation
+    GenerationParams.from_raw(sampling, gen.default_max_tokens, gen.max_tokens_limit)
     sampling["priority"] = qos.priority.name.lower()  # the replica admits higher priorities to its batch first
     handle = parts.handles[model]
     results = await asyncio.gather(*(generation.generate_text(handle, p, sampling) for p in prompts))

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from serve_app.contract import Priority
-from serve_app.models.continuous import ContinuousScheduler, QueueFull, SchedulerConfig
+from serve_app.errors import ModelFailure
+from serve_app.models.continuous import ContinuousScheduler, QueueFull, SchedulerConfig, StepOutcome
 from serve_app.models.kv_cache import CacheShape, KVCache
 from serve_app.models.sampling import GenerationParams
 from serve_app.models.sequence import Sequence, TokenEvent
@@ -49,7 +50,7 @@ class Harness:
         self.cache = KVCache(CacheShape(m["n_layers"], m["n_heads"], m["head_dim"], m["block_size"]), self.slots)
         self.calls: list[tuple[int, int]] = []  # (batch, T) of every model call
         self.sched = ContinuousScheduler(self.model, self.cache, self.tok.eos_id, self.tok.pad_id, self.tok.decode, self.config)
-        self.events: dict[int, list[tuple[int, TokenEvent]]] = {}
+        self.events: dict[int, list[tuple[int, StepOutcome]]] = {}
         self._ids = 0
 
     def model(self, ids, pos, mask, past):
@@ -258,3 +259,21 @@ def test_merged_events_carry_every_token_and_the_last_state():
     c = TokenEvent("", 7, 3, 3, "length")
     merged = a.merge(b).merge(c)
     assert merged == TokenEvent("hello", 7, 3, 3, "length", tokens=3)
+
+
+def test_one_failing_sequence_ends_alone_and_the_rest_of_its_batch_decodes_on(tiny_model_dir):
+    """A sequence whose own sampling fails gets its error; the ones sharing its steps finish
+    with the tokens they get alone (the top_k that once killed a whole step is harmless now)."""
+    h = Harness(tiny_model_dir)
+    good = [h.submit(p, 8) for p in PROMPTS[:2]]
+    wide = h.submit(PROMPTS[2], 8, temperature=1.0, top_k=100_000, seed=1)
+    bad = h.submit(PROMPTS[3], 8)
+    bad.params = GenerationParams(max_tokens=8, temperature=float("nan"))  # fails inside sample(), mid-batch
+    h.run()
+    (_, error), *rest = h.events[bad.id]
+    assert isinstance(error, ModelFailure) and rest == []
+    assert h.sched.stats.failed == 1 and h.cache.free_slots == h.slots
+    for prompt, seq in zip(PROMPTS[:2], good, strict=True):
+        assert seq.tokens == greedy_tokens(tiny_model_dir, prompt, 8)
+    last = h.events[wide.id][-1][1]
+    assert isinstance(last, TokenEvent) and last.finish_reason in ("stop", "length")

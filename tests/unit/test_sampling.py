@@ -13,9 +13,13 @@ def test_greedy_picks_argmax():
 
 def test_seed_makes_sampling_reproducible():
     p = GenerationParams(temperature=1.0, seed=7)
-    a = [sample(LOGITS, p, np.random.default_rng(7)) for _ in range(20)]
-    b = [sample(LOGITS, p, np.random.default_rng(7)) for _ in range(20)]
-    assert a == b
+
+    def draws() -> list[int]:
+        rng = np.random.default_rng(7)
+        return [sample(LOGITS, p, rng) for _ in range(50)]
+
+    a, b = draws(), draws()
+    assert a == b and len(set(a)) > 1  # the same sequence, and really sampled
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy():
@@ -26,7 +30,40 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
 
 def test_top_k_restricts_support():
     rng = np.random.default_rng(0)
-    assert {sample(LOGITS, GenerationParams(temperature=2.0, top_k=2), rng) for _ in range(200)} <= {1, 2}
+    assert {sample(LOGITS, GenerationParams(temperature=2.0, top_k=2), rng) for _ in range(200)} == {1, 2}
+
+
+def test_a_top_k_wider_than_the_vocabulary_keeps_every_token():
+    rng = np.random.default_rng(0)
+    wide = {sample(LOGITS, GenerationParams(temperature=5.0, top_k=100_000), rng) for _ in range(500)}
+    assert wide == set(range(len(LOGITS)))
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"stop": 5}, "stop must be"),
+        ({"stop": ["ok", 3]}, "stop must be"),
+        ({"stop": {"a": 1}}, "stop must be"),
+        ({"top_k": "many"}, "top_k must be a number"),
+        ({"top_k": 2.5}, "top_k must be an integer"),
+        ({"top_k": -1}, "top_k must be >= 0"),
+        ({"temperature": float("nan")}, "temperature must be a number"),
+        ({"temperature": True}, "temperature must be a number"),
+        ({"max_tokens": 10_000}, "max_tokens must be between"),
+        ({"seed": -1}, "seed must be"),
+        ({"seed": "7"}, "seed must be"),
+        ({"ignore_eos": "yes"}, "ignore_eos must be"),
+    ],
+)
+def test_raw_parameters_are_checked_with_a_clear_400(raw, message):
+    with pytest.raises(InvalidInput, match=message):
+        GenerationParams.from_raw(raw, default_max_tokens=16, max_tokens_limit=256)
+
+
+def test_raw_parameters_take_openai_shapes_and_defaults():
+    p = GenerationParams.from_raw({"stop": "\n", "top_k": 100_000, "max_tokens": None, "seed": 3}, 16, 256)
+    assert p == GenerationParams(max_tokens=16, top_k=100_000, seed=3, stop=("\n",))
 
 
 @pytest.mark.parametrize(

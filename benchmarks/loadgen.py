@@ -35,6 +35,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -329,10 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="result JSON (default: stdout)")
     ns = p.parse_args(argv)
 
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
         import uvloop
 
-        uvloop.install()
+        # This run's loop only: installing uvloop's policy would change every later loop in the process.
+        loop_factory = uvloop.new_event_loop
     except ImportError:  # plain asyncio still works, at a higher CPU cost per request
         pass
     parts = urlsplit(ns.url)
@@ -340,12 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     streams = load_streams(workload, parts.netloc)
     gen = LoadGenerator(ns.url, streams, ns.seed, ns.timeout)
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    if ns.concurrency is not None:
-        run = asyncio.run(gen.closed(ns.concurrency, ns.warmup, ns.seconds))
-        load = {"mode": "closed", "concurrency": ns.concurrency}
-    else:
-        run = asyncio.run(gen.open(ns.rate, ns.warmup, ns.seconds, ns.max_in_flight))
-        load = {"mode": "open", "rate_rps": ns.rate}
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        if ns.concurrency is not None:
+            run = runner.run(gen.closed(ns.concurrency, ns.warmup, ns.seconds))
+            load: dict[str, Any] = {"mode": "closed", "concurrency": ns.concurrency}
+        else:
+            run = runner.run(gen.open(ns.rate, ns.warmup, ns.seconds, ns.max_in_flight))
+            load = {"mode": "open", "rate_rps": ns.rate}
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     sent = max(1, len(run.records))
     result = {

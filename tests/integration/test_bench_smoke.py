@@ -71,6 +71,7 @@ def test_ingress(tiny_model_dir: Path, tmp_path: Path) -> None:
     labels = [s["label"] for s in res["result"]["settings"]]
     assert labels == ["default-proxy", "haproxy+throughput-optimized"]  # smoke: the extremes of the four
     for s in res["result"]["settings"]:
+        assert s["models"]["bert-heavy"], s["label"]
         for p in s["models"]["bert-heavy"]:
             _answered(p)
 
@@ -97,6 +98,7 @@ def test_priority(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert e["capacity_rps"] > 0 and e["rates_rps"]["low"] == pytest.approx(2 * e["capacity_rps"], rel=0.01)
     for policy in ("priority", "fifo"):
         assert set(e[policy]["loaded"]["streams"]) == {"bert-heavy/high", "bert-heavy/low"}
+        assert e[policy]["loaded"]["streams"]["bert-heavy/high"]["requests"] > 0
         assert e[policy]["unloaded"]["streams"]["bert-heavy/high"]["requests"] > 0
     assert "| priority |" in (tmp_path / "README.md").read_text()
 
@@ -116,6 +118,7 @@ def test_generation(tiny_model_dir: Path, tmp_path: Path) -> None:
     res = _bench("generation", tiny_model_dir, tmp_path, "gpt")
     r = res["result"]
     assert r["setups"] == ["gpt", "gpt-request-10ms"]
+    assert {p["label"] for p in r["phases"]} == set(r["setups"])
     for phase in r["phases"]:
         assert phase["requests"] > 0 and phase["errors"] == 0 and phase["tokens_per_s"] > 0, phase
         assert phase["ttft_ms"]["p50"] > 0 and phase["itl_ms"]["p99"] > 0

@@ -76,7 +76,7 @@ def test_closed_loop_counts_every_status_and_model(server_url: str, tmp_path: Pa
             "--seconds", "0.6", "--warmup", "0.2", "--out", str(out), "--raw"]  # fmt: skip
     assert loadgen.main(argv) == 0
     r = json.loads(out.read_text())
-    assert r["mode"] == "closed" and r["requests"] > 20
+    assert r["mode"] == "closed" and 0 < r["requests"] <= len(r["records"])
     assert set(r["streams"]) == {"plain", "chunked", "busy"}
     assert r["streams"]["busy"]["statuses"] == {"503": r["streams"]["busy"]["requests"]}
     assert r["streams"]["chunked"]["served_by"] == {"light": r["streams"]["chunked"]["requests"]}

@@ -38,8 +38,9 @@ class RefuseLow:
         return None
 
 
-def _client(check: Check) -> httpx.AsyncClient:
-    bodies: list[bytes] = []
+def _client(check: Check, bodies: list[bytes] | None = None) -> httpx.AsyncClient:
+    """The gate in front of an app that records each body it reads into `bodies`."""
+    bodies = [] if bodies is None else bodies
 
     async def infer(request: Request) -> Response:
         bodies.append(await request.body())
@@ -51,8 +52,8 @@ def _client(check: Check) -> httpx.AsyncClient:
 
 
 async def test_a_refused_class_never_reaches_the_app_and_others_pass():
-    check = RefuseLow()
-    async with _client(check) as client:
+    check, bodies = RefuseLow(), list[bytes]()
+    async with _client(check, bodies) as client:
         refused = await client.post("/v2/models/m/infer", json={"inputs": []}, headers={"X-Priority": "low"})
         assert refused.status_code == 503 and refused.json() == {"error": "m: overloaded"}
         assert refused.headers["retry-after"] == "2"
@@ -60,6 +61,7 @@ async def test_a_refused_class_never_reaches_the_app_and_others_pass():
         assert ok.status_code == 200 and ok.json() == {"ok": "m"}
         # Not an infer call: the check is not even asked.
         assert (await client.get("/v2/models/m/infer")).status_code == 405
+    assert len(bodies) == 1  # only the high request's body was ever read
     path = "/v2/models/m/infer"
     assert [(p, n, h["x-priority"]) for p, n, h in check.calls] == [(path, "m", "low"), (path, "m", "high")]
 

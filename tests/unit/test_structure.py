@@ -17,20 +17,25 @@ PACKAGE = ROOT / "serve_app"
 BUILD_TIME = ("serve_app.zoo", "serve_app.cli", "serve_app.catalog_build", "serve_app.catalog_calibrate")
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> set[str]:
-    """Every module `path` imports, at the top or inside a function."""
+def imports(path: Path, root: Path = ROOT) -> set[str]:
+    """Every module `path` imports, at the top or inside a function; relative imports resolved."""
+    package = module_name(path, root).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[: len(package) - node.level + 1], *([node.module] if node.module else [])])
+            base = node.module if node.level == 0 and node.module else base
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
 
 
@@ -46,9 +51,14 @@ def offenders(modules: list[str], forbidden: tuple[str, ...]) -> dict[str, list[
     return {m: found for m, found in bad.items() if found}
 
 
-def test_the_walk_sees_the_package_and_its_imports():
+def test_the_walk_sees_the_package_and_its_imports(tmp_path: Path):
     assert len(MODULES) > 40 and "serve_app.router.ingress" in MODULES
     assert "serve_app.contract" in MODULES["serve_app.models.classifier"]
+    # A relative import names the module it reaches.
+    module = tmp_path / "serve_app" / "models" / "x.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("from ..router import ingress\nfrom . import base\n")
+    assert {"serve_app.router.ingress", "serve_app.models.base"} <= imports(module, tmp_path)
 
 
 def test_the_product_imports_nothing_from_the_benchmarks():

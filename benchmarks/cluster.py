@@ -69,6 +69,7 @@ class RayCluster:
         self.ingress = ingress
         self.workdir = workdir
         self.env = {**base_env(), **ingress.env(), "SERVE_APP_MODEL_DIR": str(model_dir)}
+        self.direct_backends: bool | None = None  # after a deploy: whether HAProxy reached the replicas directly
 
     def __enter__(self) -> RayCluster:
         self._stop()
@@ -111,7 +112,58 @@ class RayCluster:
             time.sleep(5)
         probe.wait(f"http://127.0.0.1:{HTTP_PORT}", timeout_s)
         wait_all_models(f"http://127.0.0.1:{HTTP_PORT}", timeout_s)
+        self.direct_backends = wait_direct_backends(self.env)
         return time.perf_counter() - started
+
+
+def haproxy_servers(socket_path: str) -> list[dict[str, str]]:
+    """HAProxy's `show stat` over its admin socket: one row per frontend, backend and server."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(socket_path)
+        s.sendall(b"show stat\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    lines = b"".join(chunks).decode().splitlines()
+    header = lines[0].lstrip("# ").split(",")
+    return [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+
+
+def live_haproxy_stats(env: dict[str, str]) -> list[dict[str, str]]:
+    """The stats of the HAProxy that answers: Serve keeps its admin socket in a folder per
+    cluster session (`/tmp/haproxy-serve/<id>/admin.sock`), and old sessions' sockets stay."""
+    pinned = env.get("RAY_SERVE_HAPROXY_SOCKET_PATH")
+    candidates = [Path(pinned)] if pinned else sorted(
+        Path("/tmp/haproxy-serve").glob("*/admin.sock"), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    for path in candidates:
+        try:
+            return haproxy_servers(str(path))
+        except OSError:
+            continue
+    return []
+
+
+def wait_direct_backends(env: dict[str, str], timeout_s: float = 60.0) -> bool | None:
+    """With Serve's HAProxy ingress: until every app backend that has the Python proxy as its
+    backup server also has a direct replica server UP. Right after a deploy HAProxy can still
+    send everything through the backup, which measures the Python proxy instead of the setup.
+    None without HAProxy; False if the direct servers never came up (the run says so)."""
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+        return None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = [r for r in live_haproxy_stats(env) if r.get("svname") not in ("FRONTEND", "BACKEND")]
+        with_backup = {r["pxname"] for r in rows if r.get("bck") == "1"}
+        direct_up = {r["pxname"] for r in rows if r.get("bck") == "0" and r.get("status", "").startswith("UP")}
+        if with_backup and with_backup <= direct_up:
+            return True
+        time.sleep(1)
+    print(f"warning: HAProxy's direct backends not all UP after {timeout_s:.0f}s", file=sys.stderr, flush=True)
+    return False
 
 
 def wait_all_models(base_url: str, timeout_s: float) -> None:

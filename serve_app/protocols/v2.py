@@ -12,6 +12,7 @@ when the request asks (`parameters.binary_data_output`, or per output
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any
 
@@ -37,6 +38,12 @@ NUMPY_DTYPES: dict[str, Any] = {
 }
 
 
+# Far above any tensor a request may carry (the body limit comes first); they keep shape
+# arithmetic, and every array it sizes, within int64.
+MAX_DIMS = 8
+MAX_ELEMENTS = 2**40
+
+
 class RequestInput(BaseModel):
     name: str
     shape: list[int]
@@ -55,9 +62,16 @@ class RequestInput(BaseModel):
         return size
 
     def element_count(self) -> int:
+        """Elements the shape declares, refused past MAX_ELEMENTS. The product is taken in Python's
+        exact integers: in int64, a dimension past its range raises and a huge product wraps."""
         if any(d < 0 for d in self.shape):
             raise InvalidInput(f"input {self.name!r}: shape {self.shape} has a negative dimension")
-        return int(np.prod(self.shape, dtype=np.int64))
+        if len(self.shape) > MAX_DIMS:
+            raise InvalidInput(f"input {self.name!r}: shape has {len(self.shape)} dimensions; at most {MAX_DIMS}")
+        n = math.prod(self.shape)
+        if n > MAX_ELEMENTS:
+            raise InvalidInput(f"input {self.name!r}: shape {self.shape} declares {n} elements; at most {MAX_ELEMENTS}")
+        return n
 
 
 class RequestOutput(BaseModel):

@@ -201,3 +201,22 @@ def test_a_replica_error_keeps_its_retry_after_through_rays_wrapper():
     resp = error_response("/v1/completions", wrapped)
     assert resp.status_code == 503 and resp.headers["retry-after"] == "3"
     assert json.loads(bytes(resp.body))["error"]["message"] == "16 wait"
+
+
+@pytest.mark.parametrize(
+    ("shape", "needle"),
+    [
+        ([2**70], "declares"),  # one dimension past int64: no OverflowError (a 500)
+        ([2**32, 2**32], "declares"),  # the int64 product wraps to 0: no longer accepted
+        ([2**21, 2**21, 2**21], "declares"),
+        ([1] * 9, "dimensions"),
+        ([2, -1], "negative"),
+    ],
+)
+def test_shapes_are_counted_exactly_and_bounded(shape, needle):
+    body = json.dumps({"inputs": [{"name": "x", "shape": shape, "datatype": "FP32", "data": [1.0, 2.0]}]}).encode()
+    tensor = v2.parse_request(body, None).inputs[0]
+    with pytest.raises(InvalidInput, match=needle):
+        v2.decode_numeric(tensor)
+    with pytest.raises(InvalidInput, match=needle):
+        tensor.element_count()

@@ -93,6 +93,12 @@ class ModelConfig(BaseModel):
         "batch ends sooner, which is what a request waits for at moderate load",
     )
     faults: FaultConfig = Field(default_factory=FaultConfig)
+    stall_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="a batch or decode step running longer than this fails the replica's health check, and Serve "
+        "replaces the replica",
+    )
 
     def tuning(self) -> ReplicaTuning:
         return ReplicaTuning(**self.batching.model_dump(), faults=self.faults)

@@ -108,6 +108,11 @@ class Classifier(OnnxModel):
     async def runtime_info(self) -> dict[str, Any]:
         return {**await super().runtime_info(), "lane_sessions": self.lane_layout}
 
+    def check_health(self) -> None:
+        """Serve's periodic probe: unhealthy while any lane's batch has run past `stall_timeout_s`."""
+        for name, lane in self.lanes.items():
+            lane.watch.check(self.config.stall_timeout_s, f"{self.name}: a {name} batch")
+
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Work the routers hold for this model, in batches: what the autoscaling policy adds to ongoing requests."""
         return {RouterLoad.METRIC: self.router_load.total(time.monotonic())}

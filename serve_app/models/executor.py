@@ -33,6 +33,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from serve_app.models.health import StallWatch
+
 # Runs in a worker thread: payloads in, one result (or ServeAppError) per payload out.
 RunBatch = Callable[[list[Any]], list[Any]]
 
@@ -60,6 +62,7 @@ class BatchExecutor:
         self.max_items = max_items
         self.pool = pool  # None: asyncio's default thread pool; else one with a thread per run
         self.clock = clock
+        self.watch = StallWatch(clock)  # the batches running now, for the replica's health check
         self._pending: list[_Call] = []
         self._workers: list[asyncio.Task[None] | None] = [None] * len(self.runs)
 
@@ -92,7 +95,8 @@ class BatchExecutor:
             payloads = [p for c in calls for p in c.payloads]
             started = self.clock()
             try:
-                results = await asyncio.get_running_loop().run_in_executor(self.pool, run, payloads)
+                with self.watch.running():
+                    results = await asyncio.get_running_loop().run_in_executor(self.pool, run, payloads)
             except Exception as e:  # a bug in the batch function fails this batch, not the replica
                 for c in calls:
                     if not c.future.done():

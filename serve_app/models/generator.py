@@ -25,6 +25,7 @@ from serve_app.contract import Priority
 from serve_app.errors import InvalidInput, ModelFailure, Overloaded, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.continuous import ContinuousScheduler, QueueFull, SchedulerConfig
+from serve_app.models.health import StallWatch
 from serve_app.models.kv_cache import CacheShape, KVCache
 from serve_app.models.sampling import GenerationParams
 from serve_app.models.sequence import Sequence, TokenEvent
@@ -46,6 +47,12 @@ class GeneratorBase(OnnxModel):
         self.gen = self.manifest.generation
         self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file)
         self._ids = itertools.count(1)
+        self.steps = StallWatch()  # the model call running now, for check_health
+
+    def check_health(self) -> None:
+        """Serve's periodic probe: unhealthy while a decode step has run past `stall_timeout_s`
+        (a wedged loop holds every sequence on the replica)."""
+        self.steps.check(self.config.stall_timeout_s, f"{self.name}: a decode step")
 
     def warm_up(self) -> None:
         ids, mask = pad_left([[self.tokenizer.eos_id]], self.tokenizer.pad_id)
@@ -61,8 +68,9 @@ class GeneratorBase(OnnxModel):
 
     def run_model(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One forward pass: (B, T, V) logits and the (L, 2, B, nh, P + T, hs) present."""
-        self.inject_faults()  # the fault drill: for a generator, one model call is one "batch"
-        logits, present = self.session.run(None, self._feeds(ids, pos, mask, past))
+        with self.steps.running():
+            self.inject_faults()  # the fault drill: for a generator, one model call is one "batch"
+            logits, present = self.session.run(None, self._feeds(ids, pos, mask, past))
         return logits, present
 
     def params_from(self, raw: dict[str, Any]) -> GenerationParams:
@@ -169,7 +177,8 @@ class TextGenerator(GeneratorBase):
                 continue
             started = time.perf_counter()
             try:
-                events = await asyncio.to_thread(self.scheduler.step)
+                with self.steps.running():
+                    events = await asyncio.to_thread(self.scheduler.step)
             except Exception as e:  # a failed step fails its sequences, not the replica
                 self._fail_all(e if isinstance(e, ServeAppError) else ModelFailure(f"{self.name}: {type(e).__name__}: {e}"))
                 continue

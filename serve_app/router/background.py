@@ -47,6 +47,12 @@ class BackgroundLoops:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.tasks.clear()
 
+    def check(self) -> None:
+        """Raise if a loop ended on its own (an exception): the router's health check."""
+        for task in self.tasks:
+            if task.done() and not task.cancelled():
+                raise RuntimeError(f"router background loop ended: {task.exception()!r}")
+
     def _spawn(self, loop: Coroutine[Any, Any, None]) -> None:
         self.tasks.append(asyncio.get_running_loop().create_task(loop))
 

@@ -39,6 +39,10 @@ class Router:
         prepare_process(self.args.scheduling, self.parts.gc_pauses, open_to_all=self.parts.callers.tenants.open)
         self.parts.loops.start()
 
+    def check_health(self) -> None:
+        """Serve's periodic probe: unhealthy when a background loop has died."""
+        self.parts.loops.check()
+
     async def shutdown(self) -> None:
         await self.parts.loops.stop()
         self.parts.gc_pauses.uninstall()

@@ -109,26 +109,33 @@ class ModelCatalog:
         return "ensemble" if name in self.args.routes else "onnxruntime_onnx"
 
     async def manifest(self, model: str) -> Manifest:
+        """The model's manifest, fetched from a replica the first time and kept (it never changes)."""
         if model not in self.manifests:
-            meta = await self.fetch(model)
-            self.manifests[model] = Manifest.model_validate(meta["manifest"])
-            self.batching[model] = meta["batching"]
-            if len(self.manifests) == len(self.args.models):
-                # Every model has answered once (readiness, before traffic as a rule): the
-                # handles' routing state is built, and lives as long as the router. Once.
-                logger.info("router: %d objects frozen out of garbage collection", freeze_startup_heap())
+            self._remember(model, await self.fetch(model))
         return self.manifests[model]
+
+    def _remember(self, model: str, meta: dict[str, Any]) -> None:
+        first = model not in self.manifests
+        self.manifests[model] = Manifest.model_validate(meta["manifest"])
+        self.batching[model] = meta["batching"]
+        if first and len(self.manifests) == len(self.args.models):
+            # Every model has answered once (readiness, before traffic as a rule): the
+            # handles' routing state is built, and lives as long as the router. Once.
+            logger.info("router: %d objects frozen out of garbage collection", freeze_startup_heap())
 
     def check_version(self, name: str, version: str | None, manifest: Manifest) -> None:
         if version is not None and version != manifest.version:
             raise NotFound(f"model {name!r} has no version {version!r}; available: [{manifest.version!r}]")
 
     async def is_ready(self, model: str) -> bool:
+        """Whether a replica of the model answers now: asked every time, never from the cache,
+        so readiness falls when the model's replicas are gone."""
         try:
-            await asyncio.wait_for(self.manifest(model), READY_TIMEOUT_S)
-            return True
+            meta = await asyncio.wait_for(self.fetch(model), READY_TIMEOUT_S)
         except Exception:  # any failure to answer means not ready
             return False
+        self._remember(model, meta)
+        return True
 
     async def all_ready(self, models: list[str]) -> bool:
         return all(await asyncio.gather(*(self.is_ready(m) for m in models)))

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
 
 from serve_app import __version__
-from serve_app.errors import InvalidInput, PayloadTooLarge
+from serve_app.errors import InvalidInput
 from serve_app.manifest import Manifest
 from serve_app.models.sampling import GenerationParams
 from serve_app.protocols import v2
@@ -82,20 +82,6 @@ async def model_config(
     return catalog.triton_config(name, manifest, max_batch_size, parts.catalog.platform(name))
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to pass the limit (never buffered past it)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body is {int(declared)} bytes; at most {limit} are allowed")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body is over {limit} bytes; at most {limit} are allowed")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 @api.post("/v2/models/{name}/infer", openapi_extra=INFER_BODY, responses={200: {"model": v2.InferResponse}, **V2_ERRORS})
 @api.post(
     "/v2/models/{name}/versions/{version}/infer",
@@ -118,7 +104,8 @@ async def infer(
     timing = RequestTiming()
     tenant = parts.callers.admit(authorization)
     parts.catalog.known(name)
-    body = v2.parse_request(await read_body(request, parts.args.limits.max_request_bytes), inference_header_content_length)
+    # Read after the key and rate checks; the edge (serve_app.router.edge) holds it to the body limit.
+    body = v2.parse_request(await request.body(), inference_header_content_length)
     params = body.parameters or {}
     qos = parts.callers.qos(tenant, x_priority, x_request_timeout_ms, params)
     manifest = await _manifest(parts, name, version)

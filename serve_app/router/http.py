@@ -22,6 +22,7 @@ from serve_app.errors import InvalidInput, ModelFailure, ServeAppError
 from serve_app.protocols import v2
 from serve_app.protocols.errors import error_response
 from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
+from serve_app.router.edge import BodyLimit, KeyGate
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import HeaderCheck, ShedGate
 
@@ -46,9 +47,12 @@ def build_http_app(
     app.state.parts = parts
     for endpoints in (endpoints_v2, endpoints_openai, endpoints_status):
         app.include_router(endpoints.api)
-    # Refuses what admission would refuse from the headers alone, before routing and the body parse.
+    # Outermost last: the key, then what admission would refuse from the headers alone, then the
+    # body limit; all before routing and the body parse.
+    app.add_middleware(BodyLimit, max_bytes=parts.args.limits.max_request_bytes)
     app.add_middleware(ShedGate, check=HeaderCheck(parts.callers, parts.catalog, parts.dispatchers))
-    _add_error_handlers(app)
+    app.add_middleware(KeyGate, authenticate=parts.callers.authenticate)
+    add_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -64,7 +68,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def add_error_handlers(app: FastAPI) -> None:
     """Every error leaves in the protocol's own shape: OpenAI's under /v1, v2's elsewhere."""
 
     @app.exception_handler(ServeAppError)
@@ -77,7 +81,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         # protocol's shape too, not FastAPI's `{"detail": ...}` (found by schemathesis).
         error = ServeAppError(f"malformed request body: {exc.detail}" if exc.status_code == 400 else str(exc.detail))
         error.status_code = exc.status_code
-        error.code = "invalid_input" if exc.status_code == 400 else "http_error"
+        error.code = {400: "invalid_input", 413: "payload_too_large"}.get(exc.status_code, "http_error")
         return error_response(request.url.path, error)
 
     @app.exception_handler(RequestValidationError)

@@ -136,8 +136,10 @@ def live_haproxy_stats(env: dict[str, str]) -> list[dict[str, str]]:
     """The stats of the HAProxy that answers: Serve keeps its admin socket in a folder per
     cluster session (`/tmp/haproxy-serve/<id>/admin.sock`), and old sessions' sockets stay."""
     pinned = env.get("RAY_SERVE_HAPROXY_SOCKET_PATH")
-    candidates = [Path(pinned)] if pinned else sorted(
-        Path("/tmp/haproxy-serve").glob("*/admin.sock"), key=lambda p: p.stat().st_mtime, reverse=True
+    candidates = (
+        [Path(pinned)]
+        if pinned
+        else sorted(Path("/tmp/haproxy-serve").glob("*/admin.sock"), key=lambda p: p.stat().st_mtime, reverse=True)
     )
     for path in candidates:
         try:

@@ -99,6 +99,9 @@ def ours_config(
     args = config["applications"][0]["args"]
     for model, override in (batching or {}).items():
         args["models"][model]["batching"].update(override)
+    if not args.get("tenants"):
+        # The load generator sends X-Priority to an open server: let it ask for high.
+        args["scheduling"] = {"anonymous_max_priority": "high", **args.get("scheduling", {})}
     if scheduling:
         args["scheduling"] = {**args.get("scheduling", {}), **scheduling}
     return config

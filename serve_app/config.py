@@ -139,6 +139,12 @@ class SchedulingConfig(BaseModel):
         2.0, gt=0, description="refuse work predicted to wait longer than this (503 with Retry-After)"
     )
     default_priority: Literal["high", "normal", "low"] = "normal"
+    anonymous_max_priority: Literal["high", "normal", "low"] = Field(
+        "normal",
+        description="with no tenants configured, the highest priority any caller may ask for. High priority evicts "
+        "queued work and preempts running generations, so it is for known callers; set `high` only where every "
+        "caller is trusted (a benchmark, a private network)",
+    )
     batch_timeout_s: float = Field(30.0, gt=0, description="a batch taking longer is a model failure")
     breaker_failures: int = Field(5, ge=1, description="failed batches in a row that open a model's circuit")
     breaker_open_s: float = Field(5.0, gt=0, description="how long an open circuit fails fast before one probe")

@@ -12,7 +12,8 @@ from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER, QoS, parse_qos
 from serve_app.scheduling.tenants import Tenant, TenantRegistry, TokenBucket, resolve_key
 
 
-def build_registry(configs: list[TenantConfig]) -> TenantRegistry:
+def build_registry(configs: list[TenantConfig], anonymous_max_priority: str = "normal") -> TenantRegistry:
+    """The configured tenants; with none, every caller is anonymous, capped at `anonymous_max_priority`."""
     return TenantRegistry(
         [
             Tenant(
@@ -22,7 +23,8 @@ def build_registry(configs: list[TenantConfig]) -> TenantRegistry:
                 [resolve_key(c.key_sha256, c.key_env, c.key_file)],
             )
             for c in configs
-        ]
+        ],
+        Tenant("anonymous", Priority.parse(anonymous_max_priority)),
     )
 
 

@@ -50,7 +50,10 @@ def build_parts(args: AppArgs, handles: dict[str, Any], router_id: str, send_for
         args=args,
         handles=handles,
         router_id=router_id,
-        callers=Callers(build_registry(args.tenants), Priority.parse(args.scheduling.default_priority)),
+        callers=Callers(
+            build_registry(args.tenants, args.scheduling.anonymous_max_priority),
+            Priority.parse(args.scheduling.default_priority),
+        ),
         catalog=ModelCatalog(args, fetch_metadata),
         dispatchers=dispatchers,
         cascades={},

@@ -81,8 +81,9 @@ def resolve_key(key_sha256: str | None, key_env: str | None, key_file: str | Non
 
 
 class TenantRegistry:
-    def __init__(self, tenants: list[Tenant]) -> None:
+    def __init__(self, tenants: list[Tenant], anonymous: Tenant = ANONYMOUS) -> None:
         self.tenants = tenants
+        self.anonymous = anonymous  # who every caller is when no keys are configured
         self._index = [(d, t) for t in tenants for d in t.digests]
 
     @property
@@ -92,7 +93,7 @@ class TenantRegistry:
 
     def authenticate(self, authorization: str | None) -> Tenant:
         if self.open:
-            return ANONYMOUS
+            return self.anonymous
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")

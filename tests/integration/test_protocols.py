@@ -64,7 +64,7 @@ def app_url(tiny_model_dir: Path):
         "faults": {"delay_s": STEP_S},
     }
     # Admit the disconnect test's 16 queued requests (6 s of bert-slow) instead of refusing most.
-    args["scheduling"] = {"max_queue_delay_s": 10}
+    args["scheduling"] = {"max_queue_delay_s": 10, "anonymous_max_priority": "high"}
     args["limits"] = {"max_request_bytes": MAX_BODY, "max_text_chars": 500}
     yield from serve_for_module(args, PORT)
 

@@ -58,3 +58,12 @@ def test_keys_come_hashed_from_config_env_or_file(tmp_path, monkeypatch):
         resolve_key(None, "MISSING_KEY_VAR", None)
     with pytest.raises(ValueError, match="64 hex"):
         resolve_key("abcd", None, None)
+
+
+def test_without_keys_anonymous_callers_are_capped_at_normal_unless_configured():
+    from serve_app.router.callers import build_registry
+
+    capped = build_registry([]).authenticate(None)
+    assert capped.cap(Priority.HIGH) == Priority.NORMAL and capped.cap(Priority.LOW) == Priority.LOW
+    trusted = build_registry([], anonymous_max_priority="high").authenticate(None)
+    assert trusted.cap(Priority.HIGH) == Priority.HIGH

@@ -257,7 +257,7 @@ class ContinuousScheduler:
                 # the batch decodes on. It is retired with the others that finished this step.
                 s.finished = True
                 self.stats.failed += 1
-                events.append((s, e if isinstance(e, ServeAppError) else ModelFailure(f"generation failed: {type(e).__name__}")))
+                events.append((s, e if isinstance(e, ServeAppError) else ModelFailure(f"generation failed ({type(e).__name__})")))
                 continue
             self._observe(s, now)
         return events

@@ -161,7 +161,8 @@ class TextGenerator(GeneratorBase):
         if task.cancelled() or task.exception() is None:
             return
         logger.error("%s: decode loop died", self.name, exc_info=task.exception())
-        self._fail_all(ModelFailure(f"{self.name}: decode loop failed: {task.exception()!r}"))
+        # The exception's text stays in the replica's log: it can carry paths and internals.
+        self._fail_all(ModelFailure(f"{self.name}: decode loop failed"))
 
     def _fail_all(self, error: ServeAppError) -> None:
         for seq in self.scheduler.abort_all():
@@ -180,7 +181,10 @@ class TextGenerator(GeneratorBase):
                 with self.steps.running():
                     events = await asyncio.to_thread(self.scheduler.step)
             except Exception as e:  # a failed step fails its sequences, not the replica
-                self._fail_all(e if isinstance(e, ServeAppError) else ModelFailure(f"{self.name}: {type(e).__name__}: {e}"))
+                if not isinstance(e, ServeAppError):
+                    logger.exception("%s: decode step failed", self.name)
+                    e = ModelFailure(f"{self.name}: decode step failed ({type(e).__name__})")
+                self._fail_all(e)
                 continue
             for seq, event in events:
                 if (queue := self._streams.get(seq.id)) is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -164,5 +163,5 @@ async def _generate(
     GenerationParams.from_raw(sampling, gen.default_max_tokens, gen.max_tokens_limit)
     sampling["priority"] = qos.priority.name.lower()  # the replica admits higher priorities to its batch first
     handle = parts.handles[model]
-    results = await asyncio.gather(*(generation.generate_text(handle, p, sampling) for p in prompts))
+    results = await generation.all_or_none([generation.generate_text(handle, p, sampling) for p in prompts])
     return [v2.encode(catalog.GENERATED_OUTPUT, [r.text for r in results])], [model] * len(prompts)

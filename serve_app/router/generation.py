@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serve_app.errors import ServeAppError
+from serve_app.errors import ModelFailure, ServeAppError
 from serve_app.protocols import openai
+
+logger = logging.getLogger("ray.serve")
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,22 @@ async def generate_all(
     handle: DeploymentHandle, prompts: list[str], body: openai.SamplingFields, priority: str
 ) -> list[Generated]:
     """n choices per prompt, prompt-major (OpenAI's choice order)."""
-    calls = [generate_text(handle, p, body.sampling(i, priority)) for p in prompts for i in range(body.n)]
-    return list(await asyncio.gather(*calls))
+    return await all_or_none([generate_text(handle, p, body.sampling(i, priority)) for p in prompts for i in range(body.n)])
+
+
+async def all_or_none(calls: list[Coroutine[Any, Any, Generated]]) -> list[Generated]:
+    """Every generation's result, in order; the first to fail cancels the others (their streams
+    stop decoding on the replica, for nobody otherwise) and its error is the request's."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:  # failed, or this request was cancelled (the client left): stop the rest
+        for task in tasks:
+            task.cancel()
+    for task in tasks:
+        if task in done and (error := task.exception()) is not None:
+            raise error
+    return [t.result() for t in tasks]
 
 
 def usage(results: list[Generated], n: int) -> openai.Usage:
@@ -98,8 +115,12 @@ async def sse_events(
                 break
         if (tail := final(event)) is not None:
             yield f"data: {json.dumps(tail, separators=(',', ':'))}\n\n"
-    except ServeAppError as e:
-        # Headers are gone: an error mid-stream can only be an event.
+    except Exception as e:
+        # Headers are gone: an error mid-stream can only be an event, and the stream still ends
+        # with [DONE] whatever failed (a replica that died mid-stream raises Ray's own errors).
+        if not isinstance(e, ServeAppError):
+            logger.warning("generation stream failed: %s", type(e).__name__)
+            e = ModelFailure(f"generation failed ({type(e).__name__})")
         body = {"error": {"message": e.message, "type": "server_error", "param": None, "code": e.code}}
         yield f"data: {json.dumps(body)}\n\n"
     finally:

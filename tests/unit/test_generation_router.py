@@ -1,0 +1,109 @@
+"""The router's generation helpers with fake streams (no Ray): SSE endings and sibling choices."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from serve_app.errors import InvalidInput
+from serve_app.router import generation
+from serve_app.router.generation import Generated
+from tests.unit.fakes import VirtualTimeLoop
+
+
+def run_virtual(coro: Any) -> Any:
+    """Run on a virtual clock: the sleeps below take no wall time."""
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+class Event:
+    def __init__(self, text: str, finish_reason: str | None = None) -> None:
+        self.text, self.finish_reason = text, finish_reason
+        self.prompt_tokens, self.completion_tokens = 1, 1
+
+
+class Stream:
+    """A replica's token stream that yields `events`, then raises `error` (a replica dying mid-stream)."""
+
+    def __init__(self, events: list[Event], error: BaseException | None = None) -> None:
+        self.events, self.error = list(events), error
+        self.cancelled = False
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self.events:
+            return self.events.pop(0)
+        if self.error is not None:
+            raise self.error
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ActorDiedError(Exception):
+    """Stands in for Ray's error when the replica behind a stream dies."""
+
+
+def sse(stream: Stream) -> list[str]:
+    async def collect() -> list[str]:
+        first = await stream.__anext__()
+        render = lambda event, is_first: {"text": event.text}  # noqa: E731
+        return [chunk async for chunk in generation.sse_events(stream, first, render, lambda last: None)]  # type: ignore[arg-type]
+
+    return asyncio.run(collect())
+
+
+@pytest.mark.parametrize(
+    ("error", "code"), [(ActorDiedError("replica gone"), "model_error"), (InvalidInput("bad"), "invalid_input")]
+)
+def test_a_stream_that_fails_midway_ends_with_an_error_event_and_done(error, code):
+    stream = Stream([Event("a"), Event("b")], error)
+    chunks = sse(stream)
+    assert chunks[:2] == ['data: {"text":"a"}\n\n', 'data: {"text":"b"}\n\n']
+    failure = json.loads(chunks[2].removeprefix("data: "))["error"]
+    assert failure["code"] == code and "replica gone" not in failure["message"]  # no exception text leaks
+    assert chunks[3] == "data: [DONE]\n\n" and len(chunks) == 4
+    assert stream.cancelled
+
+
+def test_a_finished_stream_ends_with_done():
+    chunks = sse(Stream([Event("a"), Event("b", "stop")]))
+    assert chunks == ['data: {"text":"a"}\n\n', 'data: {"text":"b"}\n\n', "data: [DONE]\n\n"]
+
+
+def test_the_first_failing_choice_cancels_its_siblings_and_its_error_is_the_answer():
+    cancelled: list[int] = []
+
+    async def choice(i: int) -> Generated:
+        try:
+            if i == 1:
+                await asyncio.sleep(0.01)
+                raise InvalidInput("choice 1 failed")
+            await asyncio.sleep(10)
+            return Generated("x", "stop", 1, 1)
+        except asyncio.CancelledError:
+            cancelled.append(i)
+            raise
+
+    with pytest.raises(InvalidInput, match="choice 1 failed"):
+        run_virtual(generation.all_or_none([choice(i) for i in range(3)]))
+    assert sorted(cancelled) == [0, 2]
+
+
+def test_all_choices_in_order_when_none_fails():
+    async def choice(i: int, delay: float) -> Generated:
+        await asyncio.sleep(delay)
+        return Generated(str(i), "stop", 1, 1)
+
+    out: Any = run_virtual(generation.all_or_none([choice(0, 0.02), choice(1, 0.0)]))
+    assert [g.text for g in out] == ["0", "1"]

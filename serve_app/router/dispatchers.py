@@ -13,17 +13,25 @@ from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, SendBa
 SenderFor = Callable[[str], SendBatch]
 
 
+def replica_died(error: Exception) -> bool:
+    """The replica (its actor or its node) went away under the call: the work may run elsewhere."""
+    from ray.exceptions import RayActorError  # ActorDiedError and ActorUnavailableError among them
+
+    return isinstance(error, RayActorError)
+
+
 class DispatcherPool:
     """The router's per-model queues. `send_for(model)` returns the coroutine that runs a batch."""
 
-    def __init__(self, args: AppArgs, send_for: SenderFor) -> None:
+    def __init__(self, args: AppArgs, send_for: SenderFor, retryable: Callable[[Exception], bool] = replica_died) -> None:
         self.args = args
         self.send_for = send_for
+        self.retryable = retryable
         self.by_model: dict[str, Dispatcher] = {}
 
     def get(self, model: str) -> Dispatcher:
         if model not in self.by_model:
-            self.by_model[model] = Dispatcher(model, self.send_for(model), self.settings(model))
+            self.by_model[model] = Dispatcher(model, self.send_for(model), self.settings(model), retryable=self.retryable)
         return self.by_model[model]
 
     def existing(self, model: str) -> Dispatcher | None:

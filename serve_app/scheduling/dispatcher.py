@@ -123,6 +123,7 @@ class DispatchStats:
     shed: Counter[str] = field(default_factory=Counter)  # by reason
     completed_items: int = 0
     cancelled_items: int = 0  # dropped from the queue because their caller went away
+    retried_batches: int = 0  # sent again after the replica running them died
     batches: int = 0
     queue_wait_s: list[float] = field(default_factory=list)  # drained by the exporter
 
@@ -137,6 +138,7 @@ class Dispatcher:
         settings: DispatchSettings | None = None,
         limit: AdaptiveLimit | None = None,
         clock: Callable[[], float] = time.monotonic,
+        retryable: Callable[[Exception], bool] = lambda error: False,
     ) -> None:
         self.model = model
         self.send = send
@@ -148,6 +150,9 @@ class Dispatcher:
             self.lanes.insert(0, Lane(URGENT, make_queue(s.policy, s.max_queue_items), AdaptiveLimit(initial=1)))
         self.breaker = CircuitBreaker(s.breaker_failures, s.breaker_open_s, clock)
         self.clock = clock
+        # Errors after which a batch may run again elsewhere: the replica died, not the model
+        # refused it. Classification has no side effects, so a second run harms nobody.
+        self.retryable = retryable
         self.stats = DispatchStats()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -283,6 +288,7 @@ class Dispatcher:
             "shed": dict(self.stats.shed),
             "completed_items": self.stats.completed_items,
             "cancelled_items": self.stats.cancelled_items,
+            "retried_batches": self.stats.retried_batches,
             "batches": self.stats.batches,
         }
 
@@ -326,9 +332,7 @@ class Dispatcher:
             self.stats.queue_wait_s.append(ticket.queued_s)
         queued_s = max(t.queued_s for t in batch)
         try:
-            reply = await asyncio.wait_for(
-                self.send([t.payload for t in batch], self.queued_items, lane.name), self.settings.batch_timeout_s
-            )
+            reply = await self._send(lane, [t.payload for t in batch])
         except Exception as e:  # the whole batch failed: every request gets the error
             if isinstance(e, TimeoutError):
                 e = Unavailable(f"{self.model}: batch timed out after {self.settings.batch_timeout_s:g} s")
@@ -362,6 +366,18 @@ class Dispatcher:
             lane.inflight -= 1
             lane.inflight_items -= sum(t.items for t in batch)
             self._dispatch(lane)
+
+    async def _send(self, lane: Lane, payloads: list[Any]) -> BatchReply:
+        """The batch's round trip, sent once more if its replica died under it (Serve routes the
+        second try to a live replica)."""
+        timeout = self.settings.batch_timeout_s
+        try:
+            return await asyncio.wait_for(self.send(payloads, self.queued_items, lane.name), timeout)
+        except Exception as e:
+            if not self.retryable(e):
+                raise
+        self.stats.retried_batches += 1
+        return await asyncio.wait_for(self.send(payloads, self.queued_items, lane.name), timeout)
 
     def _adopt(self, reply: BatchReply) -> None:
         """Follow the replica's live batching config (`user_config` is set on the model)."""

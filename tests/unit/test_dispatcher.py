@@ -388,3 +388,51 @@ async def test_a_saturated_lane_predicts_its_wait_from_the_rate_it_drains():
     assert d.wait_s(Priority.LOW) == pytest.approx(rows / lane.drain.rate)
     assert d.wait_s(Priority.LOW) > 2.5 * model_based
     await asyncio.gather(*backlog)
+
+
+class ReplicaDied(Exception):
+    """Stands in for Ray's error when the replica running a batch dies."""
+
+
+@virtual_time
+async def test_a_batch_whose_replica_died_runs_once_more_and_nobody_sees_the_death():
+    sent: list[list[str]] = []
+
+    async def dies_once(payloads: list[str], queued: int, lane: str) -> BatchReply:
+        sent.append(list(payloads))
+        if len(sent) == 1:
+            raise ReplicaDied("actor died")
+        return BatchReply([p.upper() for p in payloads], 0.0, 0.01)
+
+    d = Dispatcher("m", dies_once, retryable=lambda e: isinstance(e, ReplicaDied), clock=loop_clock())
+    assert await asyncio.gather(d.submit("a", 1), d.submit("b", 1)) == ["A", "B"]
+    assert sent[0] == sent[1] and d.stats.retried_batches == 1
+    assert d.snapshot()["breaker"] == "closed" and d.snapshot()["retried_batches"] == 1
+
+
+@virtual_time
+async def test_only_a_dead_replica_is_retried_and_only_once():
+    calls = 0
+
+    async def always(payloads: list[str], queued: int, lane: str) -> BatchReply:
+        nonlocal calls
+        calls += 1
+        raise ReplicaDied("actor died") if calls < 10 else RuntimeError("model bug")
+
+    d = Dispatcher("m", always, retryable=lambda e: isinstance(e, ReplicaDied), clock=loop_clock())
+    with pytest.raises(ReplicaDied):
+        await d.submit("a", 1)
+    assert calls == 2  # the retry died too: the error is the answer, no third try
+    calls = 9
+    with pytest.raises(RuntimeError, match="model bug"):
+        await d.submit("b", 1)
+    assert calls == 10  # not a dead replica: never retried
+
+
+def test_the_router_retries_on_rays_replica_death_errors_only():
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    from serve_app.router.dispatchers import replica_died
+
+    assert replica_died(ActorDiedError()) and replica_died(ActorUnavailableError("gone", None))
+    assert not replica_died(InvalidInput("bad")) and not replica_died(TimeoutError())

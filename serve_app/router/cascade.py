@@ -12,7 +12,7 @@ import numpy as np
 
 from serve_app.config import RouteConfig
 from serve_app.contract import Priority
-from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
+from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError
 from serve_app.manifest import Manifest
 from serve_app.scheduling.dispatcher import RequestTiming
 
@@ -74,9 +74,10 @@ class Cascade:
     - the light tier fails (circuit open, model error, timeout): the heavy tier answers every
       item, and the response says so (`degraded`). The light breaker's half-open probe comes
       through here too, so route traffic alone can close it again;
-    - the heavy tier is overloaded, too slow for the deadline, or behind an open circuit when
-      items escalate: the light answer in hand beats an error later (`degraded`);
-    - any other heavy failure fails the request.
+    - the heavy tier fails in any way but a client error when items escalate (overloaded, too
+      slow for the deadline, behind an open circuit, or its replica died): the light answer in
+      hand beats an error (`degraded`);
+    - a client error from the heavy tier is the answer.
     `counts` gets the items each outcome served: light, heavy, fallback, degraded.
     """
 
@@ -107,9 +108,12 @@ class Cascade:
         subset = [payload[i] for i in idx] if isinstance(payload, list) else payload[idx]
         try:
             heavy = await self.submit(self.heavy, subset, escalated, priority, deadline, timing)
-        except (Overloaded, DeadlineExceeded, Unavailable) as e:
+        except Exception as e:
+            if isinstance(e, ServeAppError) and e.status_code < 500:
+                raise
+            code = e.code if isinstance(e, ServeAppError) else "model_error"
             self.counts["degraded"] += escalated
-            return ClassifierResult(light, [self.light] * n, f"{self.heavy} {e.code}; answered by {self.light}")
+            return ClassifierResult(light, [self.light] * n, f"{self.heavy} {code}; answered by {self.light}")
         self.counts["heavy"] += escalated
         merged = light.copy()
         merged[idx] = heavy

@@ -141,9 +141,21 @@ def test_escalation_to_a_refusing_heavy_tier_degrades_to_the_light_answer(failur
     assert run.counts == {"light": 1, "degraded": 1}  # type: ignore[attr-defined]
 
 
-def test_any_other_heavy_failure_during_escalation_fails_the_request():
-    tiers = Tiers([UNSURE], heavy=ModelFailure("heavy crashed"))
-    with pytest.raises(ModelFailure):
+@pytest.mark.parametrize(
+    ("failure", "code"),
+    [(ModelFailure("heavy crashed"), "model_error"), (RuntimeError("actor died"), "model_error")],
+    ids=["model-error", "replica-died"],
+)
+def test_a_failing_heavy_tier_during_escalation_degrades_to_the_light_answer(failure, code):
+    tiers = Tiers([UNSURE, SURE], heavy=failure)
+    result = run(tiers, ["a", "b"])
+    assert result.served_by == ["light", "light"] and result.degraded == f"heavy {code}; answered by light"
+    assert run.counts == {"light": 1, "degraded": 1}  # type: ignore[attr-defined]
+
+
+def test_a_client_error_from_the_heavy_tier_is_the_answer():
+    tiers = Tiers([UNSURE], heavy=InvalidInput("too long for the heavy model"))
+    with pytest.raises(InvalidInput):
         run(tiers, ["a"])
 
 

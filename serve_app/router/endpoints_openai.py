@@ -14,20 +14,24 @@ from serve_app.router.classify import check_count
 from serve_app.router.docs import OPENAI_ERRORS, PRIORITY_DOC
 from serve_app.router.generation import Generated
 from serve_app.router.parts import RouterParts, router_parts
+from serve_app.scheduling.tenants import Tenant
 
 api = APIRouter()
 PARTS = Depends(router_parts)
 
 
-def _priority(parts: RouterParts, authorization: str | None, x_priority: str | None) -> str:
-    return parts.callers.qos(parts.callers.admit(authorization), x_priority, None, None).priority.name.lower()
+def _admit(parts: RouterParts, authorization: str | None, x_priority: str | None) -> tuple[Tenant, str]:
+    """The caller (401, and 429 for its first token) and the priority its tenant allows."""
+    tenant = parts.callers.admit(authorization)
+    return tenant, parts.callers.qos(tenant, x_priority, None, None).priority.name.lower()
 
 
-def _generator_for(parts: RouterParts, body: openai.SamplingFields, prompts: list[str]) -> Any:
+def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFields, prompts: list[str]) -> Any:
     generators = parts.catalog.generators()
     if body.model not in generators:
         raise NotFound(f"model {body.model!r} does not generate text; available: {generators}")
     check_count(parts.args, body.model, len(prompts) * body.n)
+    tenant.admit(len(prompts) * body.n - 1)  # one token per generation: the first was charged on arrival
     limit = parts.args.limits.max_text_chars
     for i, p in enumerate(prompts):
         if len(p) > limit:
@@ -54,7 +58,7 @@ async def completions(
     x_priority: str | None = Header(None, description=PRIORITY_DOC),
     parts: RouterParts = PARTS,
 ) -> Response:
-    priority = _priority(parts, authorization, x_priority)
+    tenant, priority = _admit(parts, authorization, x_priority)
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
 
     def chunk(cid: str, created: int, event: Any, is_first: bool, use: openai.Usage | None) -> dict[str, Any]:
@@ -66,7 +70,7 @@ async def completions(
         usage = generation.usage(results, body.n)
         return openai.CompletionResponse(model=body.model, choices=choices, usage=usage).model_dump()
 
-    handle = _generator_for(parts, body, prompts)
+    handle = _generator_for(parts, tenant, body, prompts)
     return await generation.stream_or_collect(handle, prompts, body, priority, "cmpl", chunk, whole)
 
 
@@ -81,7 +85,7 @@ async def chat_completions(
     x_priority: str | None = Header(None, description=PRIORITY_DOC),
     parts: RouterParts = PARTS,
 ) -> Response:
-    priority = _priority(parts, authorization, x_priority)
+    tenant, priority = _admit(parts, authorization, x_priority)
     prompts = [body.prompt()]
 
     def chunk(cid: str, created: int, event: Any, is_first: bool, use: openai.Usage | None) -> dict[str, Any]:
@@ -101,5 +105,5 @@ async def chat_completions(
         usage = generation.usage(results, body.n)
         return openai.ChatCompletionResponse(model=body.model, choices=choices, usage=usage).model_dump()
 
-    handle = _generator_for(parts, body, prompts)
+    handle = _generator_for(parts, tenant, body, prompts)
     return await generation.stream_or_collect(handle, prompts, body, priority, "chatcmpl", chunk, whole)

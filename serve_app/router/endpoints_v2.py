@@ -18,6 +18,7 @@ from serve_app.router.docs import INFER_BODY, PRIORITY_DOC, V2_ERRORS
 from serve_app.router.parts import RouterParts, router_parts
 from serve_app.router.qos import QoS
 from serve_app.scheduling.dispatcher import RequestTiming
+from serve_app.scheduling.tenants import Tenant
 
 # Triton-style request parameters a v2 generation request may carry.
 SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
@@ -110,9 +111,9 @@ async def infer(
     manifest = await _manifest(parts, name, version)
     degraded = None
     if manifest.family == "gpt":
-        outputs, served_by = await _generate(parts, parts.catalog.answering_model(name), body, params, qos)
+        outputs, served_by = await _generate(parts, parts.catalog.answering_model(name), body, params, qos, tenant)
     else:
-        outputs, served_by, degraded = await _classify(parts, name, manifest, body, qos, timing)
+        outputs, served_by, degraded = await _classify(parts, name, manifest, body, qos, timing, tenant)
     outputs = _requested(body, outputs)
     parameters: dict[str, Any] = {"served_by": served_by}
     headers = {"X-Served-By": ",".join(dict.fromkeys(served_by))}
@@ -139,9 +140,10 @@ def _requested(body: v2.InferRequest, outputs: list[v2.ResponseOutput]) -> list[
 
 
 async def _classify(
-    parts: RouterParts, name: str, manifest: Manifest, body: v2.InferRequest, qos: QoS, timing: RequestTiming
+    parts: RouterParts, name: str, manifest: Manifest, body: v2.InferRequest, qos: QoS, timing: RequestTiming, tenant: Tenant
 ) -> tuple[list[v2.ResponseOutput], list[str], str | None]:
     payload = classify.decode_input(parts.args, parts.catalog.answering_model(name), manifest, body)
+    tenant.admit(len(payload) - 1)  # one token per item: the first was charged on arrival
     cascade = parts.cascades.get(name)
     if cascade is not None:
         result = await cascade.classify(payload, qos.priority, qos.deadline, timing)
@@ -153,10 +155,11 @@ async def _classify(
 
 
 async def _generate(
-    parts: RouterParts, model: str, body: v2.InferRequest, params: dict[str, Any], qos: QoS
+    parts: RouterParts, model: str, body: v2.InferRequest, params: dict[str, Any], qos: QoS, tenant: Tenant
 ) -> tuple[list[v2.ResponseOutput], list[str]]:
     prompts = v2.decode_bytes(classify.single_input(body, catalog.PROMPT_INPUT), parts.args.limits.max_text_chars)
     classify.check_count(parts.args, model, len(prompts))
+    tenant.admit(len(prompts) - 1)
     sampling = {k: params[k] for k in SAMPLING_PARAMS if k in params}
     # Checked here too, so that a bad value is refused before any replica sees it.
     gen = parts.args.models[model].generation

@@ -25,7 +25,7 @@ def key_digest(key: str) -> bytes:
 
 
 class TokenBucket:
-    """`rate_per_s` tokens a second, at most `burst` saved up; one token per request."""
+    """`rate_per_s` tokens a second, at most `burst` saved up; a request takes one per item."""
 
     def __init__(self, rate_per_s: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
         if rate_per_s <= 0 or burst < 1:
@@ -55,8 +55,12 @@ class Tenant:
     def cap(self, requested: Priority) -> Priority:
         return max(requested, self.max_priority)  # larger value = lower priority
 
-    def admit(self) -> None:
-        if self.bucket is not None and (wait := self.bucket.take()) > 0:
+    def admit(self, items: int = 1) -> None:
+        """Charge `items` tokens (rows or choices; at most the burst, so any request can pass
+        at some point), or raise RateLimited with when they will be there."""
+        if self.bucket is None or items <= 0:
+            return
+        if (wait := self.bucket.take(min(float(items), self.bucket.burst))) > 0:
             raise RateLimited(f"tenant {self.name!r} is over its rate limit", retry_after_s=wait)
 
 

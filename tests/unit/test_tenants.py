@@ -67,3 +67,17 @@ def test_without_keys_anonymous_callers_are_capped_at_normal_unless_configured()
     assert capped.cap(Priority.HIGH) == Priority.NORMAL and capped.cap(Priority.LOW) == Priority.LOW
     trusted = build_registry([], anonymous_max_priority="high").authenticate(None)
     assert trusted.cap(Priority.HIGH) == Priority.HIGH
+
+
+def test_a_request_is_charged_one_token_per_item_at_most_the_burst():
+    clock = Clock()
+    t = Tenant("t", bucket=TokenBucket(rate_per_s=1, burst=4, clock=clock))
+    t.admit(3)
+    with pytest.raises(RateLimited) as refused:
+        t.admit(2)  # one token left
+    assert refused.value.retry_after_s == pytest.approx(1.0)
+    clock.now = 10
+    t.admit(64)  # more items than the burst: charged the whole burst, never refused forever
+    with pytest.raises(RateLimited):
+        t.admit()
+    t.admit(0)  # nothing more to charge

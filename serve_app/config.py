@@ -198,6 +198,12 @@ class LimitsConfig(BaseModel):
         ge=1,
         description="characters per text or prompt; text classifiers truncate to their token window after this check",
     )
+    generation_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="a generation whose request sets no deadline (X-Request-Timeout-Ms) ends after this: 504, or an "
+        "error event that ends the stream",
+    )
 
 
 class AppArgs(BaseModel):

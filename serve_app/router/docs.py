@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from serve_app.protocols import openai
 
 PRIORITY_DOC = "high, normal or low (capped by the caller's tenant)"
+TIMEOUT_DOC = "deadline in milliseconds; refused at once if it cannot be met, ended with a 504 if it passes"
 
 
 class V2Error(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header
@@ -11,7 +12,7 @@ from serve_app.errors import InvalidInput, NotFound
 from serve_app.protocols import openai
 from serve_app.router import generation
 from serve_app.router.classify import check_count
-from serve_app.router.docs import OPENAI_ERRORS, PRIORITY_DOC
+from serve_app.router.docs import OPENAI_ERRORS, PRIORITY_DOC, TIMEOUT_DOC
 from serve_app.router.generation import Generated
 from serve_app.router.parts import RouterParts, router_parts
 from serve_app.scheduling.tenants import Tenant
@@ -20,10 +21,15 @@ api = APIRouter()
 PARTS = Depends(router_parts)
 
 
-def _admit(parts: RouterParts, authorization: str | None, x_priority: str | None) -> tuple[Tenant, str]:
-    """The caller (401, and 429 for its first token) and the priority its tenant allows."""
+def _admit(
+    parts: RouterParts, authorization: str | None, x_priority: str | None, timeout_ms: str | None
+) -> tuple[Tenant, str, float]:
+    """The caller (401, and 429 for its first token), the priority its tenant allows, and the
+    deadline: the request's own, or the configured generation timeout."""
     tenant = parts.callers.admit(authorization)
-    return tenant, parts.callers.qos(tenant, x_priority, None, None).priority.name.lower()
+    qos = parts.callers.qos(tenant, x_priority, timeout_ms, None)
+    deadline = qos.deadline if qos.deadline is not None else time.monotonic() + parts.args.limits.generation_timeout_s
+    return tenant, qos.priority.name.lower(), deadline
 
 
 def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFields, prompts: list[str]) -> Any:
@@ -56,9 +62,10 @@ async def completions(
     body: openai.CompletionRequest,
     authorization: str | None = Header(None),
     x_priority: str | None = Header(None, description=PRIORITY_DOC),
+    x_request_timeout_ms: str | None = Header(None, description=TIMEOUT_DOC),
     parts: RouterParts = PARTS,
 ) -> Response:
-    tenant, priority = _admit(parts, authorization, x_priority)
+    tenant, priority, deadline = _admit(parts, authorization, x_priority, x_request_timeout_ms)
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
 
     def chunk(cid: str, created: int, event: Any, is_first: bool, use: openai.Usage | None) -> dict[str, Any]:
@@ -71,7 +78,7 @@ async def completions(
         return openai.CompletionResponse(model=body.model, choices=choices, usage=usage).model_dump()
 
     handle = _generator_for(parts, tenant, body, prompts)
-    return await generation.stream_or_collect(handle, prompts, body, priority, "cmpl", chunk, whole)
+    return await generation.stream_or_collect(handle, prompts, body, priority, "cmpl", chunk, whole, deadline)
 
 
 @api.post(
@@ -83,9 +90,10 @@ async def chat_completions(
     body: openai.ChatCompletionRequest,
     authorization: str | None = Header(None),
     x_priority: str | None = Header(None, description=PRIORITY_DOC),
+    x_request_timeout_ms: str | None = Header(None, description=TIMEOUT_DOC),
     parts: RouterParts = PARTS,
 ) -> Response:
-    tenant, priority = _admit(parts, authorization, x_priority)
+    tenant, priority, deadline = _admit(parts, authorization, x_priority, x_request_timeout_ms)
     prompts = [body.prompt()]
 
     def chunk(cid: str, created: int, event: Any, is_first: bool, use: openai.Usage | None) -> dict[str, Any]:
@@ -106,4 +114,4 @@ async def chat_completions(
         return openai.ChatCompletionResponse(model=body.model, choices=choices, usage=usage).model_dump()
 
     handle = _generator_for(parts, tenant, body, prompts)
-    return await generation.stream_or_collect(handle, prompts, body, priority, "chatcmpl", chunk, whole)
+    return await generation.stream_or_collect(handle, prompts, body, priority, "chatcmpl", chunk, whole, deadline)

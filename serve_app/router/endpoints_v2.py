@@ -14,7 +14,7 @@ from serve_app.manifest import Manifest
 from serve_app.models.sampling import GenerationParams
 from serve_app.protocols import v2
 from serve_app.router import catalog, classify, generation
-from serve_app.router.docs import INFER_BODY, PRIORITY_DOC, V2_ERRORS
+from serve_app.router.docs import INFER_BODY, PRIORITY_DOC, TIMEOUT_DOC, V2_ERRORS
 from serve_app.router.parts import RouterParts, router_parts
 from serve_app.router.qos import QoS
 from serve_app.scheduling.dispatcher import RequestTiming
@@ -93,7 +93,7 @@ async def infer(
     name: str,
     version: str | None = None,
     x_priority: str | None = Header(None, description=PRIORITY_DOC),
-    x_request_timeout_ms: str | None = Header(None, description="deadline; refused at once if it cannot be met"),
+    x_request_timeout_ms: str | None = Header(None, description=TIMEOUT_DOC),
     authorization: str | None = Header(None, description="Bearer <API key>, when keys are configured"),
     inference_header_content_length: str | None = Header(
         None, description="binary tensor data extension: length of the JSON part of the body"
@@ -166,5 +166,6 @@ async def _generate(
     GenerationParams.from_raw(sampling, gen.default_max_tokens, gen.max_tokens_limit)
     sampling["priority"] = qos.priority.name.lower()  # the replica admits higher priorities to its batch first
     handle = parts.handles[model]
-    results = await generation.all_or_none([generation.generate_text(handle, p, sampling) for p in prompts])
+    deadline = qos.deadline if qos.deadline is not None else time.monotonic() + parts.args.limits.generation_timeout_s
+    results = await generation.all_or_none([generation.generate_text(handle, p, sampling) for p in prompts], deadline)
     return [v2.encode(catalog.GENERATED_OUTPUT, [r.text for r in results])], [model] * len(prompts)

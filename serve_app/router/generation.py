@@ -19,7 +19,7 @@ from typing import Any
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serve_app.errors import ModelFailure, ServeAppError
+from serve_app.errors import DeadlineExceeded, ModelFailure, ServeAppError
 from serve_app.protocols import openai
 
 logger = logging.getLogger("ray.serve")
@@ -53,18 +53,24 @@ async def generate_text(handle: DeploymentHandle, prompt: str, params: dict[str,
 
 
 async def generate_all(
-    handle: DeploymentHandle, prompts: list[str], body: openai.SamplingFields, priority: str
+    handle: DeploymentHandle, prompts: list[str], body: openai.SamplingFields, priority: str, deadline: float
 ) -> list[Generated]:
     """n choices per prompt, prompt-major (OpenAI's choice order)."""
-    return await all_or_none([generate_text(handle, p, body.sampling(i, priority)) for p in prompts for i in range(body.n)])
+    calls = [generate_text(handle, p, body.sampling(i, priority)) for p in prompts for i in range(body.n)]
+    return await all_or_none(calls, deadline)
 
 
-async def all_or_none(calls: list[Coroutine[Any, Any, Generated]]) -> list[Generated]:
-    """Every generation's result, in order; the first to fail cancels the others (their streams
-    stop decoding on the replica, for nobody otherwise) and its error is the request's."""
+async def all_or_none(calls: list[Coroutine[Any, Any, Generated]], deadline: float) -> list[Generated]:
+    """Every generation's result, in order. The first to fail cancels the others (their streams
+    stop decoding on the replica, for nobody otherwise) and its error is the request's; at the
+    deadline (monotonic seconds) all stop and the request gets a 504."""
     tasks = [asyncio.ensure_future(call) for call in calls]
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        done, pending = await asyncio.wait(
+            tasks, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_EXCEPTION
+        )
+        if pending and not any(t.exception() is not None for t in done):
+            raise DeadlineExceeded("the generation did not finish before its deadline")
     finally:  # failed, or this request was cancelled (the client left): stop the rest
         for task in tasks:
             task.cancel()
@@ -86,10 +92,18 @@ def event_usage(event: Any) -> openai.Usage:
     return usage([Generated("", None, event.prompt_tokens, event.completion_tokens)], 1)
 
 
-async def first_event(stream: DeploymentResponseGenerator) -> Any:
+async def next_event(stream: DeploymentResponseGenerator, deadline: float) -> Any:
+    """The stream's next token event, or DeadlineExceeded once the deadline has passed."""
+    try:
+        return await asyncio.wait_for(stream.__anext__(), max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        raise DeadlineExceeded("the generation did not finish before its deadline") from None
+
+
+async def first_event(stream: DeploymentResponseGenerator, deadline: float) -> Any:
     """Pull the first event before answering 200, so that a bad request is a 4xx, not a broken stream."""
     try:
-        return await stream.__anext__()
+        return await next_event(stream, deadline)
     except BaseException:
         stream.cancel()
         raise
@@ -100,8 +114,10 @@ async def sse_events(
     first: Any,
     render: Callable[[Any, bool], dict[str, Any]],
     final: Callable[[Any], dict[str, Any] | None],
+    deadline: float,
 ) -> AsyncIterator[str]:
-    """Server-sent events: `render(event, is_first)` per token event, then `final(last_event)` if not None."""
+    """Server-sent events: `render(event, is_first)` per token event, then `final(last_event)` if
+    not None; an error event when anything fails or the deadline passes; always `[DONE]` last."""
     event, is_first = first, True
     try:
         while True:
@@ -110,7 +126,7 @@ async def sse_events(
             if event.finish_reason is not None:
                 break
             try:
-                event = await stream.__anext__()
+                event = await next_event(stream, deadline)
             except StopAsyncIteration:
                 break
         if (tail := final(event)) is not None:
@@ -144,14 +160,15 @@ async def stream_or_collect(
     id_prefix: str,
     chunk: RenderChunk,
     whole: RenderWhole,
+    deadline: float,
 ) -> Response:
     """One OpenAI generation request, either protocol: SSE chunks when `body.stream`, else one JSON answer."""
     headers = {"X-Served-By": body.model}
     if not body.stream:
-        results = await generate_all(handle, prompts, body, priority)
+        results = await generate_all(handle, prompts, body, priority, deadline)
         return JSONResponse(whole(results), headers=headers)
     stream = open_stream(handle, prompts[0], body.sampling(priority=priority))
-    first = await first_event(stream)
+    first = await first_event(stream, deadline)
     cid, created = new_id(id_prefix), now()
 
     def render(event: Any, is_first: bool) -> dict[str, Any]:
@@ -160,7 +177,8 @@ async def stream_or_collect(
     def final(last: Any) -> dict[str, Any] | None:
         return chunk(cid, created, None, False, event_usage(last)) if body.include_usage() else None
 
-    return StreamingResponse(sse_events(stream, first, render, final), media_type="text/event-stream", headers=headers)
+    events = sse_events(stream, first, render, final, deadline)
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
 
 def new_id(prefix: str) -> str:

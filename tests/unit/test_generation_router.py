@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
 
-from serve_app.errors import InvalidInput
+from serve_app.errors import DeadlineExceeded, InvalidInput
 from serve_app.router import generation
 from serve_app.router.generation import Generated
 from tests.unit.fakes import VirtualTimeLoop
@@ -32,8 +33,8 @@ class Event:
 class Stream:
     """A replica's token stream that yields `events`, then raises `error` (a replica dying mid-stream)."""
 
-    def __init__(self, events: list[Event], error: BaseException | None = None) -> None:
-        self.events, self.error = list(events), error
+    def __init__(self, events: list[Event], error: BaseException | None = None, hang: bool = False) -> None:
+        self.events, self.error, self.hang = list(events), error, hang
         self.cancelled = False
 
     def __aiter__(self) -> Stream:
@@ -44,6 +45,8 @@ class Stream:
             return self.events.pop(0)
         if self.error is not None:
             raise self.error
+        if self.hang:  # a replica that stopped producing tokens
+            await asyncio.sleep(3600)
         raise StopAsyncIteration
 
     def cancel(self) -> None:
@@ -54,13 +57,14 @@ class ActorDiedError(Exception):
     """Stands in for Ray's error when the replica behind a stream dies."""
 
 
-def sse(stream: Stream) -> list[str]:
+def sse(stream: Stream, timeout_s: float = 100.0) -> list[str]:
     async def collect() -> list[str]:
         first = await stream.__anext__()
         render = lambda event, is_first: {"text": event.text}  # noqa: E731
-        return [chunk async for chunk in generation.sse_events(stream, first, render, lambda last: None)]  # type: ignore[arg-type]
+        deadline = time.monotonic() + timeout_s
+        return [chunk async for chunk in generation.sse_events(stream, first, render, lambda last: None, deadline)]  # type: ignore[arg-type]
 
-    return asyncio.run(collect())
+    return run_virtual(collect())
 
 
 @pytest.mark.parametrize(
@@ -96,7 +100,7 @@ def test_the_first_failing_choice_cancels_its_siblings_and_its_error_is_the_answ
             raise
 
     with pytest.raises(InvalidInput, match="choice 1 failed"):
-        run_virtual(generation.all_or_none([choice(i) for i in range(3)]))
+        run_virtual(generation.all_or_none([choice(i) for i in range(3)], time.monotonic() + 100))
     assert sorted(cancelled) == [0, 2]
 
 
@@ -105,5 +109,28 @@ def test_all_choices_in_order_when_none_fails():
         await asyncio.sleep(delay)
         return Generated(str(i), "stop", 1, 1)
 
-    out: Any = run_virtual(generation.all_or_none([choice(0, 0.02), choice(1, 0.0)]))
+    out: Any = run_virtual(generation.all_or_none([choice(0, 0.02), choice(1, 0.0)], time.monotonic() + 100))
     assert [g.text for g in out] == ["0", "1"]
+
+
+def test_a_stream_that_stops_producing_ends_at_its_deadline_with_an_error_event_and_done():
+    stream = Stream([Event("a"), Event("b")], hang=True)
+    chunks = sse(stream, timeout_s=5.0)
+    assert json.loads(chunks[2].removeprefix("data: "))["error"]["code"] == "deadline_exceeded"
+    assert chunks[3:] == ["data: [DONE]\n\n"] and stream.cancelled
+
+
+def test_generations_past_their_deadline_are_all_stopped_with_a_504():
+    cancelled: list[int] = []
+
+    async def slow(i: int) -> Generated:
+        try:
+            await asyncio.sleep(60)
+            return Generated("x", "stop", 1, 1)
+        except asyncio.CancelledError:
+            cancelled.append(i)
+            raise
+
+    with pytest.raises(DeadlineExceeded):
+        run_virtual(generation.all_or_none([slow(0), slow(1)], time.monotonic() + 5))
+    assert sorted(cancelled) == [0, 1]

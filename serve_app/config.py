@@ -198,12 +198,24 @@ class LimitsConfig(BaseModel):
         ge=1,
         description="characters per text or prompt; text classifiers truncate to their token window after this check",
     )
+    max_inflight_bytes: int = Field(
+        512 * 2**20,
+        ge=1024,
+        description="request body bytes one router replica holds at once, over all requests in flight; past it a "
+        "request gets 503 with Retry-After. Bounds the router's memory by bytes, whatever the request count",
+    )
     generation_timeout_s: float = Field(
         600.0,
         gt=0,
         description="a generation whose request sets no deadline (X-Request-Timeout-Ms) ends after this: 504, or an "
         "error event that ends the stream",
     )
+
+    @model_validator(mode="after")
+    def _one_request_fits(self) -> LimitsConfig:
+        if self.max_inflight_bytes < self.max_request_bytes:
+            raise ValueError("limits.max_inflight_bytes must be at least max_request_bytes, or a full-size request never fits")
+        return self
 
 
 class AppArgs(BaseModel):

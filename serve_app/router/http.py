@@ -22,7 +22,7 @@ from serve_app.errors import InvalidInput, ModelFailure, ServeAppError
 from serve_app.protocols import v2
 from serve_app.protocols.errors import error_response
 from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
-from serve_app.router.edge import BodyLimit, KeyGate
+from serve_app.router.edge import BodyLimit, InflightBytes, KeyGate
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import HeaderCheck, ShedGate
 
@@ -49,7 +49,8 @@ def build_http_app(
         app.include_router(endpoints.api)
     # Outermost last: the key, then what admission would refuse from the headers alone, then the
     # body limit; all before routing and the body parse.
-    app.add_middleware(BodyLimit, max_bytes=parts.args.limits.max_request_bytes)
+    limits = parts.args.limits
+    app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes, inflight=InflightBytes(limits.max_inflight_bytes))
     app.add_middleware(ShedGate, check=HeaderCheck(parts.callers, parts.catalog, parts.dispatchers))
     app.add_middleware(KeyGate, authenticate=parts.callers.authenticate)
     add_error_handlers(app)
@@ -79,9 +80,11 @@ def add_error_handlers(app: FastAPI) -> None:
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # FastAPI's own errors (an unparseable JSON body, an unknown path, a wrong method) in the
         # protocol's shape too, not FastAPI's `{"detail": ...}` (found by schemathesis).
-        error = ServeAppError(f"malformed request body: {exc.detail}" if exc.status_code == 400 else str(exc.detail))
+        message = f"malformed request body: {exc.detail}" if exc.status_code == 400 else str(exc.detail)
+        retry_after = (exc.headers or {}).get("Retry-After")
+        error = ServeAppError(message, float(retry_after) if retry_after else None)
         error.status_code = exc.status_code
-        error.code = {400: "invalid_input", 413: "payload_too_large"}.get(exc.status_code, "http_error")
+        error.code = {400: "invalid_input", 413: "payload_too_large", 503: "overloaded"}.get(exc.status_code, "http_error")
         return error_response(request.url.path, error)
 
     @app.exception_handler(RequestValidationError)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
@@ -10,7 +11,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
 from serve_app.errors import Unauthorized
-from serve_app.router.edge import BodyLimit, KeyGate
+from serve_app.router.edge import BodyLimit, InflightBytes, KeyGate
 from serve_app.router.http import add_error_handlers
 
 pytestmark = pytest.mark.anyio
@@ -51,7 +52,7 @@ def app_and_reads() -> tuple[FastAPI, list[str]]:
     async def live() -> dict[str, bool]:
         return {"live": True}
 
-    app.add_middleware(BodyLimit, max_bytes=LIMIT)
+    app.add_middleware(BodyLimit, max_bytes=LIMIT, inflight=InflightBytes(100 * LIMIT))
     app.add_middleware(KeyGate, authenticate=authenticate)
     add_error_handlers(app)
     return app, reads
@@ -103,3 +104,30 @@ async def test_without_a_valid_key_a_post_is_a_401_before_its_body_is_read():
     assert wrong.status_code == 401 and wrong.json() == {"error": "invalid API key"}
     assert health.status_code == 200 and ok.status_code == 200
     assert reads == ["v1"]
+
+
+async def test_body_bytes_in_flight_are_bounded_over_all_requests_and_given_back():
+    inflight = InflightBytes(limit=3 * 1000)
+    release = asyncio.Event()
+    app = FastAPI()
+
+    @app.post("/v2/models/{name}/infer")
+    async def infer(request: Request) -> dict[str, int]:
+        body = await request.body()
+        await release.wait()  # hold the body, as a request queued in the router does
+        return {"bytes": len(body)}
+
+    app.add_middleware(BodyLimit, max_bytes=LIMIT * 4, inflight=inflight)
+    add_error_handlers(app)
+    async with client(app) as c:
+        held = [asyncio.ensure_future(c.post("/v2/models/m/infer", content=b"x" * 1000)) for _ in range(3)]
+        while inflight.held < 3000:
+            await asyncio.sleep(0.001)
+        full = await c.post("/v2/models/m/infer", content=b"x" * 10)
+        streamed = await c.post("/v2/models/m/infer", content=chunks(200))
+        release.set()
+        assert [(await r).status_code for r in held] == [200, 200, 200]
+        again = await c.post("/v2/models/m/infer", content=b"x" * 1000)
+    assert full.status_code == 503 and full.headers["Retry-After"] == "1" and "holds 3000 bytes" in full.json()["error"]
+    assert streamed.status_code == 503 and streamed.headers["Retry-After"] == "1"
+    assert again.status_code == 200 and inflight.held == 0

@@ -9,7 +9,7 @@ import yaml
 from serve_app.kuberay import render, serve_config_of
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT.parent / "shared" / "kuberay" / "ray.io_rayservices.yaml"
+CRD = ROOT / "k8s" / "crds" / "ray.io_rayservices.yaml"  # KubeRay v1.7.0's, kept in the repository
 MANIFEST = ROOT / "k8s" / "rayservice.yaml"
 GPU_CONFIG = ROOT / "configs" / "gpu.yaml"
 
@@ -22,7 +22,6 @@ def test_serve_config_v2_is_the_gpu_application():
     assert serve_config_of(MANIFEST.read_text()) == yaml.safe_load(GPU_CONFIG.read_text())
 
 
-@pytest.mark.skipif(not CRD.is_file(), reason="shared/kuberay CRDs are not beside this checkout")
 def test_manifest_validates_against_kuberay_crd():
     crd = yaml.safe_load(CRD.read_text())
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
@@ -36,8 +35,6 @@ def test_manifest_validates_against_kuberay_crd():
 
 
 def test_crd_schema_catches_a_broken_manifest():
-    if not CRD.is_file():
-        pytest.skip("shared/kuberay CRDs are not beside this checkout")
     crd = yaml.safe_load(CRD.read_text())
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     manifest = yaml.safe_load(MANIFEST.read_text())

@@ -16,6 +16,7 @@ from serve_app.router.telemetry import RouterTelemetry
 
 logger = logging.getLogger("ray.serve")
 GC_POLL_S = 0.25
+ROUTER_COUNT_POLL_S = 5.0
 
 
 class BackgroundLoops:
@@ -27,17 +28,23 @@ class BackgroundLoops:
         cascades: dict[str, Cascade],
         full_gc_max_interval_s: float | None,
         telemetry: Callable[[], RouterTelemetry] = RouterTelemetry,
+        router_count: Callable[[], int] | None = None,
+        on_router_count: Callable[[int], None] | None = None,
     ) -> None:
         self.dispatchers = dispatchers
         self.cascades = cascades
         self.full_gc_max_interval_s = full_gc_max_interval_s
         self.make_telemetry = telemetry
+        # How many router replicas there are now, and who must follow it (the rate limits' share).
+        self.router_count, self.on_router_count = router_count, on_router_count
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         """Start every loop on the running event loop; call once, from the router's startup hook."""
         assert not self.tasks, "background loops already started"
         self._spawn(self._export_metrics())
+        if self.router_count is not None and self.on_router_count is not None:
+            self._spawn(self._follow_router_count(self.router_count, self.on_router_count))
         if self.full_gc_max_interval_s is not None:
             self._spawn(self._collect_garbage(FullCollectionSchedule(max_interval_s=self.full_gc_max_interval_s)))
 
@@ -69,6 +76,17 @@ class BackgroundLoops:
                 await telemetry.export(by_model, self.cascade_counts(), breakers)
             except Exception:  # metrics must never take the router down
                 logger.exception("exporting router metrics failed")
+
+    async def _follow_router_count(self, count: Callable[[], int], follow: Callable[[int], None]) -> None:
+        seen = None
+        while True:
+            try:
+                if (now := count()) != seen:
+                    follow(now)
+                    seen = now
+            except Exception:  # the count is advice; a failed read keeps the last share
+                logger.exception("reading the router replica count failed")
+            await asyncio.sleep(ROUTER_COUNT_POLL_S)
 
     async def _collect_garbage(self, schedule: FullCollectionSchedule) -> None:
         threshold = gc.get_threshold()

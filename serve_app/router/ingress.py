@@ -28,7 +28,13 @@ class Router:
     def __init__(self, args: dict[str, Any], handles: dict[str, DeploymentHandle]) -> None:
         self.args = AppArgs.model_validate(args)
         router_id = serve.get_replica_context().replica_id.unique_id
-        self.parts = build_parts(self.args, handles, router_id, lambda model: handle_sender(handles[model], router_id))
+        self.parts = build_parts(
+            self.args,
+            handles,
+            router_id,
+            lambda model: handle_sender(handles[model], router_id),
+            router_count=lambda: serve.get_replica_context().world_size,
+        )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve asks for this replica's app after the constructor (late-bound `serve.ingress()`)."""

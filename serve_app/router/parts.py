@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,13 @@ class RouterParts:
         return await self.dispatchers.get(model).submit(payload, items, priority, deadline, timing)
 
 
-def build_parts(args: AppArgs, handles: dict[str, Any], router_id: str, send_for: SenderFor) -> RouterParts:
+def build_parts(
+    args: AppArgs,
+    handles: dict[str, Any],
+    router_id: str,
+    send_for: SenderFor,
+    router_count: Callable[[], int] | None = None,
+) -> RouterParts:
     """Wire a router's parts from its config; starts nothing (see BackgroundLoops.start)."""
 
     async def fetch_metadata(model: str) -> dict[str, Any]:
@@ -46,18 +53,24 @@ def build_parts(args: AppArgs, handles: dict[str, Any], router_id: str, send_for
         return meta
 
     dispatchers = DispatcherPool(args, send_for)
+    callers = Callers(
+        build_registry(args.tenants, args.scheduling.anonymous_max_priority), Priority.parse(args.scheduling.default_priority)
+    )
     parts = RouterParts(
         args=args,
         handles=handles,
         router_id=router_id,
-        callers=Callers(
-            build_registry(args.tenants, args.scheduling.anonymous_max_priority),
-            Priority.parse(args.scheduling.default_priority),
-        ),
+        callers=callers,
         catalog=ModelCatalog(args, fetch_metadata),
         dispatchers=dispatchers,
         cascades={},
-        loops=BackgroundLoops(dispatchers, {}, args.scheduling.router_full_gc_max_interval_s),
+        loops=BackgroundLoops(
+            dispatchers,
+            {},
+            args.scheduling.router_full_gc_max_interval_s,
+            router_count=router_count,
+            on_router_count=callers.tenants.set_share,
+        ),
         gc_pauses=GcPauses(),
     )
     for name, route in args.routes.items():

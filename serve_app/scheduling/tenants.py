@@ -25,14 +25,26 @@ def key_digest(key: str) -> bytes:
 
 
 class TokenBucket:
-    """`rate_per_s` tokens a second, at most `burst` saved up; a request takes one per item."""
+    """`rate_per_s` tokens a second, at most `burst` saved up; a request takes one per item.
+
+    With several router replicas each keeps a bucket of its own, holding its `share` of the
+    configured rate and burst (1 / the replica count), so that the tenant's rate holds over
+    all of them while the proxy spreads requests evenly.
+    """
 
     def __init__(self, rate_per_s: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
         if rate_per_s <= 0 or burst < 1:
             raise ValueError(f"need rate_per_s > 0 and burst >= 1, got {rate_per_s}, {burst}")
+        self.configured = (rate_per_s, burst)
         self.rate, self.burst, self.clock = rate_per_s, burst, clock
         self.tokens = burst
         self.updated = clock()
+
+    def set_share(self, share: float) -> None:
+        """Hold `share` (0 < share <= 1) of the configured rate and burst; never less than one token of burst."""
+        rate, burst = self.configured
+        self.rate, self.burst = rate * share, max(1.0, burst * share)
+        self.tokens = min(self.tokens, self.burst)
 
     def take(self, n: float = 1.0) -> float:
         """0 when granted; otherwise the seconds until `n` tokens will be there."""
@@ -89,6 +101,12 @@ class TenantRegistry:
         self.tenants = tenants
         self.anonymous = anonymous  # who every caller is when no keys are configured
         self._index = [(d, t) for t in tenants for d in t.digests]
+
+    def set_share(self, replicas: int) -> None:
+        """Each of `replicas` router replicas enforces its share of every tenant's rate."""
+        for tenant in self.tenants:
+            if tenant.bucket is not None:
+                tenant.bucket.set_share(1.0 / max(1, replicas))
 
     @property
     def open(self) -> bool:

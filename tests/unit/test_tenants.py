@@ -81,3 +81,17 @@ def test_a_request_is_charged_one_token_per_item_at_most_the_burst():
     with pytest.raises(RateLimited):
         t.admit()
     t.admit(0)  # nothing more to charge
+
+
+def test_each_router_replica_holds_its_share_of_a_tenants_rate():
+    clock = Clock()
+    bucket = TokenBucket(rate_per_s=4, burst=8, clock=clock)
+    registry = TenantRegistry([Tenant("t", bucket=bucket, digests=[key_digest("k")])])
+    registry.set_share(4)  # four router replicas: each lets through a quarter
+    assert (bucket.rate, bucket.burst) == (1.0, 2.0)
+    assert [bucket.take() for _ in range(3)] == [0, 0, pytest.approx(1.0)]
+    registry.set_share(1)
+    clock.now = 10
+    assert (bucket.rate, bucket.burst) == (4.0, 8.0) and bucket.take(8) == 0
+    registry.set_share(100)  # never below one token of burst, or nothing could pass
+    assert bucket.burst == 1.0

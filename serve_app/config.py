@@ -175,6 +175,7 @@ class TenantConfig(BaseModel):
     max_priority: Literal["high", "normal", "low"] = Field("high", description="the best priority this tenant may ask for")
     rate_per_s: float | None = Field(None, gt=0, description="sustained requests per second; None: unlimited")
     burst: int = Field(20, ge=1, description="requests allowed at once above the rate")
+    operator: bool = Field(False, description="may read /router/status (every model's queues and every tenant's traffic)")
 
     @model_validator(mode="after")
     def _one_key_source(self) -> TenantConfig:

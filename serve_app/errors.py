@@ -44,6 +44,11 @@ class Unauthorized(ServeAppError):
     code = "unauthorized"
 
 
+class Forbidden(ServeAppError):
+    status_code = 403
+    code = "forbidden"
+
+
 class NotFound(ServeAppError):
     status_code = 404
     code = "not_found"

@@ -8,6 +8,7 @@ from typing import Any
 
 from serve_app.config import TenantConfig
 from serve_app.contract import Priority
+from serve_app.errors import Forbidden
 from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER, QoS, parse_qos
 from serve_app.scheduling.tenants import Tenant, TenantRegistry, TokenBucket, resolve_key
 
@@ -21,6 +22,7 @@ def build_registry(configs: list[TenantConfig], anonymous_max_priority: str = "n
                 Priority.parse(c.max_priority),
                 TokenBucket(c.rate_per_s, c.burst) if c.rate_per_s else None,
                 [resolve_key(c.key_sha256, c.key_env, c.key_file)],
+                operator=c.operator,
             )
             for c in configs
         ],
@@ -37,6 +39,13 @@ class Callers:
 
     def authenticate(self, authorization: str | None) -> Tenant:
         return self.tenants.authenticate(authorization)
+
+    def operator(self, authorization: str | None) -> Tenant:
+        """An operator's endpoint: with keys configured, only tenants marked `operator` (403 for the rest)."""
+        tenant = self.tenants.authenticate(authorization)
+        if not (self.tenants.open or tenant.operator):
+            raise Forbidden(f"tenant {tenant.name!r} is not an operator")
+        return tenant
 
     def admit(self, authorization: str | None) -> Tenant:
         """Authenticate and charge the tenant's rate limit, before any other work."""

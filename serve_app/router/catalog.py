@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -139,3 +140,25 @@ class ModelCatalog:
 
     async def all_ready(self, models: list[str]) -> bool:
         return all(await asyncio.gather(*(self.is_ready(m) for m in models)))
+
+
+class RecentAnswers:
+    """Each generator's last stats answer, reused for `ttl_s`: a burst of status calls asks each
+    generator at most once per `ttl_s` instead of once per call (the fan-out is the cost)."""
+
+    def __init__(self, ttl_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._answers: dict[str, tuple[float, dict[str, Any] | None]] = {}
+
+    async def get(self, name: str, ask: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any] | None:
+        when, answer = self._answers.get(name, (None, None))
+        if when is not None and self.clock() - when < self.ttl_s:
+            return answer
+        self._answers[name] = (self.clock(), answer)  # calls meanwhile reuse the last answer rather than ask again
+        try:
+            fresh: dict[str, Any] | None = await asyncio.wait_for(ask(), READY_TIMEOUT_S)
+        except Exception:  # status must answer even when a generator does not
+            fresh = None
+        self._answers[name] = (self.clock(), fresh)
+        return fresh

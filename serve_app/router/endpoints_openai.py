@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header
@@ -21,13 +22,31 @@ api = APIRouter()
 PARTS = Depends(router_parts)
 
 
-def _admit(
-    parts: RouterParts, authorization: str | None, x_priority: str | None, timeout_ms: str | None
-) -> tuple[Tenant, str, float]:
+@dataclass
+class CallerHeaders:
+    """The headers both generation endpoints take: who calls, at what priority, by when."""
+
+    authorization: str | None
+    priority: str | None
+    timeout_ms: str | None
+
+
+def caller_headers(
+    authorization: str | None = Header(None),
+    x_priority: str | None = Header(None, description=PRIORITY_DOC),
+    x_request_timeout_ms: str | None = Header(None, description=TIMEOUT_DOC),
+) -> CallerHeaders:
+    return CallerHeaders(authorization, x_priority, x_request_timeout_ms)
+
+
+CALLER = Depends(caller_headers)
+
+
+def _admit(parts: RouterParts, headers: CallerHeaders) -> tuple[Tenant, str, float]:
     """The caller (401, and 429 for its first token), the priority its tenant allows, and the
     deadline: the request's own, or the configured generation timeout."""
-    tenant = parts.callers.admit(authorization)
-    qos = parts.callers.qos(tenant, x_priority, timeout_ms, None)
+    tenant = parts.callers.admit(headers.authorization)
+    qos = parts.callers.qos(tenant, headers.priority, headers.timeout_ms, None)
     deadline = qos.deadline if qos.deadline is not None else time.monotonic() + parts.args.limits.generation_timeout_s
     return tenant, qos.priority.name.lower(), deadline
 
@@ -60,12 +79,10 @@ async def openai_models(authorization: str | None = Header(None), parts: RouterP
 )
 async def completions(
     body: openai.CompletionRequest,
-    authorization: str | None = Header(None),
-    x_priority: str | None = Header(None, description=PRIORITY_DOC),
-    x_request_timeout_ms: str | None = Header(None, description=TIMEOUT_DOC),
+    headers: CallerHeaders = CALLER,
     parts: RouterParts = PARTS,
 ) -> Response:
-    tenant, priority, deadline = _admit(parts, authorization, x_priority, x_request_timeout_ms)
+    tenant, priority, deadline = _admit(parts, headers)
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
 
     def chunk(cid: str, created: int, event: Any, is_first: bool, use: openai.Usage | None) -> dict[str, Any]:
@@ -88,12 +105,10 @@ async def completions(
 )
 async def chat_completions(
     body: openai.ChatCompletionRequest,
-    authorization: str | None = Header(None),
-    x_priority: str | None = Header(None, description=PRIORITY_DOC),
-    x_request_timeout_ms: str | None = Header(None, description=TIMEOUT_DOC),
+    headers: CallerHeaders = CALLER,
     parts: RouterParts = PARTS,
 ) -> Response:
-    tenant, priority, deadline = _admit(parts, authorization, x_priority, x_request_timeout_ms)
+    tenant, priority, deadline = _admit(parts, headers)
     prompts = [body.prompt()]
 
     def chunk(cid: str, created: int, event: Any, is_first: bool, use: openai.Usage | None) -> dict[str, Any]:

@@ -142,7 +142,7 @@ def _requested(body: v2.InferRequest, outputs: list[v2.ResponseOutput]) -> list[
 async def _classify(
     parts: RouterParts, name: str, manifest: Manifest, body: v2.InferRequest, qos: QoS, timing: RequestTiming, tenant: Tenant
 ) -> tuple[list[v2.ResponseOutput], list[str], str | None]:
-    payload = classify.decode_input(parts.args, parts.catalog.answering_model(name), manifest, body)
+    payload = await classify.decode_input(parts.args, parts.catalog.answering_model(name), manifest, body)
     tenant.admit(len(payload) - 1)  # one token per item: the first was charged on arrival
     cascade = parts.cascades.get(name)
     if cascade is not None:

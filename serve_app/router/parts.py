@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -14,7 +14,7 @@ from serve_app.manifest import Manifest
 from serve_app.router.background import BackgroundLoops
 from serve_app.router.callers import Callers, build_registry
 from serve_app.router.cascade import Cascade, Payload, route_policy
-from serve_app.router.catalog import ModelCatalog
+from serve_app.router.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.gcwatch import GcPauses
 from serve_app.scheduling.dispatcher import RequestTiming
@@ -31,6 +31,7 @@ class RouterParts:
     cascades: dict[str, Cascade]  # route name -> its tiers
     loops: BackgroundLoops
     gc_pauses: GcPauses
+    generator_stats: RecentAnswers = field(default_factory=RecentAnswers)  # what /router/status shows of them
 
     async def submit(
         self, model: str, payload: Payload, items: int, priority: Priority, deadline: float | None, timing: RequestTiming | None

@@ -68,6 +68,13 @@ class DispatchSettings:
     breaker_open_s: float = 5.0
     urgent_lane: bool = False  # the replica runs high-priority batches on a lane of their own
 
+    def adopt(self, reply: BatchReply) -> None:
+        """Follow the replica's live batching config (`user_config` is set on the model)."""
+        if reply.max_batch_size is not None:
+            self.max_batch_size = reply.max_batch_size
+        if reply.batch_wait_timeout_s is not None:
+            self.batch_wait_timeout_s = reply.batch_wait_timeout_s
+
 
 @dataclass
 class Lane:
@@ -126,6 +133,16 @@ class DispatchStats:
     retried_batches: int = 0  # sent again after the replica running them died
     batches: int = 0
     queue_wait_s: list[float] = field(default_factory=list)  # drained by the exporter
+
+    def counts(self) -> dict[str, Any]:
+        return {
+            "admitted": dict(self.admitted),
+            "shed": dict(self.shed),
+            "completed_items": self.completed_items,
+            "cancelled_items": self.cancelled_items,
+            "retried_batches": self.retried_batches,
+            "batches": self.batches,
+        }
 
 
 class Dispatcher:
@@ -284,12 +301,7 @@ class Dispatcher:
                 lane.name: lane.snapshot(self.wait_s(Priority.LOW if lane is self.bulk else Priority.HIGH), s.max_batch_size)
                 for lane in self.lanes
             },
-            "admitted": dict(self.stats.admitted),
-            "shed": dict(self.stats.shed),
-            "completed_items": self.stats.completed_items,
-            "cancelled_items": self.stats.cancelled_items,
-            "retried_batches": self.stats.retried_batches,
-            "batches": self.stats.batches,
+            **self.stats.counts(),
         }
 
     # -- release -----------------------------------------------------------------
@@ -351,7 +363,7 @@ class Dispatcher:
             # `lane.inflight` still counts this batch: the lane was full if it is at its limit now.
             lane.drain.on_completion(items, self.clock(), bool(lane.queue.items) and self._saturated(lane))
             lane.recent.append((queued_s, rtt, reply.wait_s, reply.exec_s))
-            self._adopt(reply)
+            self.settings.adopt(reply)
             self.stats.completed_items += items
             self.stats.batches += 1
             for ticket, result in zip(batch, reply.results, strict=True):
@@ -378,10 +390,3 @@ class Dispatcher:
                 raise
         self.stats.retried_batches += 1
         return await asyncio.wait_for(self.send(payloads, self.queued_items, lane.name), timeout)
-
-    def _adopt(self, reply: BatchReply) -> None:
-        """Follow the replica's live batching config (`user_config` is set on the model)."""
-        if reply.max_batch_size is not None:
-            self.settings.max_batch_size = reply.max_batch_size
-        if reply.batch_wait_timeout_s is not None:
-            self.settings.batch_wait_timeout_s = reply.batch_wait_timeout_s

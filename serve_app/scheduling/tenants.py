@@ -63,6 +63,7 @@ class Tenant:
     max_priority: Priority = Priority.HIGH  # the best class this tenant may ask for
     bucket: TokenBucket | None = None
     digests: list[bytes] = field(default_factory=list, repr=False)
+    operator: bool = False  # may read the router's internals (/router/status)
 
     def cap(self, requested: Priority) -> Priority:
         return max(requested, self.max_priority)  # larger value = lower priority

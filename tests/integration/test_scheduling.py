@@ -59,7 +59,7 @@ def _config(model_dir: Path) -> dict[str, Any]:
                     },
                     "routes": {"flaky-route": {"light": "flaky", "heavy": "steady", "threshold": 0.0}},
                     "tenants": [
-                        {"name": "gold", "key_sha256": hashlib.sha256(GOLD_KEY.encode()).hexdigest()},
+                        {"name": "gold", "key_sha256": hashlib.sha256(GOLD_KEY.encode()).hexdigest(), "operator": True},
                         # Read from the replicas' environment, as a Kubernetes secret would be.
                         {"name": "free", "key_env": "SCHED_TEST_FREE_KEY", "max_priority": "low", "rate_per_s": 0.2, "burst": 3},
                     ],
@@ -237,6 +237,9 @@ def test_api_keys_tenants_priority_ceiling_and_rate_limit(app):
         resp = httpx.post(f"{URL}/v2/models/steady/infer", json=_body(), headers=headers, timeout=30)
         assert resp.status_code == 401 and needle in resp.json()["error"], resp.text
     assert httpx.get(f"{URL}/v2/health/ready", timeout=10).status_code == 200  # probes need no key
+    # The router's internals are for operators: "free" has a key but is not one.
+    denied = httpx.get(f"{URL}/router/status", headers=FREE, timeout=10)
+    assert denied.status_code == 403 and "not an operator" in denied.json()["error"], denied.text
     before = _status()["models"]["steady"]["admitted"]
     # "free" asks for high priority but its ceiling is low; its burst is 3, then 429.
     answers = [_post(f"{URL}/v2/models/steady/infer", {**FREE, "X-Priority": "high"}, json=_body()) for _ in range(4)]

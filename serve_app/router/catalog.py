@@ -87,7 +87,11 @@ class ModelCatalog:
         return list(self.args.models)
 
     def generators(self) -> list[str]:
-        return [n for n, m in self.args.models.items() if m.family == "gpt"]
+        return self.generator_names(self.args)
+
+    @staticmethod
+    def generator_names(args: AppArgs) -> list[str]:
+        return [n for n, m in args.models.items() if m.family == "gpt"]
 
     def is_known(self, name: str) -> bool:
         return name in self.args.models or name in self.args.routes

@@ -63,6 +63,7 @@ def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFiel
             raise InvalidInput(f"prompt {i} has {len(p)} characters; at most {limit} are allowed")
     if body.stream and (len(prompts) != 1 or body.n != 1):
         raise InvalidInput("streaming takes exactly one prompt and n = 1")
+    generation.check_breaker(body.model, parts.breakers[body.model])
     return parts.handles[body.model]
 
 
@@ -95,7 +96,8 @@ async def completions(
         return openai.CompletionResponse(model=body.model, choices=choices, usage=usage).model_dump()
 
     handle = _generator_for(parts, tenant, body, prompts)
-    return await generation.stream_or_collect(handle, prompts, body, priority, "cmpl", chunk, whole, deadline)
+    breaker = parts.breakers[body.model]
+    return await generation.stream_or_collect(handle, prompts, body, priority, "cmpl", chunk, whole, deadline, breaker)
 
 
 @api.post(
@@ -129,4 +131,5 @@ async def chat_completions(
         return openai.ChatCompletionResponse(model=body.model, choices=choices, usage=usage).model_dump()
 
     handle = _generator_for(parts, tenant, body, prompts)
-    return await generation.stream_or_collect(handle, prompts, body, priority, "chatcmpl", chunk, whole, deadline)
+    breaker = parts.breakers[body.model]
+    return await generation.stream_or_collect(handle, prompts, body, priority, "chatcmpl", chunk, whole, deadline, breaker)

@@ -26,6 +26,7 @@ async def router_status(authorization: str | None = Header(None), parts: RouterP
         "models": {d.model: d.snapshot() for d in parts.dispatchers},
         "routes": cascade,
         "generators": dict(zip(generators, stats, strict=True)),
+        "generator_breakers": {g: b.state.name.lower() for g, b in parts.breakers.items()},
         "gc": parts.gc_pauses.snapshot(),
         "tasks": len(asyncio.all_tasks()),
     }

@@ -165,7 +165,9 @@ async def _generate(
     gen = parts.args.models[model].generation
     GenerationParams.from_raw(sampling, gen.default_max_tokens, gen.max_tokens_limit)
     sampling["priority"] = qos.priority.name.lower()  # the replica admits higher priorities to its batch first
-    handle = parts.handles[model]
+    handle, breaker = parts.handles[model], parts.breakers[model]
+    generation.check_breaker(model, breaker)
     deadline = qos.deadline if qos.deadline is not None else time.monotonic() + parts.args.limits.generation_timeout_s
-    results = await generation.all_or_none([generation.generate_text(handle, p, sampling) for p in prompts], deadline)
+    calls = [generation.generate_text(handle, p, sampling, breaker) for p in prompts]
+    results = await generation.all_or_none(calls, deadline)
     return [v2.encode(catalog.GENERATED_OUTPUT, [r.text for r in results])], [model] * len(prompts)

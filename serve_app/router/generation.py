@@ -19,8 +19,9 @@ from typing import Any
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serve_app.errors import DeadlineExceeded, ModelFailure, ServeAppError
+from serve_app.errors import DeadlineExceeded, ModelFailure, Overloaded, ServeAppError, Unavailable
 from serve_app.protocols import openai
+from serve_app.scheduling.breaker import CircuitBreaker
 
 logger = logging.getLogger("ray.serve")
 
@@ -33,13 +34,35 @@ class Generated:
     completion_tokens: int
 
 
+def generator_failed(error: BaseException) -> bool:
+    """Whether an error is the generator's fault, and so counts against its breaker: a replica
+    that died or failed does; a bad request, a full queue, a deadline or a client leaving does not."""
+    if isinstance(error, ServeAppError):
+        return error.status_code >= 500 and not isinstance(error, (Overloaded, DeadlineExceeded))
+    return isinstance(error, Exception)
+
+
+def record(breaker: CircuitBreaker, error: BaseException | None) -> None:
+    if error is None:
+        breaker.on_success()
+    elif generator_failed(error):
+        breaker.on_failure()
+
+
+def check_breaker(model: str, breaker: CircuitBreaker) -> None:
+    """Fail fast (503 + Retry-After) while the generator's circuit is open, before any work."""
+    if not breaker.allow():
+        retry = max(1.0, breaker.retry_after_s())
+        raise Unavailable(f"{model}: circuit open after repeated failures", retry_after_s=retry)
+
+
 def open_stream(handle: DeploymentHandle, prompt: str, params: dict[str, Any]) -> DeploymentResponseGenerator:
     stream = handle.options(stream=True).generate.remote(prompt, params)
     assert isinstance(stream, DeploymentResponseGenerator)  # stream=True: Ray's union type cannot say so
     return stream
 
 
-async def generate_text(handle: DeploymentHandle, prompt: str, params: dict[str, Any]) -> Generated:
+async def generate_text(handle: DeploymentHandle, prompt: str, params: dict[str, Any], breaker: CircuitBreaker) -> Generated:
     stream = open_stream(handle, prompt, params)
     text, finish, p_tok, c_tok = [], None, 0, 0
     try:
@@ -49,14 +72,23 @@ async def generate_text(handle: DeploymentHandle, prompt: str, params: dict[str,
     except asyncio.CancelledError:
         stream.cancel()  # the client left: stop the replica decoding for nobody
         raise
+    except Exception as e:
+        record(breaker, e)
+        raise
+    record(breaker, None)
     return Generated("".join(text), finish, p_tok, c_tok)
 
 
 async def generate_all(
-    handle: DeploymentHandle, prompts: list[str], body: openai.SamplingFields, priority: str, deadline: float
+    handle: DeploymentHandle,
+    prompts: list[str],
+    body: openai.SamplingFields,
+    priority: str,
+    deadline: float,
+    breaker: CircuitBreaker,
 ) -> list[Generated]:
     """n choices per prompt, prompt-major (OpenAI's choice order)."""
-    calls = [generate_text(handle, p, body.sampling(i, priority)) for p in prompts for i in range(body.n)]
+    calls = [generate_text(handle, p, body.sampling(i, priority), breaker) for p in prompts for i in range(body.n)]
     return await all_or_none(calls, deadline)
 
 
@@ -100,12 +132,13 @@ async def next_event(stream: DeploymentResponseGenerator, deadline: float) -> An
         raise DeadlineExceeded("the generation did not finish before its deadline") from None
 
 
-async def first_event(stream: DeploymentResponseGenerator, deadline: float) -> Any:
+async def first_event(stream: DeploymentResponseGenerator, deadline: float, breaker: CircuitBreaker) -> Any:
     """Pull the first event before answering 200, so that a bad request is a 4xx, not a broken stream."""
     try:
         return await next_event(stream, deadline)
-    except BaseException:
+    except BaseException as e:
         stream.cancel()
+        record(breaker, e)
         raise
 
 
@@ -115,6 +148,7 @@ async def sse_events(
     render: Callable[[Any, bool], dict[str, Any]],
     final: Callable[[Any], dict[str, Any] | None],
     deadline: float,
+    breaker: CircuitBreaker,
 ) -> AsyncIterator[str]:
     """Server-sent events: `render(event, is_first)` per token event, then `final(last_event)` if
     not None; an error event when anything fails or the deadline passes; always `[DONE]` last."""
@@ -131,7 +165,9 @@ async def sse_events(
                 break
         if (tail := final(event)) is not None:
             yield f"data: {json.dumps(tail, separators=(',', ':'))}\n\n"
+        record(breaker, None)
     except Exception as e:
+        record(breaker, e)
         # Headers are gone: an error mid-stream can only be an event, and the stream still ends
         # with [DONE] whatever failed (a replica that died mid-stream raises Ray's own errors).
         if not isinstance(e, ServeAppError):
@@ -161,14 +197,15 @@ async def stream_or_collect(
     chunk: RenderChunk,
     whole: RenderWhole,
     deadline: float,
+    breaker: CircuitBreaker,
 ) -> Response:
     """One OpenAI generation request, either protocol: SSE chunks when `body.stream`, else one JSON answer."""
     headers = {"X-Served-By": body.model}
     if not body.stream:
-        results = await generate_all(handle, prompts, body, priority, deadline)
+        results = await generate_all(handle, prompts, body, priority, deadline, breaker)
         return JSONResponse(whole(results), headers=headers)
     stream = open_stream(handle, prompts[0], body.sampling(priority=priority))
-    first = await first_event(stream, deadline)
+    first = await first_event(stream, deadline, breaker)
     cid, created = new_id(id_prefix), now()
 
     def render(event: Any, is_first: bool) -> dict[str, Any]:
@@ -177,7 +214,7 @@ async def stream_or_collect(
     def final(last: Any) -> dict[str, Any] | None:
         return chunk(cid, created, None, False, event_usage(last)) if body.include_usage() else None
 
-    events = sse_events(stream, first, render, final, deadline)
+    events = sse_events(stream, first, render, final, deadline, breaker)
     return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
 

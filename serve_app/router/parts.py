@@ -17,6 +17,7 @@ from serve_app.router.cascade import Cascade, Payload, route_policy
 from serve_app.router.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.gcwatch import GcPauses
+from serve_app.scheduling.breaker import CircuitBreaker
 from serve_app.scheduling.dispatcher import RequestTiming
 
 
@@ -31,6 +32,9 @@ class RouterParts:
     cascades: dict[str, Cascade]  # route name -> its tiers
     loops: BackgroundLoops
     gc_pauses: GcPauses
+    # Generation skips the dispatcher (the replica's decode loop admits), so each generator
+    # has its own breaker here; classifiers' are their dispatchers'.
+    breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
     generator_stats: RecentAnswers = field(default_factory=RecentAnswers)  # what /router/status shows of them
 
     async def submit(
@@ -73,6 +77,10 @@ def build_parts(
             on_router_count=callers.tenants.set_share,
         ),
         gc_pauses=GcPauses(),
+        breakers={
+            g: CircuitBreaker(args.scheduling.breaker_failures, args.scheduling.breaker_open_s)
+            for g in ModelCatalog.generator_names(args)
+        },
     )
     for name, route in args.routes.items():
         policy = route_policy(name, route, Manifest.load(args.model_path(route.light)))

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from serve_app.errors import DeadlineExceeded, InvalidInput
+from serve_app.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
 from serve_app.router import generation
 from serve_app.router.generation import Generated
+from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
 from tests.unit.fakes import VirtualTimeLoop
 
 
@@ -57,12 +58,15 @@ class ActorDiedError(Exception):
     """Stands in for Ray's error when the replica behind a stream dies."""
 
 
-def sse(stream: Stream, timeout_s: float = 100.0) -> list[str]:
+def sse(stream: Stream, timeout_s: float = 100.0, breaker: CircuitBreaker | None = None) -> list[str]:
+    breaker = breaker or CircuitBreaker()
+
     async def collect() -> list[str]:
         first = await stream.__anext__()
         render = lambda event, is_first: {"text": event.text}  # noqa: E731
         deadline = time.monotonic() + timeout_s
-        return [chunk async for chunk in generation.sse_events(stream, first, render, lambda last: None, deadline)]  # type: ignore[arg-type]
+        events = generation.sse_events(stream, first, render, lambda last: None, deadline, breaker)  # type: ignore[arg-type]
+        return [chunk async for chunk in events]
 
     return run_virtual(collect())
 
@@ -134,3 +138,33 @@ def test_generations_past_their_deadline_are_all_stopped_with_a_504():
     with pytest.raises(DeadlineExceeded):
         run_virtual(generation.all_or_none([slow(0), slow(1)], time.monotonic() + 5))
     assert sorted(cancelled) == [0, 1]
+
+
+def test_streams_failing_on_a_broken_generator_open_its_breaker_and_requests_then_fail_fast():
+    clock = [0.0]
+    breaker = CircuitBreaker(failure_threshold=2, open_s=5.0, clock=lambda: clock[0])
+    sse(Stream([Event("a")], InvalidInput("bad")), breaker=breaker)  # a client's error: not the generator's fault
+    sse(Stream([Event("a")], Overloaded("queue full")), breaker=breaker)  # nor a full queue
+    assert breaker.state == BreakerState.CLOSED
+    for _ in range(2):
+        sse(Stream([Event("a")], ActorDiedError("replica gone")), breaker=breaker)
+    assert breaker.state == BreakerState.OPEN
+    with pytest.raises(Unavailable, match="circuit open") as refused:
+        generation.check_breaker("gpt", breaker)
+    assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 1
+    # After open_s one probe goes through; a stream that finishes closes the circuit.
+    clock[0] += 5.0
+    generation.check_breaker("gpt", breaker)
+    sse(Stream([Event("a"), Event("b", "stop")]), breaker=breaker)
+    assert breaker.state == BreakerState.CLOSED
+
+
+def test_whole_generations_count_for_the_breaker_too(monkeypatch):
+    breaker = CircuitBreaker(failure_threshold=1, open_s=5.0)
+    # The handle's stream, without Ray: the handle stands for its own token stream.
+    monkeypatch.setattr(generation, "open_stream", lambda handle, prompt, params: handle)
+    done = run_virtual(generation.generate_text(Stream([Event("a", "stop")]), "p", {}, breaker))  # type: ignore[arg-type]
+    assert done.text == "a" and breaker.state == BreakerState.CLOSED
+    with pytest.raises(ActorDiedError):
+        run_virtual(generation.generate_text(Stream([], ActorDiedError("gone")), "p", {}, breaker))  # type: ignore[arg-type]
+    assert breaker.state == BreakerState.OPEN

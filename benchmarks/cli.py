@@ -23,6 +23,11 @@ SCENARIOS = {
     "with the calibrated accuracies from the light manifest",
     "contention": "no Ray: a model's bulk-lane throughput under SCHED_IDLE, one session on all its threads vs one "
     "single-threaded session per thread side by side, alone and beside bursty nice-19 load",
+    "chaos": "a multi-node Ray cluster on this machine (head + worker node) under steady load: kill a classifier "
+    "replica, a router replica, the worker node; wedge the decode loop; mix in malformed requests. Requests lost, "
+    "streams' endings, time to recover",
+    "soak": "the whole app at 3x its capacity for 10 minutes, mixed models and priorities: statuses (only 200, "
+    "or 429/503 with Retry-After), every process's memory slope after warm-up, the router's task count",
     "generation": "the GPT deployment with continuous batching vs the @serve.batch request-level version, same model and "
     "batch size: streaming completions of mixed lengths, tokens/s, TTFT p50/p99, ITL p99, latency",
 }
@@ -99,6 +104,20 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         seconds = ns.seconds or (2.0 if ns.smoke else 20.0)
         rounds = 1 if ns.smoke else ns.rounds
         result = generation.run(gen_config, model_dir, concurrencies, seconds, warmup, rounds, scenarios.DEFAULT_INGRESS)
+    elif ns.scenario == "chaos":
+        from benchmarks import chaos
+
+        cs = chaos.ChaosSettings.smoke() if ns.smoke else chaos.ChaosSettings()
+        if ns.seconds:
+            cs.seconds = ns.seconds
+        result = chaos.run(cs, model_dir, ns.config.resolve())
+    elif ns.scenario == "soak":
+        from benchmarks import soak
+
+        ss = soak.SoakSettings.smoke() if ns.smoke else soak.SoakSettings()
+        if ns.seconds:
+            ss.seconds = ns.seconds
+        result = soak.run(ss, model_dir, ns.config.resolve())
     elif ns.scenario == "contention":
         from benchmarks import contention
 

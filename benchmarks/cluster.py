@@ -270,6 +270,7 @@ def run_loadgen(
     warmup: float,
     watch: tuple[str, ...] = (),
     max_in_flight: int | None = None,
+    raw: bool = False,
 ) -> dict[str, Any]:
     """One load generator process; returns its result JSON plus, over the measured
     window, the cores each process role used and the peak RSS of the watched deployments."""
@@ -278,6 +279,8 @@ def run_loadgen(
     mode = ["--concurrency", str(load["concurrency"])] if "concurrency" in load else ["--rate", str(load["rate"])]
     if max_in_flight is not None:
         mode += ["--max-in-flight", str(max_in_flight)]
+    if raw:
+        mode.append("--raw")  # every request's record, for timelines
     cmd = [sys.executable, "-m", "benchmarks.loadgen", "--url", url, "--workload", str(workload), *mode,
            "--seconds", str(seconds), "--warmup", str(warmup), "--out", str(out)]  # fmt: skip
     proc = subprocess.Popen(cmd)

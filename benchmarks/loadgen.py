@@ -70,6 +70,7 @@ class Record:
     status: int
     served_by: str
     server_ms: float | None = None  # the server's own `Server-Timing: total`, when it sends one
+    retry_after: bool = False  # the answer carried Retry-After (what a 503 or 429 owes its client)
 
 
 @dataclass
@@ -130,14 +131,14 @@ class Connection:
             self.writer.close()
         self.reader = self.writer = None
 
-    async def request(self, raw: bytes) -> tuple[int, str, float | None]:
-        """Send one request; return (status, X-Served-By, Server-Timing's `total` in ms)."""
+    async def request(self, raw: bytes) -> tuple[int, str, float | None, bool]:
+        """Send one request; return (status, X-Served-By, Server-Timing's `total` in ms, Retry-After sent)."""
         reader, writer = await self._ensure()
         writer.write(raw)
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
-        length, chunked, served_by, close, server_ms = 0, False, "", False, None
+        length, chunked, served_by, close, server_ms, retry_after = 0, False, "", False, None, False
         for line in lines[1:]:
             name, _, value = line.partition(":")
             name = name.lower()
@@ -151,6 +152,8 @@ class Connection:
                 server_ms = server_total_ms(value)
             elif name == "connection" and "close" in value.lower():
                 close = True
+            elif name == "retry-after":
+                retry_after = True
         if chunked:
             while True:
                 size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
@@ -161,7 +164,7 @@ class Connection:
             await reader.readexactly(length)
         if close:
             self.close()
-        return status, served_by, server_ms
+        return status, served_by, server_ms, retry_after
 
 
 class LoadGenerator:
@@ -181,20 +184,29 @@ class LoadGenerator:
 
     async def _one(self, conn: Connection, stream: Stream, scheduled: float) -> None:
         try:
-            status, served_by, server_ms = await asyncio.wait_for(conn.request(stream.next_request()), self.timeout_s)
+            answer = await asyncio.wait_for(conn.request(stream.next_request()), self.timeout_s)
         except asyncio.TimeoutError:
             conn.close()
-            status, served_by, server_ms = STATUS_TIMEOUT, "", None
+            answer = STATUS_TIMEOUT, "", None, False
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             conn.close()
-            status, served_by, server_ms = STATUS_CONN_ERROR, "", None
+            answer = STATUS_CONN_ERROR, "", None, False
             await asyncio.sleep(0.05)  # don't spin on a refusing server
+        status, served_by, server_ms, retry_after = answer
         done = time.perf_counter()
         if scheduled < self.measure_from and 200 <= status < 300 and self.measure_from <= done <= self.stop_at:
             self.run.carried_in[stream.name] = self.run.carried_in.get(stream.name, 0) + 1
         if scheduled >= self.measure_from and done <= self.stop_at + self.timeout_s:
             self.run.records.append(
-                Record(stream.name, scheduled - self.measure_from, (done - scheduled) * 1000, status, served_by, server_ms)
+                Record(
+                    stream.name,
+                    scheduled - self.measure_from,
+                    (done - scheduled) * 1000,
+                    status,
+                    served_by,
+                    server_ms,
+                    retry_after,
+                )
             )
 
     async def closed(self, concurrency: int, warmup_s: float, seconds: float) -> Run:
@@ -289,8 +301,10 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
             statuses[str(r.status)] = statuses.get(str(r.status), 0) + 1
             if r.served_by:
                 served[r.served_by] = served.get(r.served_by, 0) + 1
+        refused = [r for r in records if r.status in (429, 503)]
         return {
             "requests": len(records),
+            "refused_without_retry_after": sum(1 for r in refused if not r.retry_after),
             "throughput_rps": round(len(records) / seconds, 2),
             "goodput_rps": round(len(ok) / seconds, 2),
             "goodput_in_window_rps": round(in_window / seconds, 2),
@@ -362,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if ns.raw:
         result["records"] = [
-            [r.stream, round(r.sent, 4), round(r.latency_ms, 3), r.status, r.served_by, r.server_ms] for r in run.records
+            [r.stream, round(r.sent, 4), round(r.latency_ms, 3), r.status, r.served_by, r.server_ms, r.retry_after]
+            for r in run.records
         ]
     text = json.dumps(result)
     if ns.out:

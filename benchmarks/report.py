@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import contention, generation
+from benchmarks import chaos, contention, generation, soak
 
 SETUPS = ("naive", "plain", "ours")
 SETUP_TITLES = {
@@ -402,6 +402,8 @@ def plots(scenario: str, res: dict[str, Any], out_dir: Path) -> list[str]:
 
 
 MARKDOWN = {
+    "chaos": chaos.markdown,
+    "soak": soak.markdown,
     "generation": generation.markdown,
     "contention": contention.markdown,
     "compare": compare_markdown,

@@ -126,3 +126,42 @@ def test_generation(tiny_model_dir: Path, tmp_path: Path) -> None:
     (row,) = r["summary"]
     assert row["vs gpt-request-10ms"]["tokens_per_s"] > 0 and row["gpt-request-10ms"]["mean_batch"] >= 1
     assert row["gpt"]["errors"] == 0 and (tmp_path / "README.md").read_text().count("| 4 |") == 3
+
+
+def test_contention(tiny_model_dir: Path, tmp_path: Path) -> None:
+    res = _bench("contention", tiny_model_dir, tmp_path, "bert-heavy")
+    assert res["result"] and "| " in (tmp_path / "README.md").read_text()
+
+
+def test_chaos(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The chaos suite, CI-sized: a real two-node Ray cluster, each fault under load."""
+    res = _bench("chaos", tiny_model_dir, tmp_path, "resnet-heavy")
+    r = res["result"]
+    # Serve spread the classifier over both nodes, so the node kill takes one of its replicas.
+    assert sorted(x["on_worker"] for x in r["placement"]["resnet-heavy"]) == [False, True], r["placement"]
+    phases = r["phases"]
+    nothing_lost = {"no_answer": 0, "server_error": 0, "refused_without_retry_after": 0, "malformed_not_4xx": 0}
+    # A killed classifier replica costs no client a request: its batches run again on the other.
+    assert phases["replica"]["fault"]["killed"] and phases["replica"]["lost"] == nothing_lost, phases["replica"]
+    # Bad requests get their 4xx alone; the good ones around them are all answered.
+    assert phases["malformed"]["lost"] == nothing_lost, phases["malformed"]
+    assert any(s.startswith("4") for s in phases["malformed"]["statuses"])
+    # The wedged decode loop fails its health check and Serve replaces the replica; every stream
+    # that was answered 200 ends with [DONE], an error event first if it was cut.
+    stall = phases["stall"]
+    assert stall["fault"]["replaced_after_s"] is not None, stall["fault"]
+    assert stall["streams"]["started"] > 0 and stall["streams"]["cut_without_done"] == 0, stall["streams"]
+    # After a router replica or the worker node dies the app answers again at its earlier rate.
+    for name in ("router", "node"):
+        assert phases[name]["recovery_s"] is not None, (name, phases[name]["goodput_per_s"])
+
+
+def test_soak(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The soak, CI-sized: seconds instead of minutes, so only the answers are checked, not the slopes."""
+    res = _bench("soak", tiny_model_dir, tmp_path, "bert-heavy")
+    r = res["result"]
+    assert r["capacity_rps"] > 0 and r["load"]["requests"] > 0
+    # Past capacity every answer is a 200 or a refusal that says when to retry.
+    assert r["unexpected_statuses"] == {} and r["load"]["refused_without_retry_after"] == 0, r["load"]
+    assert "200" in r["load"]["statuses"]
+    assert any(k.startswith("replica:router#") for k in r["memory"]) and r["router_samples"]

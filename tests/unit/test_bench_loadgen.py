@@ -33,6 +33,8 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event, port_box: li
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                 elif path.startswith(b"/busy"):
                     writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\nRetry-After: 1\r\n\r\nbusy")
+                elif path.startswith(b"/rude"):  # a refusal that does not say when to come back
+                    writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nrude")
                 else:
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Served-By: heavy\r\n"
                                  b"Server-Timing: queue;dur=1.5, model;dur=2, total;dur=4.25\r\n\r\nok")  # fmt: skip
@@ -65,6 +67,7 @@ def _workload(tmp_path: Path) -> Path:
             workloads.StreamSpec("plain", "/infer", [{"x": 1}], weight=2),
             workloads.StreamSpec("chunked", "/chunked", [{"x": 2}], weight=1),
             workloads.StreamSpec("busy", "/busy", [{"x": 3}], weight=1, headers={"X-Priority": "low"}),
+            workloads.StreamSpec("rude", "/rude", [{"x": 4}], weight=1),
         ],
         tmp_path / "w.json",
     )
@@ -77,7 +80,10 @@ def test_closed_loop_counts_every_status_and_model(server_url: str, tmp_path: Pa
     assert loadgen.main(argv) == 0
     r = json.loads(out.read_text())
     assert r["mode"] == "closed" and 0 < r["requests"] <= len(r["records"])
-    assert set(r["streams"]) == {"plain", "chunked", "busy"}
+    assert set(r["streams"]) == {"plain", "chunked", "busy", "rude"}
+    # Refusals are told apart by whether they say when to retry.
+    assert r["streams"]["busy"]["refused_without_retry_after"] == 0 < r["streams"]["busy"]["requests"]
+    assert r["streams"]["rude"]["refused_without_retry_after"] == r["streams"]["rude"]["requests"] > 0
     assert r["streams"]["busy"]["statuses"] == {"503": r["streams"]["busy"]["requests"]}
     assert r["streams"]["chunked"]["served_by"] == {"light": r["streams"]["chunked"]["requests"]}
     assert r["served_by"]["heavy"] == r["streams"]["plain"]["requests"]

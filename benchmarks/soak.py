@@ -1,0 +1,159 @@
+"""Soak: the whole app at several times its capacity for minutes, with mixed models and priorities.
+
+What must hold, and is measured here:
+- every answer is 200, or a refusal (429/503) that carries Retry-After: never another
+  5xx, a timeout or a reset;
+- the resident memory of every process (router, each model replica, proxy, controller)
+  is flat after warm-up: the slope of a least-squares line through its samples, as a
+  share of its mean per minute;
+- nothing in the router grows per request: its asyncio task count and queued items,
+  sampled from /router/status, stay bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+from benchmarks import workloads
+from benchmarks.cluster import HTTP_PORT, Ingress, Probe, RayCluster, process_role, run_loadgen
+
+BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
+
+
+@dataclass
+class SoakSettings:
+    seconds: float = 600.0
+    warmup_s: float = 120.0  # excluded from the memory slope: caches, arenas and pools fill first
+    overload: float = 3.0  # offered rate, as a multiple of the measured capacity
+    sample_every_s: float = 10.0
+    capacity_seconds: float = 10.0
+
+    @classmethod
+    def smoke(cls) -> SoakSettings:
+        return cls(seconds=16.0, warmup_s=4.0, sample_every_s=2.0, capacity_seconds=4.0)
+
+
+def mixed_streams(model_dir: Path) -> list[workloads.StreamSpec]:
+    """Every model family and route, at every priority."""
+    return [
+        workloads.v2_infer("bert-heavy", model_dir / "bert-heavy", "high", weight=0.1),
+        workloads.v2_infer("resnet-heavy", model_dir / "resnet-heavy", "normal", weight=0.25),
+        workloads.v2_infer("text-classify", model_dir / "bert-light", "low", weight=0.25),
+        workloads.v2_infer("image-classify", model_dir / "resnet-light", "low", weight=0.3),
+        workloads.StreamSpec("gpt/normal", "/v1/completions", [{"model": "gpt", "prompt": "the", "max_tokens": 8}], weight=0.1),
+    ]
+
+
+def slope_pct_per_min(samples: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, value) samples, in percent of their mean per minute."""
+    if len(samples) < 3:
+        return None
+    n = len(samples)
+    mt = sum(t for t, _ in samples) / n
+    mv = sum(v for _, v in samples) / n
+    var = sum((t - mt) ** 2 for t, _ in samples)
+    if var == 0 or mv == 0:
+        return None
+    slope = sum((t - mt) * (v - mv) for t, v in samples) / var
+    return round(slope * 60 / mv * 100, 3)
+
+
+class Sampler(threading.Thread):
+    """Every `every_s`: RSS of each process by role, and the router's task count and queued items."""
+
+    def __init__(self, every_s: float) -> None:
+        super().__init__(daemon=True)
+        self.every_s = every_s
+        self.stop = threading.Event()
+        self.started = time.monotonic()
+        self.rss: dict[str, list[tuple[float, float]]] = {}
+        self.router: list[dict[str, Any]] = []
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            t = time.monotonic() - self.started
+            for p in psutil.process_iter():
+                role = process_role(p)
+                if role is None or role in ("loadgen", "ray-idle-worker"):
+                    continue
+                with contextlib.suppress(psutil.Error):
+                    self.rss.setdefault(f"{role}#{p.pid}", []).append((t, p.memory_info().rss / 2**20))
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                status = httpx.get(f"{BASE_URL}/router/status", timeout=10).json()
+                queued = sum(sum(m["queued_items"].values()) for m in status["models"].values())
+                self.router.append({"t": round(t, 1), "tasks": status["tasks"], "queued_items": queued})
+
+
+def run(s: SoakSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
+    config = yaml.safe_load(config_path.read_text())
+    app = config["applications"][0]
+    app["args"]["model_dir"] = str(model_dir)
+    app["args"].setdefault("scheduling", {})["anonymous_max_priority"] = "high"  # the load asks for high
+    out: dict[str, Any] = {"settings": asdict(s)}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        with RayCluster(Ingress(haproxy=True, throughput_optimized=True), tmp, model_dir) as cluster:
+            probe = Probe("/v2/models/bert-heavy/infer", workloads.text_bodies(1)[0])
+            out["deploy_s"] = round(cluster.deploy(config, probe), 1)
+            workload = workloads.write(mixed_streams(model_dir), tmp / "soak.json")
+            capacity = run_loadgen(BASE_URL, workload, {"concurrency": 32}, s.capacity_seconds, 2.0)
+            out["capacity_rps"] = capacity["goodput_rps"]
+            rate = max(1.0, s.overload * capacity["goodput_rps"])
+            sampler = Sampler(s.sample_every_s)
+            sampler.start()
+            load = run_loadgen(BASE_URL, workload, {"rate": rate}, s.seconds, 2.0, max_in_flight=256)
+            sampler.stop.set()
+            sampler.join()
+    out["offered_rps"] = round(rate, 1)
+    out["load"] = {k: load[k] for k in ("requests", "statuses", "goodput_rps", "p50_ms", "p99_ms", "client_dropped")}
+    out["load"]["refused_without_retry_after"] = load["refused_without_retry_after"]
+    out["load"]["streams"] = {k: {"statuses": v["statuses"], "p99_ms": v["p99_ms"]} for k, v in load["streams"].items()}
+    out["unexpected_statuses"] = {k: v for k, v in load["statuses"].items() if k not in ("200", "429", "503")}
+    out["memory"] = memory_report(sampler.rss, s.warmup_s)
+    out["router_samples"] = sampler.router
+    return out
+
+
+def memory_report(rss: dict[str, list[tuple[float, float]]], warmup_s: float) -> dict[str, Any]:
+    """Per process: RSS at the end of warm-up and at the end, and the slope after warm-up."""
+    report = {}
+    for key, samples in sorted(rss.items()):
+        after = [(t, v) for t, v in samples if t >= warmup_s]
+        if len(after) < 3:
+            continue
+        report[key] = {"rss_mb_start": round(after[0][1], 1), "rss_mb_end": round(after[-1][1], 1),
+                       "slope_pct_per_min": slope_pct_per_min(after)}  # fmt: skip
+    return report
+
+
+def markdown(res: dict[str, Any]) -> str:
+    r = res["result"]
+    load = r["load"]
+    lines = [
+        f"Capacity (closed loop, 32 clients, mixed): {r['capacity_rps']} req/s; offered {r['offered_rps']} req/s "
+        f"({r['settings']['overload']:.0f}x) open loop for {r['settings']['seconds']:.0f} s.",
+        "",
+        f"Answers: {load['statuses']}; refused without Retry-After: {load['refused_without_retry_after']}; "
+        f"other statuses: {r['unexpected_statuses'] or 'none'}; client-side drops (in-flight cap): {load['client_dropped']}.",
+        "",
+        f"Memory after the first {r['settings']['warmup_s']:.0f} s (least-squares slope, % of mean per minute):",
+        "",
+        "| process | RSS MiB after warm-up | at the end | slope %/min |",
+        "|---|---|---|---|",
+    ]
+    for key, m in r["memory"].items():
+        lines.append(f"| {key} | {m['rss_mb_start']} | {m['rss_mb_end']} | {m['slope_pct_per_min']} |")
+    tasks = [x["tasks"] for x in r["router_samples"]]
+    if tasks:
+        lines += ["", f"Router asyncio tasks over the run (one replica per sample): min {min(tasks)}, max {max(tasks)}."]
+    return "\n".join(lines)

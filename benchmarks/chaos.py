@@ -13,7 +13,8 @@ one thing in the middle of its window:
            `user_config`) while streams run: its health check must fail and Serve
            must replace it; each stream must end with an error event and [DONE];
 - malformed: a corpus of bad requests mixed into the load (no fault);
-- node:    the worker node's raylet and every process under it are SIGKILLed.
+- node:    the worker node's raylet and every process under it are SIGKILLed, and a new
+           worker node joins (as KubeRay recreates a lost pod).
 
 Per phase: the client-visible answers by status, answers lost (a timeout, a
 reset, or a 5xx other than a 503 with Retry-After), refusals without
@@ -41,7 +42,8 @@ import psutil
 import yaml
 
 from benchmarks import workloads
-from benchmarks.cluster import HTTP_PORT, RAY_PORT, Ingress, Probe, RayCluster, run_loadgen
+from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, run_loadgen
+from benchmarks.scenarios import DEFAULT_INGRESS
 
 WORKER_RESOURCE = "chaos_worker"
 WORKER_NODE_MANAGER_PORT = 6402
@@ -70,7 +72,7 @@ class MultiNodeCluster(RayCluster):
     """The head as every scenario starts it, plus one worker node joined with `ray start --address`."""
 
     def __init__(self, workdir: Path, model_dir: Path, worker_cpus: int) -> None:
-        super().__init__(Ingress(haproxy=True, throughput_optimized=True), workdir, model_dir)
+        super().__init__(DEFAULT_INGRESS, workdir, model_dir)
         self.worker_cpus = worker_cpus
 
     def __enter__(self) -> MultiNodeCluster:
@@ -117,8 +119,9 @@ def chaos_config(base: dict[str, Any], model_dir: Path, stall_faults: dict[str, 
     args.setdefault("scheduling", {})["anonymous_max_priority"] = "high"
     gpt_tuning: dict[str, Any] = {"faults": stall_faults or {}}
     app["deployments"] = [
-        {"name": "router", "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.2}},
-        {"name": CLASSIFIER, "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.3}},
+        # One of each per node: a lost node takes one router and one classifier replica, not both.
+        {"name": "router", "num_replicas": 2, "max_replicas_per_node": 1, "ray_actor_options": {"num_cpus": 0.2}},
+        {"name": CLASSIFIER, "num_replicas": 2, "max_replicas_per_node": 1, "ray_actor_options": {"num_cpus": 0.3}},
         {"name": GENERATOR, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.3}, "user_config": gpt_tuning,
          "health_check_period_s": 1, "health_check_timeout_s": 10, "graceful_shutdown_timeout_s": 2},
     ]  # fmt: skip
@@ -356,7 +359,10 @@ def _strike(phase: str, cluster: MultiNodeCluster, ray_view: RayView, base: dict
         return {"killed": victim, "at": at}
     if phase == "node":
         on_worker = {d: [r for r in ray_view.replicas(d) if r["on_worker"]] for d in ("router", CLASSIFIER, GENERATOR)}
-        return {"killed_processes": cluster.kill_worker_node(), "replicas_on_it": on_worker, "at": at}
+        killed = cluster.kill_worker_node()
+        # A replacement node joins, as KubeRay recreates a worker pod that died.
+        cluster.add_worker()
+        return {"killed_processes": killed, "replicas_on_it": on_worker, "at": at, "new_node_after_s": round(time.time() - at, 1)}
     if phase == "stall":
         return _stall(cluster, ray_view, base, model_dir)
     return {"none": True}

@@ -26,7 +26,11 @@ import yaml
 RAY_PORT = 6391
 HTTP_PORT = 8130
 NAIVE_PORT = 8131
-INGRESS_ENVS = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
+INGRESS_ENVS = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_HAPROXY_RETRY_ON")
+# What the app's README and KubeRay pods give HAProxy: besides a refused connection, a request
+# that a router replica dropped without an answer (it died) is replayed on another router.
+# Safe here: no endpoint has side effects.
+REPLAY_ON = "conn-failure empty-response"
 
 
 @dataclass
@@ -35,6 +39,7 @@ class Ingress:
 
     haproxy: bool = True
     throughput_optimized: bool = False
+    retry_on: str | None = None  # HAProxy's retry-on; None: Ray's default (conn-failure)
 
     @property
     def label(self) -> str:
@@ -42,10 +47,13 @@ class Ingress:
         return name + ("+throughput-optimized" if self.throughput_optimized else "")
 
     def env(self) -> dict[str, str]:
-        return {
+        env = {
             "RAY_SERVE_ENABLE_HA_PROXY": "1" if self.haproxy else "0",
             "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1" if self.throughput_optimized else "0",
         }
+        if self.retry_on is not None:
+            env["RAY_SERVE_HAPROXY_RETRY_ON"] = self.retry_on
+        return env
 
 
 def base_env() -> dict[str, str]:

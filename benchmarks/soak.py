@@ -25,7 +25,8 @@ import psutil
 import yaml
 
 from benchmarks import workloads
-from benchmarks.cluster import HTTP_PORT, Ingress, Probe, RayCluster, process_role, run_loadgen
+from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, process_role, run_loadgen
+from benchmarks.scenarios import DEFAULT_INGRESS
 
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
 
@@ -102,7 +103,7 @@ def run(s: SoakSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"settings": asdict(s)}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        with RayCluster(Ingress(haproxy=True, throughput_optimized=True), tmp, model_dir) as cluster:
+        with RayCluster(DEFAULT_INGRESS, tmp, model_dir) as cluster:
             probe = Probe("/v2/models/bert-heavy/infer", workloads.text_bodies(1)[0])
             out["deploy_s"] = round(cluster.deploy(config, probe), 1)
             workload = workloads.write(mixed_streams(model_dir), tmp / "soak.json")

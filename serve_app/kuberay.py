@@ -51,6 +51,9 @@ def _container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]
             {"name": "SERVE_APP_MODEL_DIR", "value": f"{APP_DIR}/models"},
             {"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "1"},
             {"name": "RAY_SERVE_THROUGHPUT_OPTIMIZED", "value": "1"},
+            # A request a dying router replica dropped unanswered is replayed on another one:
+            # no endpoint has side effects (benchmarks/results/chaos/).
+            {"name": "RAY_SERVE_HAPROXY_RETRY_ON", "value": "conn-failure empty-response"},
         ],
         "resources": resources,
         "securityContext": CONTAINER_SECURITY,

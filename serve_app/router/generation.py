@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from serve_app.errors import DeadlineExceeded, ModelFailure, Overloaded, ServeAppError, Unavailable
 from serve_app.protocols import openai
+from serve_app.router.dispatchers import replica_died
 from serve_app.scheduling.breaker import CircuitBreaker
 
 logger = logging.getLogger("ray.serve")
@@ -62,21 +63,35 @@ def open_stream(handle: DeploymentHandle, prompt: str, params: dict[str, Any]) -
     return stream
 
 
+def unavailable_if_gone(error: Exception) -> Exception:
+    """A replica that died under a call whose retry failed too: a 503 with Retry-After (Serve is
+    replacing it), not a 500."""
+    if replica_died(error):
+        return Unavailable("the generator's replica went away; retry shortly", retry_after_s=1.0)
+    return error
+
+
 async def generate_text(handle: DeploymentHandle, prompt: str, params: dict[str, Any], breaker: CircuitBreaker) -> Generated:
-    stream = open_stream(handle, prompt, params)
-    text, finish, p_tok, c_tok = [], None, 0, 0
-    try:
-        async for event in stream:
-            text.append(event.text)
-            finish, p_tok, c_tok = event.finish_reason, event.prompt_tokens, event.completion_tokens
-    except asyncio.CancelledError:
-        stream.cancel()  # the client left: stop the replica decoding for nobody
-        raise
-    except Exception as e:
-        record(breaker, e)
-        raise
-    record(breaker, None)
-    return Generated("".join(text), finish, p_tok, c_tok)
+    """One whole generation. Nothing reaches the client until it ends, so a generation whose
+    replica died runs once more from the start (Serve routes it to a live replica)."""
+    for attempt in (1, 2):
+        stream = open_stream(handle, prompt, params)
+        text, finish, p_tok, c_tok = [], None, 0, 0
+        try:
+            async for event in stream:
+                text.append(event.text)
+                finish, p_tok, c_tok = event.finish_reason, event.prompt_tokens, event.completion_tokens
+        except asyncio.CancelledError:
+            stream.cancel()  # the client left: stop the replica decoding for nobody
+            raise
+        except Exception as e:
+            record(breaker, e)
+            if attempt == 1 and replica_died(e):
+                continue
+            raise unavailable_if_gone(e) from None
+        record(breaker, None)
+        return Generated("".join(text), finish, p_tok, c_tok)
+    raise AssertionError("unreachable: the second attempt returns or raises")
 
 
 async def generate_all(
@@ -132,14 +147,26 @@ async def next_event(stream: DeploymentResponseGenerator, deadline: float) -> An
         raise DeadlineExceeded("the generation did not finish before its deadline") from None
 
 
-async def first_event(stream: DeploymentResponseGenerator, deadline: float, breaker: CircuitBreaker) -> Any:
-    """Pull the first event before answering 200, so that a bad request is a 4xx, not a broken stream."""
-    try:
-        return await next_event(stream, deadline)
-    except BaseException as e:
-        stream.cancel()
-        record(breaker, e)
-        raise
+async def first_event(
+    handle: DeploymentHandle, prompt: str, params: dict[str, Any], deadline: float, breaker: CircuitBreaker
+) -> tuple[DeploymentResponseGenerator, Any]:
+    """Open a stream and pull its first event before answering 200, so that a bad request is a
+    4xx, not a broken stream. Nothing has reached the client yet: a stream whose replica died
+    before its first token opens once more (Serve routes it to a live replica)."""
+    for attempt in (1, 2):
+        stream = open_stream(handle, prompt, params)
+        try:
+            return stream, await next_event(stream, deadline)
+        except Exception as e:
+            stream.cancel()
+            record(breaker, e)
+            if attempt == 1 and replica_died(e):
+                continue
+            raise unavailable_if_gone(e) from None
+        except BaseException:
+            stream.cancel()
+            raise
+    raise AssertionError("unreachable: the second attempt returns or raises")
 
 
 async def sse_events(
@@ -204,8 +231,7 @@ async def stream_or_collect(
     if not body.stream:
         results = await generate_all(handle, prompts, body, priority, deadline, breaker)
         return JSONResponse(whole(results), headers=headers)
-    stream = open_stream(handle, prompts[0], body.sampling(priority=priority))
-    first = await first_event(stream, deadline, breaker)
+    stream, first = await first_event(handle, prompts[0], body.sampling(priority=priority), deadline, breaker)
     cid, created = new_id(id_prefix), now()
 
     def render(event: Any, is_first: bool) -> dict[str, Any]:

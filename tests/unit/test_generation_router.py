@@ -168,3 +168,49 @@ def test_whole_generations_count_for_the_breaker_too(monkeypatch):
     with pytest.raises(ActorDiedError):
         run_virtual(generation.generate_text(Stream([], ActorDiedError("gone")), "p", {}, breaker))  # type: ignore[arg-type]
     assert breaker.state == BreakerState.OPEN
+
+
+class Streams:
+    """A generator handle whose successive streams are the given ones (one per call, as replicas answer)."""
+
+    def __init__(self, *streams: Stream) -> None:
+        self.streams, self.opened = list(streams), 0
+
+    def next(self) -> Stream:
+        self.opened += 1
+        return self.streams.pop(0)
+
+
+def _first(handle: Streams) -> Any:
+    return run_virtual(generation.first_event(handle, "p", {}, time.monotonic() + 100, CircuitBreaker()))  # type: ignore[arg-type]
+
+
+def test_a_stream_whose_replica_died_before_its_first_token_opens_once_more(monkeypatch):
+    from ray.exceptions import ActorDiedError as RayActorDied
+
+    monkeypatch.setattr(generation, "open_stream", lambda handle, prompt, params: handle.next())
+    dead, live = Stream([], RayActorDied()), Stream([Event("a")])
+    handle = Streams(dead, live)
+    stream, first = _first(handle)
+    assert stream is live and first.text == "a" and handle.opened == 2 and dead.cancelled
+    # Dead twice: a 503 with Retry-After (Serve is replacing it), never a 500.
+    with pytest.raises(Unavailable) as refused:
+        _first(Streams(Stream([], RayActorDied()), Stream([], RayActorDied())))
+    assert refused.value.retry_after_s is not None
+    # Any other failure is not retried: a bad request is the answer.
+    handle = Streams(Stream([], InvalidInput("bad")), Stream([Event("a")]))
+    with pytest.raises(InvalidInput):
+        _first(handle)
+    assert handle.opened == 1
+
+
+def test_a_whole_generation_whose_replica_died_runs_once_more(monkeypatch):
+    from ray.exceptions import ActorDiedError as RayActorDied
+
+    monkeypatch.setattr(generation, "open_stream", lambda handle, prompt, params: handle.next())
+    handle = Streams(Stream([Event("x")], RayActorDied()), Stream([Event("a", "stop")]))
+    done = run_virtual(generation.generate_text(handle, "p", {}, CircuitBreaker()))  # type: ignore[arg-type]
+    assert done.text == "a" and handle.opened == 2
+    dead_twice: Any = Streams(Stream([], RayActorDied()), Stream([], RayActorDied()))
+    with pytest.raises(Unavailable):
+        run_virtual(generation.generate_text(dead_twice, "p", {}, CircuitBreaker()))

@@ -168,8 +168,21 @@ def run_phase(url: str, model: str, label: str, workload: list[GenRequest], conc
     return summarize(label, concurrency, records, t0, t1)
 
 
-if __name__ == "__main__":  # a quick look against a running app: python -m benchmarks.genload URL MODEL C
-    import sys
+def main(argv: list[str] | None = None) -> int:
+    """A quick look against a running app: one closed-loop phase, its figures as JSON."""
+    import argparse
 
-    url, model, c = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    print(json.dumps(run_phase(url, model, model, mixed_workload(200), c, 10, 2).to_json(), indent=1))
+    p = argparse.ArgumentParser(prog="python -m benchmarks.genload", description=__doc__)
+    p.add_argument("url", help="the app, e.g. http://127.0.0.1:8000")
+    p.add_argument("model", help="a generator, e.g. gpt")
+    p.add_argument("concurrency", type=int, help="clients streaming at once")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured window (default: %(default)s)")
+    p.add_argument("--warmup", type=float, default=2.0, help="excluded from the figures (default: %(default)s)")
+    ns = p.parse_args(argv)
+    result = run_phase(ns.url, ns.model, ns.model, mixed_workload(200), ns.concurrency, ns.seconds, ns.warmup)
+    print(json.dumps(result.to_json(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

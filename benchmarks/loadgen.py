@@ -329,7 +329,9 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.loadgen", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--workload", required=True, type=Path, help="JSON file written by benchmarks.workloads")
     mode = p.add_mutually_exclusive_group(required=True)

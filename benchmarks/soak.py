@@ -112,7 +112,7 @@ def run(s: SoakSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
             rate = max(1.0, s.overload * capacity["goodput_rps"])
             sampler = Sampler(s.sample_every_s)
             sampler.start()
-            load = run_loadgen(BASE_URL, workload, {"rate": rate}, s.seconds, 2.0, max_in_flight=256)
+            load = run_loadgen(BASE_URL, workload, {"rate": rate}, s.seconds, 2.0, max_in_flight=256, raw=True)
             sampler.stop.set()
             sampler.join()
     out["offered_rps"] = round(rate, 1)
@@ -120,8 +120,21 @@ def run(s: SoakSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
     out["load"]["refused_without_retry_after"] = load["refused_without_retry_after"]
     out["load"]["streams"] = {k: {"statuses": v["statuses"], "p99_ms": v["p99_ms"]} for k, v in load["streams"].items()}
     out["unexpected_statuses"] = {k: v for k, v in load["statuses"].items() if k not in ("200", "429", "503")}
+    out["unexpected_by_minute"] = unexpected_by_minute(load.pop("records"))
     out["memory"] = memory_report(sampler.rss, s.warmup_s)
+    out["rss_series_mb"] = {k: [[round(t), round(v, 1)] for t, v in samples] for k, samples in sorted(sampler.rss.items())}
     out["router_samples"] = sampler.router
+    return out
+
+
+def unexpected_by_minute(records: list[list[Any]]) -> dict[str, dict[str, int]]:
+    """Answers other than 200/429/503, by minute of the run they were sent in and by stream."""
+    out: dict[str, dict[str, int]] = {}
+    for stream, sent, _lat, status, *_ in records:
+        if status not in (200, 429, 503):
+            key = f"{int(sent // 60)}:{stream}:{status}"
+            minute, _, rest = key.partition(":")
+            out.setdefault(minute, {})[rest] = out.get(minute, {}).get(rest, 0) + 1
     return out
 
 

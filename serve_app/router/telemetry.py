@@ -66,7 +66,8 @@ class RouterTelemetry:
         )
         self.cascade = metrics.Counter(
             "serve_app_cascade_items",
-            description="Rows per route by who answered: light, heavy, or degraded (light, heavy unavailable).",
+            description="Rows per route by who answered: light, heavy, degraded (light, heavy unavailable), or fallback "
+            "(heavy, light unavailable).",
             tag_keys=tags("route", "outcome"),
         )
         self.breaker_state = metrics.Gauge(

@@ -227,8 +227,7 @@ class Dispatcher:
             raise self._refuse(lane, "deadline", f"cannot meet the deadline (about {predicted * 1000:.0f} ms of work ahead)")
         # The wait, not the request's own batch: an estimate inflated by one slow batch
         # would otherwise refuse everything, and with nothing admitted it never learns
-        # that the model got fast again (seen: a ResNet-50 closed loop then answered
-        # almost none of its requests).
+        # that the model got fast again (the ResNet-50 sweep in benchmarks/results/sweep/bench-realsize/).
         if waiting > self.settings.max_queue_delay_s:
             raise self._refuse(lane, "queue_delay", f"overloaded (about {waiting:.1f} s of work queued)")
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from benchmarks import cli, lane_interference, refusal_cost, router_probe, shape_warmup
+from benchmarks import cli, genload, lane_interference, loadgen, refusal_cost, router_probe, shape_warmup
 
 
 @pytest.mark.parametrize("scenario", sorted(cli.SCENARIOS))
@@ -18,7 +18,9 @@ def test_every_scenario_has_help(scenario: str, capsys: pytest.CaptureFixture[st
     assert out.startswith(f"usage: python -m benchmarks {scenario}") and "--smoke" in out
 
 
-@pytest.mark.parametrize("main", [refusal_cost.main, lane_interference.main, router_probe.main, shape_warmup.main])
+@pytest.mark.parametrize(
+    "main", [refusal_cost.main, lane_interference.main, router_probe.main, shape_warmup.main, genload.main, loadgen.main]
+)
 def test_every_probe_has_help(main: Callable[[list[str]], int], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         main(["--help"])

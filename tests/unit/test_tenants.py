@@ -69,6 +69,17 @@ def test_without_keys_anonymous_callers_are_capped_at_normal_unless_configured()
     assert trusted.cap(Priority.HIGH) == Priority.HIGH
 
 
+def test_a_router_built_from_a_config_without_tenants_caps_anonymous_callers_at_normal(tiny_model_dir):
+    """The config's default and the router's wiring, not only the registry's own default."""
+    from serve_app.config import AppArgs
+    from serve_app.router.parts import build_parts
+    from tests.conftest import tiny_args
+
+    parts = build_parts(AppArgs.model_validate(tiny_args(tiny_model_dir)), {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
+    anonymous = parts.callers.authenticate(None)
+    assert anonymous.cap(Priority.HIGH) == Priority.NORMAL
+
+
 def test_a_request_is_charged_one_token_per_item_at_most_the_burst():
     clock = Clock()
     t = Tenant("t", bucket=TokenBucket(rate_per_s=1, burst=4, clock=clock))

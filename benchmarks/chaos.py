@@ -65,7 +65,7 @@ class ChaosSettings:
 
     @classmethod
     def smoke(cls) -> ChaosSettings:
-        return cls(seconds=14.0, fault_at_s=4.0, concurrency=8, streams=2)
+        return cls(seconds=12.0, fault_at_s=4.0, concurrency=8, streams=2)
 
 
 class MultiNodeCluster(RayCluster):

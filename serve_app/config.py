@@ -163,6 +163,13 @@ class SchedulingConfig(BaseModel):
         "pause stops every request on the router. Off by default: a collection started after 1 s idle can still meet "
         "a burst arriving just then, and its benefit to p99 is not shown yet (benchmarks/results/priority/bench-realsize/)",
     )
+    router_delay_target_ms: float | None = Field(
+        None,
+        gt=0,
+        description="the router's own overload control (serve_app/scheduling/overload.py): while its event loop runs "
+        "later than this, low-priority requests are refused from their headers (503 + Retry-After), and past twice "
+        "this normal ones too; high priority always goes on. None: off",
+    )
 
 
 class TenantConfig(BaseModel):

@@ -13,10 +13,12 @@ from serve_app.router.cascade import Cascade
 from serve_app.router.dispatchers import DispatcherPool
 from serve_app.router.gcwatch import FullCollectionSchedule
 from serve_app.router.telemetry import RouterTelemetry
+from serve_app.scheduling.overload import LoopLag
 
 logger = logging.getLogger("ray.serve")
 GC_POLL_S = 0.25
 ROUTER_COUNT_POLL_S = 5.0
+LAG_TICK_S = 0.01  # how often the loop measures its own lateness
 
 
 class BackgroundLoops:
@@ -30,6 +32,7 @@ class BackgroundLoops:
         telemetry: Callable[[], RouterTelemetry] = RouterTelemetry,
         router_count: Callable[[], int] | None = None,
         on_router_count: Callable[[int], None] | None = None,
+        loop_lag: LoopLag | None = None,
     ) -> None:
         self.dispatchers = dispatchers
         self.cascades = cascades
@@ -37,6 +40,7 @@ class BackgroundLoops:
         self.make_telemetry = telemetry
         # How many router replicas there are now, and who must follow it (the rate limits' share).
         self.router_count, self.on_router_count = router_count, on_router_count
+        self.loop_lag = loop_lag  # fed by its own loop when the router's overload control is on
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -45,6 +49,8 @@ class BackgroundLoops:
         self._spawn(self._export_metrics())
         if self.router_count is not None and self.on_router_count is not None:
             self._spawn(self._follow_router_count(self.router_count, self.on_router_count))
+        if self.loop_lag is not None:
+            self._spawn(self._measure_lag(self.loop_lag))
         if self.full_gc_max_interval_s is not None:
             self._spawn(self._collect_garbage(FullCollectionSchedule(max_interval_s=self.full_gc_max_interval_s)))
 
@@ -87,6 +93,14 @@ class BackgroundLoops:
             except Exception:  # the count is advice; a failed read keeps the last share
                 logger.exception("reading the router replica count failed")
             await asyncio.sleep(ROUTER_COUNT_POLL_S)
+
+    @staticmethod
+    async def _measure_lag(lag: LoopLag) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time()
+            await asyncio.sleep(LAG_TICK_S)
+            lag.observe(loop.time() - asked - LAG_TICK_S)
 
     async def _collect_garbage(self, schedule: FullCollectionSchedule) -> None:
         threshold = gc.get_threshold()

@@ -17,6 +17,7 @@ from serve_app.router.gcwatch import freeze_startup_heap
 
 logger = logging.getLogger("ray.serve")
 READY_TIMEOUT_S = 5.0
+STATS_TTL_S = 1.0  # how long /router/status reuses a generator's stats
 # A model's replica metadata: {"manifest": ..., "batching": ...} (serve_app.models.base.OnnxModel.metadata)
 FetchMetadata = Callable[[str], Awaitable[dict[str, Any]]]
 
@@ -150,7 +151,7 @@ class RecentAnswers:
     """Each generator's last stats answer, reused for `ttl_s`: a burst of status calls asks each
     generator at most once per `ttl_s` instead of once per call (the fan-out is the cost)."""
 
-    def __init__(self, ttl_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ttl_s: float = STATS_TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
         self._answers: dict[str, tuple[float, dict[str, Any] | None]] = {}

@@ -29,4 +29,12 @@ async def router_status(authorization: str | None = Header(None), parts: RouterP
         "generator_breakers": {g: b.state.name.lower() for g, b in parts.breakers.items()},
         "gc": parts.gc_pauses.snapshot(),
         "tasks": len(asyncio.all_tasks()),
+        "router_delay": _router_delay(parts),
     }
+
+
+def _router_delay(parts: RouterParts) -> dict[str, Any] | None:
+    """The router's own overload control: how late its loop runs, and whom it refused for it."""
+    if parts.loop_lag is None or parts.lag_shedding is None:
+        return None
+    return {"lag_ms": round(parts.loop_lag.lag_s * 1e3, 1), "refused": dict(parts.lag_shedding.refused)}

@@ -51,7 +51,8 @@ def build_http_app(
     # body limit; all before routing and the body parse.
     limits = parts.args.limits
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes, inflight=InflightBytes(limits.max_inflight_bytes))
-    app.add_middleware(ShedGate, check=HeaderCheck(parts.callers, parts.catalog, parts.dispatchers))
+    check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.loop_lag, parts.lag_shedding)
+    app.add_middleware(ShedGate, check=check)
     app.add_middleware(KeyGate, authenticate=parts.callers.authenticate)
     add_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

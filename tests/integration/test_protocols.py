@@ -32,6 +32,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from serve_app.router.catalog import STATS_TTL_S
 from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args
 from tests.integration.reference import greedy_text, session
@@ -426,6 +427,8 @@ def test_a_client_that_disconnects_frees_its_queued_work(app_url):
 
 
 def _generator(app_url: str, model: str = "gpt-slow") -> dict:
+    # /router/status reuses a generator's answer for STATS_TTL_S: wait that out for a fresh one.
+    time.sleep(STATS_TTL_S + 0.1)
     return httpx.get(f"{app_url}/router/status").json()["generators"][model]
 
 

@@ -70,3 +70,18 @@ async def test_a_check_that_refuses_nothing_lets_everything_pass():
     async with _client(lambda path, name, headers: None) as client:
         resp = await client.post("/v2/models/m/infer", json={}, headers={"X-Priority": "low"})
     assert resp.status_code == 200
+
+
+async def test_generation_paths_are_judged_with_no_model_name():
+    check = RefuseLow()
+
+    async def completions(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+    app.add_middleware(ShedGate, check=check)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        refused = await client.post("/v1/completions", json={}, headers={"X-Priority": "low"})
+        ok = await client.post("/v1/completions", json={})
+    assert refused.status_code == 503 and ok.status_code == 200
+    assert [(p, n) for p, n, _ in check.calls] == [("/v1/completions", ""), ("/v1/completions", "")]

@@ -335,6 +335,7 @@ def _phase(
         statuses=load["statuses"],
         requests=load["requests"],
         lost=lost(records, good_streams),
+        stale_connection_retries=load["stale_connection_retries"],
         goodput_per_s=per_s,
         recovery_s=recovery_s(per_s, s.fault_at_s) if phase != "malformed" else None,
         p99_ms=load["p99_ms"],
@@ -420,8 +421,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"{r['settings']['seconds']:.0f} s per phase, the fault at {r['settings']['fault_at_s']:.0f} s.",
         "",
         "| phase | requests | statuses | lost (no answer / 5xx / refused without Retry-After) | malformed not 4xx "
-        "| recovery to 80% goodput | p99 ms |",
-        "|---|---|---|---|---|---|---|",
+        "| recovery to 80% goodput | p99 ms | sent again on a new connection |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, p in r["phases"].items():
         lost_ = p["lost"]
@@ -432,7 +433,8 @@ def markdown(res: dict[str, Any]) -> str:
         )
         lines.append(
             f"| {name} | {p['requests']} | {p['statuses']} | {lost_['no_answer']} / {lost_['server_error']} / "
-            f"{lost_['refused_without_retry_after']} | {lost_['malformed_not_4xx']} | {rec} | {p['p99_ms']} |"
+            f"{lost_['refused_without_retry_after']} | {lost_['malformed_not_4xx']} | {rec} | {p['p99_ms']} "
+            f"| {p.get('stale_connection_retries', '-')} |"
         )
     for name, p in r["phases"].items():
         lines += ["", f"**{name}**: fault `{json.dumps(p.get('fault'))}`; router after: `{json.dumps(p['router'])}`"]

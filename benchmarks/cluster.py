@@ -332,6 +332,17 @@ ROLE_MARKERS = (
 )
 
 
+def process_label(p: psutil.Process) -> str | None:
+    """`process_role`, with which Ray system daemon it is (`ray-system:raylet`) where that is the role."""
+    role = process_role(p)
+    if role != "ray-system":
+        return role
+    with contextlib.suppress(psutil.Error):
+        cmd = " ".join(p.cmdline())
+        return "ray-system:" + next(m for m, r in ROLE_MARKERS if r == role and m in cmd)
+    return role
+
+
 def process_role(p: psutil.Process) -> str | None:
     """What a process is in this benchmark, from its title/command line (Ray sets `ray::<actor>` titles)."""
     try:

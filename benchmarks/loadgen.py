@@ -47,6 +47,16 @@ STATUS_TIMEOUT = 0  # the request did not answer within --timeout
 STATUS_CONN_ERROR = -1  # connection refused / reset before an answer
 
 
+class StaleConnection(Exception):
+    """A kept-alive connection that had answered before closed without a byte of this answer.
+
+    HTTP lets a server (here HAProxy, whose old process lets go of its connections when Serve
+    reloads it) close an idle persistent connection at any time, so a request can cross the
+    close on the wire. HTTP clients send such a request once more on a new connection (Go's
+    net/http, urllib3, aiohttp do); this one does too, and counts it (`stale_connection_retries`).
+    """
+
+
 @dataclass
 class Stream:
     """One kind of request in the mix (a model, a priority...)."""
@@ -81,6 +91,7 @@ class Run:
     # 2xx answers, per stream, to requests sent during the warm-up that arrived inside the window:
     # part of what the server delivered in the window (see `summarize`).
     carried_in: dict[str, int] = field(default_factory=dict)
+    stale_connection_retries: int = 0
 
 
 def encode_request(host: str, method: str, path: str, headers: dict[str, str], body: bytes) -> bytes:
@@ -120,10 +131,14 @@ class Connection:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.answered = 0  # answers on the current connection
 
     async def _ensure(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self.reader is None or self.writer is None or self.writer.is_closing():
+        # A connection the server already closed (HAProxy ends idle ones after its keep-alive
+        # timeout) is not reused: HTTP clients check for this before sending, as urllib3 does.
+        if self.reader is None or self.writer is None or self.writer.is_closing() or self.reader.at_eof():
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            self.answered = 0
         return self.reader, self.writer
 
     def close(self) -> None:
@@ -134,8 +149,17 @@ class Connection:
     async def request(self, raw: bytes) -> tuple[int, str, float | None, bool]:
         """Send one request; return (status, X-Served-By, Server-Timing's `total` in ms, Retry-After sent)."""
         reader, writer = await self._ensure()
-        writer.write(raw)
-        head = await reader.readuntil(b"\r\n\r\n")
+        try:
+            writer.write(raw)
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as e:
+            if self.answered and not e.partial:
+                raise StaleConnection from e
+            raise
+        except (ConnectionResetError, BrokenPipeError) as e:
+            if self.answered:
+                raise StaleConnection from e
+            raise
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
         length, chunked, served_by, close, server_ms, retry_after = 0, False, "", False, None, False
@@ -162,6 +186,7 @@ class Connection:
                     break
         elif length:
             await reader.readexactly(length)
+        self.answered += 1
         if close:
             self.close()
         return status, served_by, server_ms, retry_after
@@ -183,8 +208,15 @@ class LoadGenerator:
         return self.rng.choices(self.streams, self.weights)[0] if len(self.streams) > 1 else self.streams[0]
 
     async def _one(self, conn: Connection, stream: Stream, scheduled: float) -> None:
+        raw = stream.next_request()
         try:
-            answer = await asyncio.wait_for(conn.request(stream.next_request()), self.timeout_s)
+            try:
+                answer = await asyncio.wait_for(conn.request(raw), self.timeout_s)
+            except StaleConnection:
+                conn.close()
+                self.run.stale_connection_retries += 1
+                left = self.timeout_s - (time.perf_counter() - scheduled)
+                answer = await asyncio.wait_for(conn.request(raw), max(left, 0.001))
         except asyncio.TimeoutError:
             conn.close()
             answer = STATUS_TIMEOUT, "", None, False
@@ -321,6 +353,7 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
     return {
         **block(run.records, sum(run.carried_in.values())),
         "client_dropped": run.client_dropped,
+        "stale_connection_retries": run.stale_connection_retries,
         "streams": {
             k: {**block(v, run.carried_in.get(k, 0)), "client_dropped": run.client_dropped_by_stream.get(k, 0)}
             for k, v in by_stream.items()

@@ -25,7 +25,7 @@ import psutil
 import yaml
 
 from benchmarks import workloads
-from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, process_role, run_loadgen
+from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, process_label, run_loadgen
 from benchmarks.scenarios import DEFAULT_INGRESS
 
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
@@ -84,7 +84,7 @@ class Sampler(threading.Thread):
         while not self.stop.wait(self.every_s):
             t = time.monotonic() - self.started
             for p in psutil.process_iter():
-                role = process_role(p)
+                role = process_label(p)
                 if role is None or role in ("loadgen", "ray-idle-worker"):
                     continue
                 with contextlib.suppress(psutil.Error):
@@ -116,7 +116,8 @@ def run(s: SoakSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
             sampler.stop.set()
             sampler.join()
     out["offered_rps"] = round(rate, 1)
-    out["load"] = {k: load[k] for k in ("requests", "statuses", "goodput_rps", "p50_ms", "p99_ms", "client_dropped")}
+    kept = ("requests", "statuses", "goodput_rps", "p50_ms", "p99_ms", "client_dropped", "stale_connection_retries")
+    out["load"] = {k: load[k] for k in kept}
     out["load"]["refused_without_retry_after"] = load["refused_without_retry_after"]
     out["load"]["streams"] = {k: {"statuses": v["statuses"], "p99_ms": v["p99_ms"]} for k, v in load["streams"].items()}
     out["unexpected_statuses"] = {k: v for k, v in load["statuses"].items() if k not in ("200", "429", "503")}
@@ -158,7 +159,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"({r['settings']['overload']:.0f}x) open loop for {r['settings']['seconds']:.0f} s.",
         "",
         f"Answers: {load['statuses']}; refused without Retry-After: {load['refused_without_retry_after']}; "
-        f"other statuses: {r['unexpected_statuses'] or 'none'}; client-side drops (in-flight cap): {load['client_dropped']}.",
+        f"other statuses: {r['unexpected_statuses'] or 'none'}; client-side drops (in-flight cap): {load['client_dropped']}; "
+        f"sent again on a new connection after the old one closed under it: {load.get('stale_connection_retries', '-')}.",
         "",
         f"Memory after the first {r['settings']['warmup_s']:.0f} s (least-squares slope, % of mean per minute):",
         "",

@@ -39,8 +39,9 @@ def _answered(point: dict) -> None:
 
 
 def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
-    res = _bench("compare", tiny_model_dir, tmp_path, "bert-heavy", "resnet-heavy")
-    for model in ("bert-heavy", "resnet-heavy"):
+    # One model: the harness is the same for each, and CI time is short.
+    res = _bench("compare", tiny_model_dir, tmp_path, "resnet-heavy")
+    for model in ("resnet-heavy",):
         r = res["result"]["models"][model]
         assert r["limit"]["best"]["items_per_s"] > 0 and len(r["limit"]["points"]) == 2
         for setup in ("naive", "plain", "ours"):
@@ -52,7 +53,7 @@ def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
         assert "replica:PlainModel" in r["plain"]["closed"][-1]["cpu_cores_by_role"]
         assert {"replica:router", f"replica:{model}"} <= set(r["ours"]["closed"][-1]["cpu_cores_by_role"])
         assert r["ours"]["closed"][-1]["served_by"] == {model: r["ours"]["closed"][-1]["requests"]}
-    assert sorted(res["plots"]) == ["curve_bert-heavy.png", "curve_resnet-heavy.png"]
+    assert sorted(res["plots"]) == ["curve_resnet-heavy.png"]
     assert "ours vs plain Ray Serve" in (tmp_path / "README.md").read_text()
 
 

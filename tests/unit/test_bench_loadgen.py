@@ -19,12 +19,20 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event, port_box: li
     asyncio.set_event_loop(loop)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answered = 0
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
                 await reader.readexactly(length)
                 path = head.split(b" ")[1]
+                if path.startswith(b"/reload") and answered:  # lets go of a kept-alive connection mid-request
+                    writer.close()
+                    return
+                if path.startswith(b"/reset"):  # never answers, even on a new connection
+                    writer.close()
+                    return
+                answered += 1
                 if path.startswith(b"/chunked"):
                     writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Served-By: light\r\n\r\n"
                                  b"5\r\nhello\r\n0\r\n\r\n")  # fmt: skip
@@ -164,3 +172,19 @@ def test_goodput_in_window_counts_what_arrived_in_it_whenever_it_was_sent() -> N
     assert out["goodput_rps"] == 1.0  # 2 answers sent in the window, over 2 s
     assert out["goodput_in_window_rps"] == 2.0  # 1 + 3 carried in, over 2 s
     assert out["streams"]["a"]["goodput_in_window_rps"] == 2.0
+
+
+def test_a_request_crossing_a_kept_alive_close_is_sent_again_once(server_url: str, tmp_path: Path) -> None:
+    """The server closes each reused connection as the request arrives: every request is sent again
+    on a new connection, answered, and counted; a connection that never answers stays a failure."""
+    streams = [workloads.StreamSpec("reload", "/reload", [{"x": 1}]), workloads.StreamSpec("reset", "/reset", [{"x": 2}])]
+    out = tmp_path / "r.json"
+    argv = ["--url", server_url, "--workload", str(workloads.write(streams, tmp_path / "w.json")),
+            "--concurrency", "2", "--seconds", "0.5", "--warmup", "0.1", "--out", str(out)]  # fmt: skip
+    assert loadgen.main(argv) == 0
+    res = json.loads(out.read_text())
+    reload, reset = res["streams"]["reload"], res["streams"]["reset"]
+    assert reload["statuses"] == {"200": reload["requests"]} and reload["requests"] > 0
+    assert reset["statuses"] == {str(loadgen.STATUS_CONN_ERROR): reset["requests"]} and reset["requests"] > 0
+    # Only requests on a connection that had answered before are sent again, each once at most.
+    assert 0 < res["stale_connection_retries"] <= res["requests"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import random
 import sys
@@ -103,8 +104,15 @@ def encode_request(host: str, method: str, path: str, headers: dict[str, str], b
 def load_streams(workload: dict[str, Any], host: str) -> list[Stream]:
     streams = []
     for s in workload["streams"]:
-        headers = {"Content-Type": "application/json", **s.get("headers", {})}
-        raw = [encode_request(host, s.get("method", "POST"), s["path"], headers, b.encode()) for b in s["bodies"]]
+        raw = []
+        for b in s["bodies"]:
+            if isinstance(b, dict):  # the binary tensor extension: JSON header, then raw tensors
+                headers = {"Content-Type": "application/octet-stream",
+                           "Inference-Header-Content-Length": str(b["header_length"]), **s.get("headers", {})}  # fmt: skip
+                body = base64.b64decode(b["base64"])
+            else:
+                headers, body = {"Content-Type": "application/json", **s.get("headers", {})}, b.encode()
+            raw.append(encode_request(host, s.get("method", "POST"), s["path"], headers, body))
         streams.append(Stream(name=s["name"], weight=float(s.get("weight", 1.0)), raw=raw))
     return streams
 

@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import chaos, contention, generation, soak
+from benchmarks import chaos, contention, cost, generation, soak
 
 SETUPS = ("naive", "plain", "ours")
 SETUP_TITLES = {
@@ -161,6 +161,14 @@ def compare_markdown(res: dict[str, Any]) -> str:
             f"p50 {_ratio(ours['p50_ms'], naive['p50_ms'])}, p99 {_ratio(ours['p99_ms'], naive['p99_ms'])}",
             f"- ours vs plain Ray Serve: throughput **{_ratio(ours['goodput_rps'], plain['goodput_rps'])}**, "
             f"p50 {_ratio(ours['p50_ms'], plain['p50_ms'])}, p99 {_ratio(ours['p99_ms'], plain['p99_ms'])}",
+            *(
+                [
+                    f"- ours with binary inputs vs plain Ray Serve (JSON): throughput "
+                    f"**{_ratio(_at(r['ours-binary']['closed'], c)['goodput_rps'], plain['goodput_rps'])}**"
+                ]
+                if "ours-binary" in r
+                else []
+            ),
             "- best throughput over the curve: "
             + ", ".join(f"{s} {max(p['goodput_rps'] for p in r[s]['closed'])} req/s" for s in SETUPS),
             "",
@@ -180,8 +188,34 @@ def compare_markdown(res: dict[str, Any]) -> str:
         for setup in SETUPS:
             roles = _at(r[setup]["closed"], c).get("cpu_cores_by_role", {})
             lines.append(f"- {setup}: " + ", ".join(f"{k} {v}" for k, v in roles.items()))
+        lines += ["", *cost_table(r, m, c)]
         lines += ["", f"![latency vs throughput]({plot_name('curve', m)})", ""]
     return "\n".join(lines)
+
+
+def cost_table(r: dict[str, Any], model: str, c: int) -> list[str]:
+    """Core-ms per request by part at concurrency `c`, and the ceilings they imply (benchmarks/cost.py)."""
+    lines = [
+        f"CPU per request at concurrency {c}, core-ms (the load generator left out), and the throughput a node would "
+        "reach if every core did this work at this cost (benchmarks/cost.py):",
+        "",
+        "| setup | inputs | ingress | router | model | Ray | total | throughput | ceiling, 2 cores | ceiling, 16 cores |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for setup in (*SETUPS, "ours-binary"):
+        if setup not in r:
+            continue
+        point = _at(r[setup]["closed"], c)
+        cost_ = cost.core_ms_per_request(point, model)
+        if cost_ is None:
+            continue
+        name, inputs = ("ours", "binary") if setup == "ours-binary" else (setup, "JSON")
+        parts = " | ".join(_fmt(cost_[p], 3) for p in (*cost.PARTS, "total"))
+        lines.append(
+            f"| {name} | {inputs} | {parts} | {point['throughput_rps']} req/s | "
+            f"{_fmt(cost.ceiling_rps(cost_, 2))} req/s | {_fmt(cost.ceiling_rps(cost_, 16))} req/s |"
+        )
+    return lines
 
 
 def sweep_markdown(res: dict[str, Any]) -> str:

@@ -76,8 +76,9 @@ class Settings:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
 
 
-def _workload(s: Settings, model: str, tmp: Path) -> Path:
-    return workloads.write([workloads.v2_infer(model, s.model_dir / model)], tmp / f"{model}.workload.json")
+def _workload(s: Settings, model: str, tmp: Path, binary: bool = False) -> Path:
+    stream = workloads.v2_infer(model, s.model_dir / model, binary=binary)
+    return workloads.write([stream], tmp / f"{model}{'.binary' if binary else ''}.workload.json")
 
 
 def _probe(s: Settings, model: str) -> Probe:
@@ -191,6 +192,11 @@ def compare(s: Settings) -> dict[str, Any]:
                 "closed": _closed_curve(url, wl, s, (m, "router")),
                 "open": run_loadgen(url, wl, {"rate": rate}, s.seconds, s.warmup),
             }
+            # The same inputs in the binary tensor extension (outputs asked for as binary too), at
+            # the headline concurrency: what a tritonclient user's requests cost.
+            binary = _workload(s, m, tmp, binary=True)
+            point = run_loadgen(url, binary, {"concurrency": s.headline_concurrency}, s.seconds, s.warmup, (m, "router"))
+            out["models"][m]["ours-binary"] = {"closed": [point]}
     out["ingress"] = DEFAULT_INGRESS.label
     shutil.rmtree(tmp, ignore_errors=True)
     return out

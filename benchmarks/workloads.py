@@ -7,7 +7,9 @@ items (TEST_SEED), so every setup sees the same inputs.
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from serve_app.manifest import Manifest
+from serve_app.protocols.v2 import NUMPY_DTYPES
 from serve_app.zoo.data import TEST_SEED, sentiment_dataset, shapes_dataset
 
 
@@ -50,6 +53,26 @@ def bodies_for(model_dir: Path, n: int = 64) -> list[dict[str, Any]]:
     raise ValueError(f"{model_dir}: no classifier workload for family {manifest.family!r}")
 
 
+def binary_body(body: dict[str, Any]) -> tuple[bytes, int]:
+    """A JSON v2 infer body in the binary tensor extension, as tritonclient sends it: the JSON
+    header (every input's `data` replaced by `parameters.binary_data_size`, outputs asked for
+    as binary) followed by the raw tensors; and the header's length."""
+    blobs, inputs = [], []
+    for t in body["inputs"]:
+        if t["datatype"] == "BYTES":
+            raw = b"".join(struct.pack("<I", len(e)) + e for e in (v.encode() for v in t["data"]))
+        else:
+            raw = np.asarray(t["data"], dtype=NUMPY_DTYPES[t["datatype"]]).tobytes()
+        blobs.append(raw)
+        meta = {k: v for k, v in t.items() if k != "data"}
+        inputs.append({**meta, "parameters": {**t.get("parameters", {}), "binary_data_size": len(raw)}})
+    header = json.dumps(
+        {**body, "inputs": inputs, "parameters": {**body.get("parameters", {}), "binary_data_output": True}},
+        separators=(",", ":"),
+    ).encode()
+    return header + b"".join(blobs), len(header)
+
+
 @dataclass
 class StreamSpec:
     name: str
@@ -57,22 +80,26 @@ class StreamSpec:
     bodies: list[dict[str, Any]]
     weight: float = 1.0
     headers: dict[str, str] = field(default_factory=dict)
+    binary: bool = False  # send the bodies in the binary tensor extension
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "path": self.path,
-            "weight": self.weight,
-            "headers": self.headers,
-            "bodies": [json.dumps(b, separators=(",", ":")) for b in self.bodies],
-        }
+        if self.binary:
+            encoded: list[Any] = []
+            for b in self.bodies:
+                raw, header_length = binary_body(b)
+                encoded.append({"base64": base64.b64encode(raw).decode(), "header_length": header_length})
+        else:
+            encoded = [json.dumps(b, separators=(",", ":")) for b in self.bodies]
+        return {"name": self.name, "path": self.path, "weight": self.weight, "headers": self.headers, "bodies": encoded}
 
 
-def v2_infer(model: str, model_dir: Path, priority: str | None = None, weight: float = 1.0, n: int = 64) -> StreamSpec:
+def v2_infer(
+    model: str, model_dir: Path, priority: str | None = None, weight: float = 1.0, n: int = 64, binary: bool = False
+) -> StreamSpec:
     """Inference on `model` (a model or a route) with inputs for the model in `model_dir`."""
     headers = {"X-Priority": priority} if priority else {}
     name = f"{model}/{priority}" if priority else model
-    return StreamSpec(name, f"/v2/models/{model}/infer", bodies_for(model_dir, n), weight, headers)
+    return StreamSpec(name, f"/v2/models/{model}/infer", bodies_for(model_dir, n), weight, headers, binary)
 
 
 def write(streams: list[StreamSpec], path: Path) -> Path:

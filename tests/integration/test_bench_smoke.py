@@ -53,8 +53,10 @@ def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
         assert "replica:PlainModel" in r["plain"]["closed"][-1]["cpu_cores_by_role"]
         assert {"replica:router", f"replica:{model}"} <= set(r["ours"]["closed"][-1]["cpu_cores_by_role"])
         assert r["ours"]["closed"][-1]["served_by"] == {model: r["ours"]["closed"][-1]["requests"]}
+        _answered(r["ours-binary"]["closed"][0])  # the binary tensor extension, end to end
     assert sorted(res["plots"]) == ["curve_resnet-heavy.png"]
-    assert "ours vs plain Ray Serve" in (tmp_path / "README.md").read_text()
+    readme = (tmp_path / "README.md").read_text()
+    assert "ours vs plain Ray Serve" in readme and "| ours | binary |" in readme and "ceiling, 16 cores" in readme
 
 
 def test_sweep(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -1,0 +1,60 @@
+"""What one request costs each part of a served setup, in core-milliseconds, and what a node
+with N cores would serve at that cost.
+
+A load point records the cores each process role used over the measured window
+(`cpu_cores_by_role`) and the requests answered in it; cores x 1000 / requests per
+second is the CPU each request cost that role. Roles fold into the parts an operator
+sizes: the ingress proxy (HAProxy, Serve's proxy), the router, the model replica (or
+the whole server, for baselines that are one process), and Ray's own overhead
+(controller, daemons, HAProxy's manager, other models' idle replicas). The load
+generator is the client and is left out.
+
+The ceiling assumes the per-request cost stays what it was at the measured point and
+every core does serving work: an upper bound that says which part runs out first when
+a node grows, not a promise (batching changes the model's share with load).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PARTS = ("ingress", "router", "model", "ray")
+INGRESS_ROLES = ("haproxy", "serve-proxy")
+RAY_ROLES = ("serve-controller", "haproxy-manager", "ray-system")
+CLIENT_ROLES = ("loadgen",)
+MODEL_ROLES = ("replica:PlainModel", "naive-server")
+
+
+def part_of(role: str, model: str) -> str | None:
+    """Which part a process role belongs to when `model` is the one under load (None: the client)."""
+    if role in CLIENT_ROLES:
+        return None
+    if role in INGRESS_ROLES:
+        return "ingress"
+    if role == "replica:router":
+        return "router"
+    if role == f"replica:{model}" or role in MODEL_ROLES:
+        return "model"
+    return "ray"  # Ray's processes, and other models' replicas idling beside this one
+
+
+def core_ms_per_request(point: dict[str, Any], model: str) -> dict[str, float] | None:
+    """Core-ms per answered request, per part, and their total (`total`); None without figures."""
+    rps = point.get("throughput_rps") or 0.0
+    roles = point.get("cpu_cores_by_role") or {}
+    if rps <= 0 or not roles:
+        return None
+    out = dict.fromkeys(PARTS, 0.0)
+    for role, cores in roles.items():
+        part = part_of(role, model)
+        if part is not None:
+            out[part] += cores * 1000.0 / rps
+    out = {k: round(v, 3) for k, v in out.items()}
+    out["total"] = round(sum(out[p] for p in PARTS), 3)
+    return out
+
+
+def ceiling_rps(cost: dict[str, float], cores: int) -> float | None:
+    """Requests/s a node of `cores` would answer if every core spent this much per request."""
+    total = cost.get("total") or 0.0
+    return round(cores * 1000.0 / total, 1) if total > 0 else None

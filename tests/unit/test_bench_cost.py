@@ -1,0 +1,56 @@
+"""The CPU-cost model of bench compare (benchmarks/cost.py) and the binary workload encoding."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import cost, workloads
+from serve_app.protocols import v2
+
+
+def test_core_ms_per_request_folds_roles_into_parts_and_leaves_the_client_out() -> None:
+    point = {
+        "throughput_rps": 500.0,
+        "cpu_cores_by_role": {
+            "replica:router": 0.5,  # 1 ms per request
+            "replica:bert-heavy": 0.25,
+            "replica:resnet-heavy": 0.01,  # another model idling: Ray's overhead, not this model's
+            "haproxy": 0.1,
+            "serve-proxy": 0.05,
+            "serve-controller": 0.04,
+            "loadgen": 0.3,
+        },
+    }
+    c = cost.core_ms_per_request(point, "bert-heavy")
+    assert c == {"ingress": 0.3, "router": 1.0, "model": 0.5, "ray": 0.1, "total": 1.9}
+    assert cost.ceiling_rps(c, 2) == pytest.approx(1052.6, abs=0.1)
+    assert cost.ceiling_rps(c, 16) == pytest.approx(8421.1, abs=0.1)
+
+
+def test_baselines_count_their_server_as_the_model_and_empty_points_give_nothing() -> None:
+    plain = {"throughput_rps": 100.0, "cpu_cores_by_role": {"replica:PlainModel": 1.0, "haproxy": 0.1}}
+    assert cost.core_ms_per_request(plain, "resnet-heavy") == {"ingress": 1.0, "router": 0.0, "model": 10.0, "ray": 0.0,
+                                                                 "total": 11.0}  # fmt: skip
+    naive = {"throughput_rps": 200.0, "cpu_cores_by_role": {"naive-server": 1.0}}
+    assert cost.core_ms_per_request(naive, "m")["model"] == 5.0  # type: ignore[index]
+    assert cost.core_ms_per_request({"throughput_rps": 0.0, "cpu_cores_by_role": {"x": 1}}, "m") is None
+    assert cost.ceiling_rps({"total": 0.0}, 16) is None
+
+
+@pytest.mark.parametrize("body", [workloads.image_bodies(2, 16, items_per_request=2)[0], workloads.text_bodies(3, 3)[0]])
+def test_a_binary_body_decodes_to_the_same_tensors_as_its_json(body: dict) -> None:
+    raw, header_length = workloads.binary_body(body)
+    from_binary = v2.parse_request(raw, str(header_length))
+    from_json = v2.parse_request(json.dumps(body).encode(), None)
+    assert (from_binary.parameters or {}).get("binary_data_output") is True
+    a, b = from_binary.inputs[0], from_json.inputs[0]
+    if a.datatype == "BYTES":
+        assert v2.decode_bytes(a) == v2.decode_bytes(b)
+    else:
+        assert np.array_equal(v2.decode_numeric(a), v2.decode_numeric(b))
+    spec = workloads.StreamSpec("s", "/p", [body], binary=True).to_json()["bodies"][0]
+    assert base64.b64decode(spec["base64"]) == raw and spec["header_length"] == header_length

@@ -24,7 +24,7 @@ import httpx
 import psutil
 import yaml
 
-from benchmarks import workloads
+from benchmarks import haproxy_stats, workloads
 from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, process_label, run_loadgen
 from benchmarks.scenarios import DEFAULT_INGRESS
 
@@ -79,6 +79,7 @@ class Sampler(threading.Thread):
         self.started = time.monotonic()
         self.rss: dict[str, list[tuple[float, float]]] = {}
         self.router: list[dict[str, Any]] = []
+        self.haproxy: list[list[dict[str, str]]] = []
 
     def run(self) -> None:
         while not self.stop.wait(self.every_s):
@@ -89,6 +90,7 @@ class Sampler(threading.Thread):
                     continue
                 with contextlib.suppress(psutil.Error):
                     self.rss.setdefault(f"{role}#{p.pid}", []).append((t, p.memory_info().rss / 2**20))
+            self.haproxy.append(haproxy_stats.servers())
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
                 status = httpx.get(f"{BASE_URL}/router/status", timeout=10).json()
                 queued = sum(sum(m["queued_items"].values()) for m in status["models"].values())
@@ -125,6 +127,7 @@ def run(s: SoakSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
     out["memory"] = memory_report(sampler.rss, s.warmup_s)
     out["rss_series_mb"] = {k: [[round(t), round(v, 1)] for t, v in samples] for k, samples in sorted(sampler.rss.items())}
     out["router_samples"] = sampler.router
+    out["haproxy_servers"] = haproxy_stats.summary(sampler.haproxy)
     return out
 
 
@@ -169,6 +172,13 @@ def markdown(res: dict[str, Any]) -> str:
     ]
     for key, m in r["memory"].items():
         lines.append(f"| {key} | {m['rss_mb_start']} | {m['rss_mb_end']} | {m['slope_pct_per_min']} |")
+    if r.get("haproxy_servers"):
+        lines += ["", "HAProxy's servers, sampled with the memory (`show stat`; the backup is Serve's Python proxy):", "",
+                  "| server | backup | samples not UP | transitions to DOWN | observed failures | requests | last check |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for name, h in r["haproxy_servers"].items():
+            lines.append(f"| {name} | {h['backup']} | {h['not_up']} of {h['samples']} | {h['chkdown']} | {h['hanafail']} "
+                         f"| {h['requests']} | {h['last_check']} |")  # fmt: skip
     tasks = [x["tasks"] for x in r["router_samples"]]
     if tasks:
         lines += ["", f"Router asyncio tasks over the run (one replica per sample): min {min(tasks)}, max {max(tasks)}."]

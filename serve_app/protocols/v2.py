@@ -11,7 +11,6 @@ when the request asks (`parameters.binary_data_output`, or per output
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from typing import Any
@@ -159,13 +158,14 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
         if not 0 < n <= len(body):
             raise InvalidInput(f"Inference-Header-Content-Length is {n}, but the body has {len(body)} bytes")
         json_part, rest = body[:n], body[n:]
+    # One pass in pydantic-core's parser, straight into the model: no intermediate Python objects
+    # from a separate json.loads.
     try:
-        obj = json.loads(json_part)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise InvalidInput(f"request body is not valid JSON: {e}") from None
-    try:
-        request = InferRequest.model_validate(obj)
+        request = InferRequest.model_validate_json(json_part)
     except ValidationError as e:
+        first = e.errors()[0]
+        if first["type"] == "json_invalid":
+            raise InvalidInput(f"request body is not valid JSON: {first['msg'].removeprefix('Invalid JSON: ')}") from None
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()[:5])
         raise InvalidInput(f"malformed request body: {problems}") from None
     offset = 0
@@ -245,7 +245,8 @@ def decode_numeric(tensor: RequestInput) -> np.ndarray:
                 f"input {tensor.name!r}: shape {tensor.shape} of {tensor.datatype} "
                 f"needs {want} binary bytes, got {len(tensor._raw)}"
             )
-        return np.frombuffer(tensor._raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(tensor.shape)
+        # A read-only view of the body where the byte order is already native (no copy).
+        return np.frombuffer(tensor._raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype, copy=False).reshape(tensor.shape)
     values, kinds = _flatten_typed(tensor.data or [])
     if len(values) != n:
         raise InvalidInput(f"input {tensor.name!r}: shape {tensor.shape} needs {n} elements, got {len(values)}")
@@ -281,9 +282,7 @@ def _binary_blob(output: ResponseOutput) -> bytes:
 def render_response(response: InferResponse, binary: set[str]) -> tuple[bytes, dict[str, str]]:
     """The response body and its extra headers; outputs named in `binary` travel as raw bytes after the JSON."""
     if not binary:
-        return json.dumps(response.model_dump(exclude_none=True), separators=(",", ":")).encode(), {
-            "content-type": "application/json"
-        }
+        return response.model_dump_json(exclude_none=True).encode(), {"content-type": "application/json"}
     blobs: list[bytes] = []
     outputs = []
     for out in response.outputs:
@@ -293,8 +292,7 @@ def render_response(response: InferResponse, binary: set[str]) -> tuple[bytes, d
             params = {**(out.parameters or {}), "binary_data_size": len(blob)}
             out = out.model_copy(update={"data": None, "parameters": params})
         outputs.append(out)
-    header = json.dumps(response.model_copy(update={"outputs": outputs}).model_dump(exclude_none=True), separators=(",", ":"))
-    head = header.encode()
+    head = response.model_copy(update={"outputs": outputs}).model_dump_json(exclude_none=True).encode()
     return head + b"".join(blobs), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
 
 

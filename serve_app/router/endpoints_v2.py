@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request
@@ -100,12 +101,30 @@ async def infer(
     ),
     parts: RouterParts = PARTS,
 ) -> Response:
+    # Declared here for routing fallbacks and the OpenAPI document; requests normally arrive
+    # through the fast path (serve_app.router.fastpath), which calls the same function.
+    return await answer_infer(
+        parts, name, version, request.body, x_priority, x_request_timeout_ms, authorization, inference_header_content_length
+    )
+
+
+async def answer_infer(
+    parts: RouterParts,
+    name: str,
+    version: str | None,
+    read_body: Callable[[], Awaitable[bytes]],
+    x_priority: str | None,
+    x_request_timeout_ms: str | None,
+    authorization: str | None,
+    inference_header_content_length: str | None,
+) -> Response:
+    """One v2 infer request, from its path parameters, headers and body to its response."""
     started = time.perf_counter()
     timing = RequestTiming()
     tenant = parts.callers.admit(authorization)
     parts.catalog.known(name)
     # Read after the key and rate checks; the edge (serve_app.router.edge) holds it to the body limit.
-    body = v2.parse_request(await request.body(), inference_header_content_length)
+    body = v2.parse_request(await read_body(), inference_header_content_length)
     params = body.parameters or {}
     qos = parts.callers.qos(tenant, x_priority, x_request_timeout_ms, params)
     manifest = await _manifest(parts, name, version)

@@ -23,6 +23,7 @@ from serve_app.protocols import v2
 from serve_app.protocols.errors import error_response
 from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
 from serve_app.router.edge import BodyLimit, InflightBytes, KeyGate
+from serve_app.router.fastpath import InferFastPath
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import HeaderCheck, ShedGate
 
@@ -48,8 +49,9 @@ def build_http_app(
     for endpoints in (endpoints_v2, endpoints_openai, endpoints_status):
         app.include_router(endpoints.api)
     # Outermost last: the key, then what admission would refuse from the headers alone, then the
-    # body limit; all before routing and the body parse.
+    # body limit; all before routing and the body parse. Innermost, v2 infer leaves FastAPI out.
     limits = parts.args.limits
+    app.add_middleware(InferFastPath, parts=parts)
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes, inflight=InflightBytes(limits.max_inflight_bytes))
     check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.loop_lag, parts.lag_shedding)
     app.add_middleware(ShedGate, check=check)

@@ -1,0 +1,68 @@
+"""What Serve's HAProxy saw of its servers, read from its admin socket (`show stat`).
+
+Which router replicas were up, how often a health check or the traffic it observed
+(`observe layer4`) took one down, and how many requests went to the fallback server
+(Serve's Python proxy, a `backup` that takes over only when no router replica is up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import socket
+from pathlib import Path
+
+BASE = Path("/tmp/haproxy-serve")
+# show stat columns kept: state, last check, health-check and observed failures, sessions
+KEEP = ("pxname", "svname", "status", "check_status", "chkfail", "chkdown", "hanafail", "scur", "qcur", "stot", "bck")
+
+
+def admin_socket(base: Path = BASE) -> Path | None:
+    """The admin socket HAProxy wrote most recently: the running cluster's."""
+    socks = [p for p in base.glob("*/admin.sock") if p.is_socket()]
+    return max(socks, key=lambda p: p.stat().st_mtime) if socks else None
+
+
+def show_stat(path: Path, timeout_s: float = 2.0) -> str:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        s.connect(str(path))
+        s.sendall(b"show stat\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def parse_servers(text: str) -> list[dict[str, str]]:
+    """Server rows (not the FRONTEND/BACKEND summaries) of `show stat` CSV, the KEEP columns."""
+    rows = csv.DictReader(text.lstrip("# ").splitlines())
+    return [{k: r.get(k, "") for k in KEEP} for r in rows if r.get("svname") not in ("FRONTEND", "BACKEND", None)]
+
+
+def servers(base: Path = BASE) -> list[dict[str, str]]:
+    """The running HAProxy's servers; empty when there is none to ask."""
+    path = admin_socket(base)
+    if path is None:
+        return []
+    with contextlib.suppress(OSError):
+        return parse_servers(show_stat(path))
+    return []
+
+
+def summary(samples: list[list[dict[str, str]]]) -> dict[str, dict[str, int | str]]:
+    """Per server over a run: samples not UP, the most health-check and observed failures and
+    transitions to DOWN, and the requests it took (the last `stot` seen)."""
+    out: dict[str, dict[str, int | str]] = {}
+    for sample in samples:
+        for r in sample:
+            key = f"{r['pxname']}/{r['svname']}"
+            s = out.setdefault(key, {"backup": r["bck"] == "1", "samples": 0, "not_up": 0, "chkdown": 0, "hanafail": 0,
+                                     "requests": 0, "last_check": ""})  # fmt: skip
+            s["samples"] = int(s["samples"]) + 1
+            s["not_up"] = int(s["not_up"]) + (not r["status"].startswith("UP") and r["bck"] != "1")
+            for k in ("chkdown", "hanafail"):
+                s[k] = max(int(s[k]), int(r[k] or 0))
+            s["requests"] = max(int(s["requests"]), int(r["stot"] or 0))
+            s["last_check"] = r["check_status"]
+    return out

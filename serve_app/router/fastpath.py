@@ -1,0 +1,95 @@
+"""v2 infer without FastAPI's per-request machinery.
+
+FastAPI earns its keep on the many small endpoints (docs, validation of query and
+path parameters, dependency injection), but on the inference path, which carries
+nearly every request, its routing over every route, dependency solving and
+exception middleware cost the router more CPU than the request's own work. This
+pure ASGI middleware answers `POST /v2/models/{name}[/versions/{v}]/infer` itself:
+it reads the four headers the endpoint declares and calls the same
+`endpoints_v2.answer_infer` the FastAPI route does, and gives errors the same
+shapes the app's exception handlers give. Every other request goes on to FastAPI,
+and the route stays declared there, so `/openapi.json` still documents it.
+
+It sits innermost among the middlewares: the key check, the header-only shedding
+and the body limit (serve_app.router.edge, serve_app.router.shedgate) hold for it
+as for every path.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.requests import ClientDisconnect
+
+from serve_app.errors import ModelFailure, ServeAppError
+from serve_app.protocols.errors import error_response
+from serve_app.router.endpoints_v2 import answer_infer
+from serve_app.router.parts import RouterParts
+from serve_app.router.shedgate import ASGIApp, Receive, Scope, Send
+
+logger = logging.getLogger("ray.serve")
+
+PREFIX = "/v2/models/"
+SUFFIX = "/infer"
+# The headers the infer endpoint reads, as ASGI gives them (lower-cased bytes).
+WANTED = (b"x-priority", b"x-request-timeout-ms", b"authorization", b"inference-header-content-length")
+
+
+def infer_route(path: str) -> tuple[str, str | None] | None:
+    """(model, version) for a v2 infer path, as the FastAPI routes would match it; else None."""
+    if not (path.startswith(PREFIX) and path.endswith(SUFFIX)):
+        return None
+    parts = path[len(PREFIX) : -len(SUFFIX)].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+        return parts[0], parts[2]
+    return None
+
+
+def wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[bytes, str]:
+    """The endpoint's headers, the first of each when repeated (as Starlette's `Headers.get`)."""
+    found: dict[bytes, str] = {}
+    for k, v in raw:
+        if k in WANTED and k not in found:
+            found[k] = v.decode("latin-1")
+    return found
+
+
+class InferFastPath:
+    def __init__(self, app: ASGIApp, parts: RouterParts) -> None:
+        self.app = app
+        self.parts = parts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = infer_route(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def read_body() -> bytes:
+            chunks = []
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnect()
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+
+        h = wanted_headers(scope["headers"])
+        path = scope["path"]
+        try:
+            response = await answer_infer(
+                self.parts, route[0], route[1], read_body,
+                h.get(b"x-priority"), h.get(b"x-request-timeout-ms"), h.get(b"authorization"),
+                h.get(b"inference-header-content-length"),
+            )  # fmt: skip
+        except ClientDisconnect:
+            return  # nobody to answer
+        except ServeAppError as e:
+            response = error_response(path, e)
+        except Exception as e:  # as the app's last-resort handler: the protocol's shape, never bare text
+            logger.exception("unhandled error on %s", path)
+            response = error_response(path, ModelFailure(f"internal error: {type(e).__name__}"))
+        await response(scope, receive, send)

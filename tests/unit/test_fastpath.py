@@ -46,7 +46,7 @@ def _call(path: str, answer: Any, body_messages: list[dict[str, Any]], method: s
     async def receive() -> dict[str, Any]:
         return next(messages)
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Any) -> None:
         sent.append(message)
 
     gate = fastpath.InferFastPath(inner, parts=None)  # type: ignore[arg-type]
@@ -71,7 +71,10 @@ def test_infer_is_answered_with_the_body_read_in_chunks_and_the_headers_passed()
         seen.update(name=name, version=version, body=await read_body(), priority=priority)
         return Response(b'{"ok":true}', media_type="application/json")
 
-    chunks = [{"type": "http.request", "body": b'{"a"', "more_body": True}, {"type": "http.request", "body": b":1}"}]
+    chunks: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b'{"a"', "more_body": True},
+        {"type": "http.request", "body": b":1}"},
+    ]
     sent, passed = _call("/v2/models/m/versions/3/infer", answer, chunks)
     assert seen == {"name": "m", "version": "3", "body": b'{"a":1}', "priority": "low"} and passed == []
     assert _body(sent) == (200, {"ok": True})

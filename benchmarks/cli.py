@@ -28,6 +28,8 @@ SCENARIOS = {
     "streams' endings, time to recover",
     "soak": "the whole app at 3x its capacity for 10 minutes, mixed models and priorities: statuses (only 200, "
     "or 429/503 with Retry-After), every process's memory slope after warm-up, the router's task count",
+    "images": "text requests alone, then beside a burst of large PNG images decoded by the same router: the text "
+    "stream's p99 with the burst over without",
     "generation": "the GPT deployment with continuous batching vs the @serve.batch request-level version, same model and "
     "batch size: streaming completions of mixed lengths, tokens/s, TTFT p50/p99, ITL p99, latency",
 }
@@ -118,6 +120,13 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         if ns.seconds:
             ss.seconds = ns.seconds
         result = soak.run(ss, model_dir, ns.config.resolve())
+    elif ns.scenario == "images":
+        from benchmarks import images
+
+        ims = images.ImageSettings.smoke() if ns.smoke else images.ImageSettings()
+        if ns.seconds:
+            ims.seconds = ns.seconds
+        result = images.run(ims, model_dir, ns.config.resolve())
     elif ns.scenario == "contention":
         from benchmarks import contention
 

@@ -26,11 +26,21 @@ import yaml
 RAY_PORT = 6391
 HTTP_PORT = 8130
 NAIVE_PORT = 8131
-INGRESS_ENVS = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_HAPROXY_RETRY_ON")
+INGRESS_ENVS = (
+    "RAY_SERVE_ENABLE_HA_PROXY",
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED",
+    "RAY_SERVE_HAPROXY_RETRY_ON",
+    "RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL",
+)
 # What the app's README and KubeRay pods give HAProxy: besides a refused connection, a request
 # that a router replica dropped without an answer (it died) is replayed on another router.
 # Safe here: no endpoint has side effects.
 REPLAY_ON = "conn-failure empty-response"
+# Also theirs: a router replica is taken out of HAProxy after five failed health checks in a row,
+# not two, so that a router busy for a few seconds under a flood is not replaced by Serve's
+# Python proxy (which sends the same requests to the same router). A dead one refuses
+# connections and is out in about a second either way.
+CHECK_FALL = 5
 
 
 @dataclass
@@ -40,6 +50,7 @@ class Ingress:
     haproxy: bool = True
     throughput_optimized: bool = False
     retry_on: str | None = None  # HAProxy's retry-on; None: Ray's default (conn-failure)
+    check_fall: int | None = None  # failed health checks before a router is out; None: Ray's default (2)
 
     @property
     def label(self) -> str:
@@ -53,6 +64,8 @@ class Ingress:
         }
         if self.retry_on is not None:
             env["RAY_SERVE_HAPROXY_RETRY_ON"] = self.retry_on
+        if self.check_fall is not None:
+            env["RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL"] = str(self.check_fall)
         return env
 
 

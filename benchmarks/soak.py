@@ -94,7 +94,8 @@ class Sampler(threading.Thread):
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
                 status = httpx.get(f"{BASE_URL}/router/status", timeout=10).json()
                 queued = sum(sum(m["queued_items"].values()) for m in status["models"].values())
-                self.router.append({"t": round(t, 1), "tasks": status["tasks"], "queued_items": queued})
+                delay = (status.get("router_delay") or {}).get("lag_ms")
+                self.router.append({"t": round(t, 1), "tasks": status["tasks"], "queued_items": queued, "lag_ms": delay})
 
 
 def run(s: SoakSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
@@ -182,4 +183,7 @@ def markdown(res: dict[str, Any]) -> str:
     tasks = [x["tasks"] for x in r["router_samples"]]
     if tasks:
         lines += ["", f"Router asyncio tasks over the run (one replica per sample): min {min(tasks)}, max {max(tasks)}."]
+        lags = [x["lag_ms"] for x in r["router_samples"] if x.get("lag_ms") is not None]
+        if lags:
+            lines[-1] += f" Its event loop's lateness (EWMA): median {sorted(lags)[len(lags) // 2]} ms, max {max(lags)} ms."
     return "\n".join(lines)

@@ -41,7 +41,7 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
         deployment = DEPLOYMENT_FOR_FAMILY[model.family]
         # Classifiers get whole batches from the router, about two at a time per replica;
         # the rest is headroom for several routers.
-        ongoing = 16
+        ongoing, queued = 16, -1
         if model.family == "gpt" and model.generation.scheduler == "request":
             deployment = as_deployment(RequestBatchGenerator)
             # @serve.batch fills only when a replica may hold a full batch (ray-project/ray#43288).
@@ -50,10 +50,15 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
             # Every sequence it can run or queue, plus a few that its scheduler refuses with a
             # 503 and Retry-After rather than leaving them queued, unbounded, at the caller.
             ongoing = model.generation.kv_slots + model.generation.max_waiting + 8
+            # Past that, calls wait in Serve's queue at the caller, in arrival order and without
+            # bound, until clients time out: bound it to one more batch of rows, and refuse the
+            # rest there (503 + Retry-After, serve_app.router.generation).
+            queued = model.generation.kv_slots
         handles[name] = deployment.options(
             name=name,
             user_config=model.tuning().model_dump(),
             max_ongoing_requests=ongoing,
+            max_queued_requests=queued,
         ).bind(name, str(args.model_path(name)), model.model_dump(mode="json"))
     # Routes and models travel to the router as plain data plus handles.
     return (

@@ -54,6 +54,8 @@ def _container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]
             # A request a dying router replica dropped unanswered is replayed on another one:
             # no endpoint has side effects (benchmarks/results/chaos/).
             {"name": "RAY_SERVE_HAPROXY_RETRY_ON", "value": "conn-failure empty-response"},
+            # A router busy for seconds under a flood stays in HAProxy (benchmarks/results/soak/).
+            {"name": "RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL", "value": "5"},
         ],
         "resources": resources,
         "securityContext": CONTAINER_SECURITY,

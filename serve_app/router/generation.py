@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -40,7 +41,7 @@ def generator_failed(error: BaseException) -> bool:
     that died or failed does; a bad request, a full queue, a deadline or a client leaving does not."""
     if isinstance(error, ServeAppError):
         return error.status_code >= 500 and not isinstance(error, (Overloaded, DeadlineExceeded))
-    return isinstance(error, Exception)
+    return isinstance(error, Exception) and not isinstance(error, BackPressureError)
 
 
 def record(breaker: CircuitBreaker, error: BaseException | None) -> None:
@@ -65,9 +66,12 @@ def open_stream(handle: DeploymentHandle, prompt: str, params: dict[str, Any]) -
 
 def unavailable_if_gone(error: Exception) -> Exception:
     """A replica that died under a call whose retry failed too: a 503 with Retry-After (Serve is
-    replacing it), not a 500."""
+    replacing it), not a 500. Serve's own refusal when every replica is full and the calls
+    queued for them reached `max_queued_requests` (serve_app.app): a 503 with Retry-After too."""
     if replica_died(error):
         return Unavailable("the generator's replica went away; retry shortly", retry_after_s=1.0)
+    if isinstance(error, BackPressureError):
+        return Overloaded("every generator replica is full; retry later", retry_after_s=1.0)
     return error
 
 

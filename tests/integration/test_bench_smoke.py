@@ -173,3 +173,15 @@ def test_soak(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert r["unexpected_statuses"] == {} and r["load"]["refused_without_retry_after"] == 0, r["load"]
     assert "200" in r["load"]["statuses"]
     assert any(k.startswith("replica:router#") for k in r["memory"]) and r["router_samples"]
+
+
+def test_images(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Text alone and beside a PNG burst on one router: both phases answered, the ratio computed."""
+    res = _bench("images", tiny_model_dir, tmp_path, "bert-heavy", "resnet-heavy")
+    r = res["result"]
+    assert r["text_rate_rps"] > 0 and len(r["rounds"]) == 1
+    phases = r["rounds"][0]
+    assert phases["alone"]["streams"]["text"]["statuses"] == {"200": phases["alone"]["streams"]["text"]["requests"]}
+    burst = phases["with_burst"]["streams"]
+    assert set(burst["png"]["statuses"]) == {"200"} and set(burst["text"]["statuses"]) == {"200"}
+    assert phases["text_p99_ratio"] > 0

@@ -214,3 +214,17 @@ def test_a_whole_generation_whose_replica_died_runs_once_more(monkeypatch):
     dead_twice: Any = Streams(Stream([], RayActorDied()), Stream([], RayActorDied()))
     with pytest.raises(Unavailable):
         run_virtual(generation.generate_text(dead_twice, "p", {}, CircuitBreaker()))
+
+
+def test_serves_queue_at_the_caller_being_full_is_a_503_with_retry_after_and_no_breaker_failure():
+    """The generator deployment bounds the calls queued for its replicas (max_queued_requests);
+    Serve's refusal past it reaches the client as a 503 with Retry-After and does not count as
+    the generator failing."""
+    from ray.serve.exceptions import BackPressureError
+
+    refusal = BackPressureError(num_queued_requests=16, max_queued_requests=16)
+    answer = generation.unavailable_if_gone(refusal)
+    assert isinstance(answer, Overloaded) and answer.status_code == 503 and answer.retry_after_s
+    breaker = CircuitBreaker(failure_threshold=1)
+    generation.record(breaker, refusal)
+    assert breaker.state is BreakerState.CLOSED

@@ -31,7 +31,7 @@ class CallerHeaders:
     timeout_ms: str | None
 
 
-def caller_headers(
+async def caller_headers(
     authorization: str | None = Header(None),
     x_priority: str | None = Header(None, description=PRIORITY_DOC),
     x_request_timeout_ms: str | None = Header(None, description=TIMEOUT_DOC),

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from PIL import Image
 
+from serve_app.cpu_priority import lower_thread_priority
 from serve_app.errors import InvalidInput
 
 FORMATS = ("PNG", "JPEG")
@@ -58,8 +59,11 @@ def decode_images(values: list[bytes | str], size: int) -> np.ndarray:
 # Decoding and resizing run here, off the router's event loop: a request of large compressed
 # images would otherwise stall every other request on the router for as long as they decode.
 # Pillow releases the GIL while it decodes and resamples, so the loop keeps serving meanwhile;
-# two threads bound what one router spends on images at once.
-DECODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="image-decode")
+# two threads bound what one router spends on images at once, and they run as background
+# threads (SCHED_IDLE, serve_app.cpu_priority): on cores shared with the router's loop and the
+# model replicas, a burst of large images takes the cycles the requests around it leave, and
+# does not slow them down (python -m benchmarks images).
+DECODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="image-decode", initializer=lower_thread_priority)
 
 
 async def decode_images_off_loop(values: list[bytes | str], size: int) -> np.ndarray:

@@ -7,6 +7,8 @@ import asyncio
 import base64
 import io
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -248,3 +250,11 @@ def test_large_images_decode_off_the_event_loop():
     assert images.shape == (2, 3, 32, 32)
     # Decoding on the loop itself would finish before the loop ran anything else (0 ticks).
     assert ticks >= 3, ticks
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread scheduling classes are Linux's")
+def test_images_decode_on_background_threads() -> None:
+    """A burst of large images takes only the cycles the requests around it leave."""
+    from serve_app.protocols.images import DECODER
+
+    assert DECODER.submit(os.sched_getscheduler, 0).result() == os.SCHED_IDLE

@@ -16,7 +16,7 @@ import struct
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from serve_app.errors import InvalidInput
 
@@ -89,6 +89,9 @@ class InferRequest(BaseModel):
 
 
 class ResponseOutput(BaseModel):
+    # NaN and Infinity as JavaScript literals (as Python's json and Triton write them), not null.
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
     name: str
     shape: list[int]
     datatype: str
@@ -97,6 +100,8 @@ class ResponseOutput(BaseModel):
 
 
 class InferResponse(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
     model_name: str
     model_version: str | None = None
     id: str | None = None

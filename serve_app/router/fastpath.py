@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import logging
 
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from serve_app.errors import ModelFailure, ServeAppError
-from serve_app.protocols.errors import error_response
+from serve_app.protocols.errors import error_response, from_http_exception
 from serve_app.router.endpoints_v2 import answer_infer
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import ASGIApp, Receive, Scope, Send
@@ -89,6 +90,8 @@ class InferFastPath:
             return  # nobody to answer
         except ServeAppError as e:
             response = error_response(path, e)
+        except HTTPException as e:  # the edge's body limit, raised into the body read (router/edge.py)
+            response = error_response(path, from_http_exception(e))
         except Exception as e:  # as the app's last-resort handler: the protocol's shape, never bare text
             logger.exception("unhandled error on %s", path)
             response = error_response(path, ModelFailure(f"internal error: {type(e).__name__}"))

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from serve_app import __version__
 from serve_app.errors import InvalidInput, ModelFailure, ServeAppError
 from serve_app.protocols import v2
-from serve_app.protocols.errors import error_response
+from serve_app.protocols.errors import error_response, from_http_exception
 from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
 from serve_app.router.edge import BodyLimit, InflightBytes, KeyGate
 from serve_app.router.fastpath import InferFastPath
@@ -83,12 +83,7 @@ def add_error_handlers(app: FastAPI) -> None:
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # FastAPI's own errors (an unparseable JSON body, an unknown path, a wrong method) in the
         # protocol's shape too, not FastAPI's `{"detail": ...}` (found by schemathesis).
-        message = f"malformed request body: {exc.detail}" if exc.status_code == 400 else str(exc.detail)
-        retry_after = (exc.headers or {}).get("Retry-After")
-        error = ServeAppError(message, float(retry_after) if retry_after else None)
-        error.status_code = exc.status_code
-        error.code = {400: "invalid_input", 413: "payload_too_large", 503: "overloaded"}.get(exc.status_code, "http_error")
-        return error_response(request.url.path, error)
+        return error_response(request.url.path, from_http_exception(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:

@@ -107,3 +107,39 @@ def test_a_client_that_left_gets_no_answer() -> None:
 
     sent, _ = _call("/v2/models/m/infer", answer, [{"type": "http.disconnect"}])
     assert sent == []
+
+
+@pytest.mark.parametrize(
+    ("max_bytes", "inflight", "status", "retry_after"),
+    [(10, 1 << 20, 413, None), (1 << 20, 1024 + 4, 503, b"1")],
+    ids=["over the body limit", "over the bytes in flight"],
+)
+def test_the_edges_refusals_in_a_chunked_body_read_keep_their_status(max_bytes, inflight, status, retry_after) -> None:  # type: ignore[no-untyped-def]
+    """The body limit and the in-flight bytes are enforced as a chunked body arrives, by raising into
+    the read: the fast path answers them as the FastAPI route did, 413 and 503 + Retry-After."""
+    from serve_app.router.edge import BodyLimit, InflightBytes
+
+    async def answer(parts: Any, name: str, version: Any, read_body: Any, *rest: Any) -> Response:
+        await read_body()
+        return Response(b"{}")
+
+    sent: list[dict[str, Any]] = []
+    chunks = iter([{"type": "http.request", "body": b"x" * 1024, "more_body": True}] * 3 + [{"type": "http.request"}])
+
+    async def receive() -> Any:
+        return next(chunks)
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    gate = BodyLimit(fastpath.InferFastPath(None, parts=None), max_bytes=max_bytes, inflight=InflightBytes(inflight))  # type: ignore[arg-type]
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/m/infer", "headers": []}
+    original = fastpath.answer_infer
+    fastpath.answer_infer = answer  # type: ignore[assignment]
+    try:
+        asyncio.run(gate(scope, receive, send))
+    finally:
+        fastpath.answer_infer = original
+    got, body = _body(sent)
+    assert got == status and set(body) == {"error"}
+    assert dict(sent[0]["headers"]).get(b"retry-after") == retry_after

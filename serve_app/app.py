@@ -51,9 +51,10 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
             # 503 and Retry-After rather than leaving them queued, unbounded, at the caller.
             ongoing = model.generation.kv_slots + model.generation.max_waiting + 8
             # Past that, calls wait in Serve's queue at the caller, in arrival order and without
-            # bound, until clients time out: bound it to one more batch of rows, and refuse the
-            # rest there (503 + Retry-After, serve_app.router.generation).
-            queued = model.generation.kv_slots
+            # bound, until clients time out: bound it, and refuse the rest there (503 +
+            # Retry-After, serve_app.router.generation). Every call passes through that queue on
+            # its way to a replica, so the bound holds a burst as large as a replica's rows.
+            queued = model.generation.kv_slots + model.generation.max_waiting
         handles[name] = deployment.options(
             name=name,
             user_config=model.tuning().model_dump(),

@@ -103,12 +103,13 @@ def test_the_router_can_hold_everything_its_queues_admit():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_calls_waiting_for_a_full_generator_are_bounded_and_classifiers_are_not(path):
     """Past its running and waiting rows, a continuous-batching generator's callers queue at most
-    one more batch in Serve (then 503 + Retry-After); classifier batches are bounded by the
+    as many calls again in Serve (then 503 + Retry-After); classifier batches are bounded by the
     router's own queues instead."""
     raw = yaml.safe_load(path.read_text())["applications"][0]
     args = AppArgs.model_validate(raw["args"])
     router: Any = build_app(args)._bound_deployment
     handles = router.init_args[1]  # the router's (args, handles)
     gpt = handles["gpt"]._bound_deployment
-    assert gpt.max_queued_requests == args.models["gpt"].generation.kv_slots > 0
+    generation = args.models["gpt"].generation
+    assert gpt.max_queued_requests == generation.kv_slots + generation.max_waiting > 0
     assert all(h._bound_deployment.max_queued_requests == -1 for name, h in handles.items() if name != "gpt")

@@ -34,7 +34,11 @@ def test_the_first_of_a_repeated_header_wins_and_others_are_ignored() -> None:
     assert fastpath.wanted_headers(raw) == {b"x-priority": "high", b"authorization": "Bearer k"}
 
 
-def _call(path: str, answer: Any, body_messages: list[dict[str, Any]], method: str = "POST") -> tuple[list[dict], list]:
+def _call(
+    path: str, answer: Any, body_messages: list[dict[str, Any]], method: str = "POST", wrap: Any = lambda app: app
+) -> tuple[list[dict], list]:
+    """Run one request through the fast path (inside `wrap`, for the middlewares around it), with
+    `answer` standing in for the endpoint; returns what was sent and the paths passed on."""
     passed: list[str] = []
 
     async def inner(scope: Any, receive: Any, send: Any) -> None:
@@ -49,7 +53,7 @@ def _call(path: str, answer: Any, body_messages: list[dict[str, Any]], method: s
     async def send(message: Any) -> None:
         sent.append(message)
 
-    gate = fastpath.InferFastPath(inner, parts=None)  # type: ignore[arg-type]
+    gate = wrap(fastpath.InferFastPath(inner, parts=None))  # type: ignore[arg-type]
     scope = {"type": "http", "method": method, "path": path, "headers": [(b"x-priority", b"low")]}
     original = fastpath.answer_infer
     fastpath.answer_infer = answer  # type: ignore[assignment]
@@ -123,23 +127,13 @@ def test_the_edges_refusals_in_a_chunked_body_read_keep_their_status(max_bytes, 
         await read_body()
         return Response(b"{}")
 
-    sent: list[dict[str, Any]] = []
-    chunks = iter([{"type": "http.request", "body": b"x" * 1024, "more_body": True}] * 3 + [{"type": "http.request"}])
-
-    async def receive() -> Any:
-        return next(chunks)
-
-    async def send(message: Any) -> None:
-        sent.append(message)
-
-    gate = BodyLimit(fastpath.InferFastPath(None, parts=None), max_bytes=max_bytes, inflight=InflightBytes(inflight))  # type: ignore[arg-type]
-    scope = {"type": "http", "method": "POST", "path": "/v2/models/m/infer", "headers": []}
-    original = fastpath.answer_infer
-    fastpath.answer_infer = answer  # type: ignore[assignment]
-    try:
-        asyncio.run(gate(scope, receive, send))
-    finally:
-        fastpath.answer_infer = original
+    chunks: list[dict[str, Any]] = [{"type": "http.request", "body": b"x" * 1024, "more_body": True}] * 3
+    sent, _ = _call(
+        "/v2/models/m/infer",
+        answer,
+        [*chunks, {"type": "http.request"}],
+        wrap=lambda app: BodyLimit(app, max_bytes=max_bytes, inflight=InflightBytes(inflight)),
+    )
     got, body = _body(sent)
     assert got == status and set(body) == {"error"}
     assert dict(sent[0]["headers"]).get(b"retry-after") == retry_after

@@ -7,7 +7,7 @@ from typing import Any, cast
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
-from serve_app.config import AppArgs
+from serve_app.config import AppArgs, RouterLiveConfig
 from serve_app.models.classifier import ImageClassifier, TextClassifier
 from serve_app.models.generator import TextGenerator
 from serve_app.models.generator_static import RequestBatchGenerator
@@ -28,7 +28,8 @@ DEPLOYMENT_FOR_FAMILY: dict[str, Deployment] = {
 
 
 def build_app(args: AppArgs | dict[str, Any]) -> Application:
-    """Bind one deployment per model (named like the model) behind the router.
+    """Bind one deployment per model version (named like the model, `<model>-v<version>` for its
+    further versions) behind the router.
 
     Ray passes a typed builder a validated model only when the annotation is a
     class at runtime; with postponed annotations it is a string, so accept both.
@@ -36,7 +37,8 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
     if not isinstance(args, AppArgs):
         args = AppArgs.model_validate(args)
     handles = {}
-    for name, model in args.models.items():
+    for name, served in args.served.items():
+        model = served.config
         assert model.family is not None, "validated config always has a family"
         deployment = DEPLOYMENT_FOR_FAMILY[model.family]
         # Classifiers get whole batches from the router, about two at a time per replica;
@@ -62,9 +64,12 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
             max_queued_requests=queued,
         ).bind(name, str(args.model_path(name)), model.model_dump(mode="json"))
     # Routes and models travel to the router as plain data plus handles.
+    # The traffic policy is the router's user_config: `serve deploy` changes it on running
+    # routers, where a change of the args would restart every replica of the application.
+    live = RouterLiveConfig(traffic=args.traffic)
     return (
         as_deployment(Router)
-        .options(name="router", max_ongoing_requests=router_capacity(args))
+        .options(name="router", max_ongoing_requests=router_capacity(args), user_config=live.model_dump(mode="json"))
         .bind(args.model_dump(mode="json"), handles)
     )
 
@@ -78,7 +83,7 @@ def router_capacity(args: AppArgs) -> int:
     runs are in benchmarks/results/priority/). Memory stays bounded: queues are capped in
     rows per model.
     """
-    return len(args.models) * args.scheduling.max_queue_items + ROUTER_HEADROOM
+    return len(args.served) * args.scheduling.max_queue_items + ROUTER_HEADROOM
 
 
 ROUTER_HEADROOM = 256  # requests in flight to models, generations, status and health calls

@@ -36,7 +36,8 @@ def plan(args: AppArgs) -> list[BuildPlan]:
     from serve_app.zoo.build import is_built
 
     out = []
-    for name, model in args.models.items():
+    for name, served in args.served.items():  # each version of each model
+        model = served.config
         if model.preset is None:
             continue  # a user's own model directory: nothing to build
         path = args.model_path(name)

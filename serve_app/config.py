@@ -8,10 +8,12 @@ schema holds what only this application knows: the catalog and its routes.
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from serve_app.presets import Family, get_preset
 
@@ -99,6 +101,12 @@ class ModelConfig(BaseModel):
         description="a batch or decode step running longer than this fails the replica's health check, and Serve "
         "replaces the replica",
     )
+    version: str = Field("1", min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.]+$", description="this entry's version")
+    versions: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="further versions, each its own Serve deployment named <model>-v<version> with its own model "
+        "directory (default <model_dir>/<model>-v<version>); each takes what it leaves out from this entry",
+    )
 
     def tuning(self) -> ReplicaTuning:
         return ReplicaTuning(**self.batching.model_dump(), faults=self.faults)
@@ -113,6 +121,111 @@ class ModelConfig(BaseModel):
         if self.family is None:
             raise ValueError("a model needs either a `preset` or an explicit `family` (bert, gpt or resnet)")
         return self
+
+
+VERSION_PATTERN = r"^[A-Za-z0-9_.]+$"
+
+
+def deployment_name(model: str, version: str, first_version: str) -> str:
+    """A version's Serve deployment: the model's own name for its entry's version, `<model>-v<version>` for others."""
+    return model if version == first_version else f"{model}-v{version}"
+
+
+@dataclass(frozen=True)
+class ServedVersion:
+    """One version of one model, as one Serve deployment."""
+
+    model: str
+    version: str
+    deployment: str
+    config: ModelConfig
+
+
+def expand_versions(name: str, model: ModelConfig) -> list[ServedVersion]:
+    """The entry's own version first, then each of `versions` over the entry's settings."""
+    out = [ServedVersion(name, model.version, name, model)]
+    base = model.model_dump(exclude={"versions", "version", "path"}, exclude_unset=True)
+    for version, override in model.versions.items():
+        if version == model.version or not re.match(VERSION_PATTERN, version):
+            raise ValueError(f"model {name!r}: version {version!r} is the entry's own or not a plain name")
+        merged = {**base, **override}
+        if "preset" in override and "family" not in override:
+            merged.pop("family", None)
+        config = ModelConfig.model_validate({**merged, "version": version})
+        if config.versions or config.family != model.family:
+            raise ValueError(f"model {name!r} version {version!r} must be a {model.family} model without versions of its own")
+        out.append(ServedVersion(name, version, deployment_name(name, version, model.version), config))
+    return out
+
+
+class ShadowConfig(BaseModel):
+    """Mirror a share of a model's answered requests to a candidate version, off the client's path."""
+
+    version: str
+    share: float = Field(1.0, ge=0.0, le=1.0, description="share of answered requests mirrored")
+    max_inflight: int = Field(
+        32, ge=1, description="shadow calls one router holds at once; past it a mirror is skipped (and counted)"
+    )
+
+
+class RollbackConfig(BaseModel):
+    """When a canary does worse than its baseline over a window, its weight goes to 0."""
+
+    window_s: float = Field(30.0, gt=0, description="outcomes older than this are forgotten")
+    min_requests: int = Field(20, ge=1, description="calls each side needs in the window before they are compared")
+    max_error_rate_increase: float = Field(
+        0.05, ge=0.0, le=1.0, description="roll back when the canary's error rate exceeds the baseline's by more"
+    )
+    max_p99_ratio: float | None = Field(
+        3.0, gt=1.0, description="roll back when the canary's p99 latency exceeds this multiple of the baseline's; None: off"
+    )
+
+
+class TrafficConfig(BaseModel):
+    """Which version answers a model's requests that name none."""
+
+    weights: dict[str, float] = Field(description="version -> relative weight; versions left out get none")
+    baseline: str | None = Field(None, description="what canaries are compared with; default: the model's entry version")
+    sticky: Literal["none", "session", "tenant"] = Field(
+        "none",
+        description="session: callers with the same X-Session-Key header stay on one version (A/B tests); tenant: "
+        "each tenant stays on one; none: every request drawn anew",
+    )
+    shadow: ShadowConfig | None = None
+    rollback: RollbackConfig | None = None
+
+    @model_validator(mode="after")
+    def _weights_valid(self) -> TrafficConfig:
+        if any(w < 0 for w in self.weights.values()) or not any(w > 0 for w in self.weights.values()):
+            raise ValueError("traffic weights must be non-negative with at least one above 0")
+        return self
+
+
+class RouterLiveConfig(BaseModel):
+    """The router deployment's `user_config`: applied by running routers, without a restart, on `serve deploy`."""
+
+    traffic: dict[str, TrafficConfig] = Field(default_factory=dict, description="per model")
+
+
+class CacheConfig(BaseModel):
+    """The router's response cache: a local LRU bounded in bytes, then an optional shared Redis tier."""
+
+    enabled: bool = False
+    max_bytes: int = Field(64 * 2**20, ge=0, description="the local tier's size bound; 0 turns it off")
+    max_entry_bytes: int = Field(2**20, ge=1, description="larger answers are not cached")
+    models: list[str] | None = Field(None, description="models and routes cached; None: every classifier and route")
+    per_tenant: bool = Field(False, description="key answers per tenant, so one never sees an answer another paid for")
+    redis_url: str | None = Field(None, description="shared tier, e.g. redis://redis:6379/0; None: local only")
+    redis_url_env: str | None = Field(None, description="environment variable holding the URL (wins over redis_url)")
+    ttl_s: int = Field(3600, ge=1, description="how long the shared tier keeps an answer")
+    redis_timeout_s: float = Field(0.05, gt=0, description="a shared-tier call slower than this counts as a miss")
+    redis_retry_s: float = Field(5.0, gt=0, description="after a shared-tier failure, skip it this long before trying again")
+    key_prefix: str = Field("serve-app:cache:", description="namespace of keys in Redis")
+
+    def url(self) -> str | None:
+        if self.redis_url_env:
+            return os.environ.get(self.redis_url_env) or self.redis_url
+        return self.redis_url
 
 
 class RouteConfig(BaseModel):
@@ -233,11 +346,24 @@ class AppArgs(BaseModel):
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     tenants: list[TenantConfig] = Field(default_factory=list, description="API keys; none configured = open server")
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    traffic: dict[str, TrafficConfig] = Field(
+        default_factory=dict,
+        description="the routers' starting traffic policy per model; the router deployment's user_config "
+        "(RouterLiveConfig) replaces it live",
+    )
 
     @model_validator(mode="after")
     def _routes_consistent(self) -> AppArgs:
         if not self.models:
             raise ValueError("the catalog is empty: name at least one model under `models`")
+        self._served = {s.deployment: s for name, m in self.models.items() for s in expand_versions(name, m)}
+        if len(self.served) != sum(1 + len(m.versions) for m in self.models.values()):
+            raise ValueError("two versions map to one deployment name; rename a model or a version")
+        check_traffic(self, self.traffic)
+        for name in self.cache.models or []:
+            if not self.is_name(name):
+                raise ValueError(f"cache.models names unknown model {name!r}")
         for name, route in self.routes.items():
             if name in self.models:
                 raise ValueError(f"route {name!r} has the same name as a model; pick another")
@@ -249,9 +375,42 @@ class AppArgs(BaseModel):
                 raise ValueError(f"route {name!r} must join two classifiers of one family, got {sorted(map(str, families))}")
         return self
 
-    def model_path(self, name: str) -> Path:
-        """Absolute model directory; resolved where the app is built, not in each replica."""
-        cfg = self.models[name]
+    _served: dict[str, ServedVersion] = PrivateAttr(default_factory=dict)
+
+    @property
+    def served(self) -> dict[str, ServedVersion]:
+        """Deployment name -> the model version it serves."""
+        return self._served
+
+    def is_name(self, name: str) -> bool:
+        return name in self.models or name in self.routes
+
+    def versions(self, model: str) -> dict[str, str]:
+        """A model's versions -> their deployments, the entry's own first."""
+        return {s.version: s.deployment for s in self.served.values() if s.model == model}
+
+    def deployment_config(self, deployment: str) -> ModelConfig:
+        return self.served[deployment].config
+
+    def model_path(self, deployment: str) -> Path:
+        """Absolute model directory of a deployment; resolved where the app is built, not in each replica."""
+        cfg = self.served[deployment].config
         root = Path(os.environ.get(MODEL_DIR_ENV) or self.model_dir).expanduser()
-        path = Path(cfg.path).expanduser() if cfg.path else root / name
+        path = Path(cfg.path).expanduser() if cfg.path else root / deployment
         return path.resolve()
+
+
+def check_traffic(args: AppArgs, traffic: dict[str, TrafficConfig]) -> None:
+    """Every model and version a traffic policy names exists."""
+    for model, policy in traffic.items():
+        if model not in args.models:
+            raise ValueError(f"traffic names unknown model {model!r}; known: {sorted(args.models)}")
+        known = args.versions(model)
+        named = [
+            *policy.weights,
+            *([policy.baseline] if policy.baseline else []),
+            *([policy.shadow.version] if policy.shadow else []),
+        ]
+        for v in named:
+            if v not in known:
+                raise ValueError(f"traffic for {model!r} names unknown version {v!r}; known: {sorted(known)}")

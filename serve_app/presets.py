@@ -50,6 +50,7 @@ class TrainConfig:
     batch_size: int = 64
     lr: float = 3e-3
     n_train: int = 4000
+    seed: int = 0  # initial weights; another seed trains another model of the same shape
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ PRESETS: dict[str, Preset] = {
         Preset("bert-tiny", "bert", BertConfig(DEMO_VOCAB, 64, 16, 1, 2, 32), TrainConfig(60, 64, 3e-3, 1000)),
         Preset("bert-light", "bert", BertConfig(DEMO_VOCAB, 64, 32, 1, 2, 64), TrainConfig(400, 64, 3e-3, 6000)),
         Preset("bert-heavy", "bert", BertConfig(DEMO_VOCAB, 64, 96, 3, 4, 192), TrainConfig(700, 64, 2e-3, 12000)),
+        # A second version of bert-heavy for canaries and shadows: wider, shallower, another seed.
+        Preset("bert-heavy-v2", "bert", BertConfig(DEMO_VOCAB, 64, 128, 2, 4, 256), TrainConfig(600, 64, 2e-3, 12000, 1)),
         Preset("bert-base", "bert", BertConfig(30522, 512, 768, 12, 12, 3072, 2)),
         Preset("gpt-tiny", "gpt", GPTConfig(DEMO_VOCAB, 64, 16, 1, 2), TrainConfig(40, 32, 3e-3, 500)),
         Preset("gpt-light", "gpt", GPTConfig(DEMO_VOCAB, 128, 96, 3, 4), TrainConfig(500, 32, 2e-3, 6000)),

@@ -9,16 +9,19 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from serve_app.cache.tiered import ResponseCache
 from serve_app.router.cascade import Cascade
 from serve_app.router.dispatchers import DispatcherPool
 from serve_app.router.gcwatch import FullCollectionSchedule
 from serve_app.router.telemetry import RouterTelemetry
+from serve_app.router.versions import VersionedModels
 from serve_app.scheduling.overload import LoopLag
 
 logger = logging.getLogger("ray.serve")
 GC_POLL_S = 0.25
 ROUTER_COUNT_POLL_S = 5.0
 LAG_TICK_S = 0.01  # how often the loop measures its own lateness
+ROLLBACK_TICK_S = 1.0  # how often canaries are compared with their baselines
 
 
 class BackgroundLoops:
@@ -33,6 +36,8 @@ class BackgroundLoops:
         router_count: Callable[[], int] | None = None,
         on_router_count: Callable[[int], None] | None = None,
         loop_lag: LoopLag | None = None,
+        versions: VersionedModels | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.dispatchers = dispatchers
         self.cascades = cascades
@@ -41,6 +46,7 @@ class BackgroundLoops:
         # How many router replicas there are now, and who must follow it (the rate limits' share).
         self.router_count, self.on_router_count = router_count, on_router_count
         self.loop_lag = loop_lag  # fed by its own loop when the router's overload control is on
+        self.versions, self.cache = versions, cache  # rollback checks, and their metrics
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -51,6 +57,8 @@ class BackgroundLoops:
             self._spawn(self._follow_router_count(self.router_count, self.on_router_count))
         if self.loop_lag is not None:
             self._spawn(self._measure_lag(self.loop_lag))
+        if self.versions is not None and self.cache is not None:
+            self._spawn(self._lifecycle(self.versions, self.cache))
         if self.full_gc_max_interval_s is not None:
             self._spawn(self._collect_garbage(FullCollectionSchedule(max_interval_s=self.full_gc_max_interval_s)))
 
@@ -82,6 +90,23 @@ class BackgroundLoops:
                 await telemetry.export(by_model, self.cascade_counts(), breakers)
             except Exception:  # metrics must never take the router down
                 logger.exception("exporting router metrics failed")
+
+    @staticmethod
+    async def _lifecycle(versions: VersionedModels, cache: ResponseCache) -> None:
+        """Canary rollbacks checked every tick; version and cache metrics exported every other."""
+        from serve_app.router.telemetry_lifecycle import LifecycleTelemetry
+
+        telemetry = LifecycleTelemetry()
+        tick = 0
+        while True:
+            await asyncio.sleep(ROLLBACK_TICK_S)
+            tick += 1
+            try:
+                versions.policy.check_rollbacks()
+                if tick % 2 == 0:
+                    await telemetry.export(versions, cache)
+            except Exception:  # a rollback check or a metric must never take the router down
+                logger.exception("checking rollbacks or exporting version metrics failed")
 
     async def _follow_router_count(self, count: Callable[[], int], follow: Callable[[int], None]) -> None:
         seen = None

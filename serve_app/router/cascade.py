@@ -88,36 +88,44 @@ class Cascade:
         self.counts: Counter[str] = Counter()
 
     async def classify(
-        self, payload: Payload, priority: Priority, deadline: float | None, timing: RequestTiming | None = None
+        self,
+        payload: Payload,
+        priority: Priority,
+        deadline: float | None,
+        timing: RequestTiming | None = None,
+        tiers: tuple[str, str] | None = None,
     ) -> ClassifierResult:
+        """`tiers`: the (light, heavy) deployments this request goes to, when a traffic policy chose
+        versions other than the route's own models."""
+        light_tier, heavy_tier = tiers or (self.light, self.heavy)
         n = len(payload)
         try:
-            light = await self.submit(self.light, payload, n, priority, deadline, timing)
+            light = await self.submit(light_tier, payload, n, priority, deadline, timing)
         except Exception as e:
             if isinstance(e, Overloaded | DeadlineExceeded) or (isinstance(e, ServeAppError) and e.status_code < 500):
                 raise
-            logits = await self.submit(self.heavy, payload, n, priority, deadline, timing)
+            logits = await self.submit(heavy_tier, payload, n, priority, deadline, timing)
             self.counts["fallback"] += n
-            return ClassifierResult(logits, [self.heavy] * n, f"{self.light} unavailable; answered by {self.heavy}")
+            return ClassifierResult(logits, [heavy_tier] * n, f"{light_tier} unavailable; answered by {heavy_tier}")
         escalate = self.policy.escalate(light)
         escalated = int(escalate.sum())
         self.counts["light"] += n - escalated
         if not escalated:
-            return ClassifierResult(light, [self.light] * n)
+            return ClassifierResult(light, [light_tier] * n)
         idx = np.flatnonzero(escalate)
         subset = [payload[i] for i in idx] if isinstance(payload, list) else payload[idx]
         try:
-            heavy = await self.submit(self.heavy, subset, escalated, priority, deadline, timing)
+            heavy = await self.submit(heavy_tier, subset, escalated, priority, deadline, timing)
         except Exception as e:
             if isinstance(e, ServeAppError) and e.status_code < 500:
                 raise
             code = e.code if isinstance(e, ServeAppError) else "model_error"
             self.counts["degraded"] += escalated
-            return ClassifierResult(light, [self.light] * n, f"{self.heavy} {code}; answered by {self.light}")
+            return ClassifierResult(light, [light_tier] * n, f"{heavy_tier} {code}; answered by {light_tier}")
         self.counts["heavy"] += escalated
         merged = light.copy()
         merged[idx] = heavy
-        return ClassifierResult(merged, [self.heavy if e else self.light for e in escalate])
+        return ClassifierResult(merged, [heavy_tier if e else light_tier for e in escalate])
 
 
 def route_policy(name: str, route: RouteConfig, light_manifest: Manifest) -> CascadePolicy:

@@ -21,6 +21,7 @@ STATS_TTL_S = 1.0  # how long /router/status reuses a generator's stats
 # A model's replica metadata: {"manifest": ..., "batching": ...} (serve_app.models.base.OnnxModel.metadata)
 FetchMetadata = Callable[[str], Awaitable[dict[str, Any]]]
 
+ROUTE_VERSION = "1"
 TEXT_INPUT = "text"
 IMAGE_INPUT = "image"
 PROMPT_INPUT = "text_input"
@@ -48,9 +49,11 @@ def served_io(manifest: Manifest) -> tuple[list[TensorMetadata], list[TensorMeta
     return [TensorMetadata(name=IMAGE_INPUT, datatype="FP32", shape=[-1, 3, s, s])], outputs
 
 
-def model_metadata(name: str, manifest: Manifest, platform: str = "onnxruntime_onnx") -> ModelMetadata:
+def model_metadata(
+    name: str, manifest: Manifest, platform: str = "onnxruntime_onnx", versions: list[str] | None = None
+) -> ModelMetadata:
     inputs, outputs = served_io(manifest)
-    return ModelMetadata(name=name, versions=[manifest.version], platform=platform, inputs=inputs, outputs=outputs)
+    return ModelMetadata(name=name, versions=versions or [manifest.version], platform=platform, inputs=inputs, outputs=outputs)
 
 
 def triton_config(name: str, manifest: Manifest, max_batch_size: int, platform: str = "onnxruntime_onnx") -> dict[str, Any]:
@@ -75,7 +78,8 @@ def triton_config(name: str, manifest: Manifest, max_batch_size: int, platform: 
 
 
 class ModelCatalog:
-    """The models and routes of one application, and each model's manifest, fetched once."""
+    """The models and routes of one application, and each deployment's manifest, fetched once.
+    A model's versions are deployments of their own; a route has one version, "1"."""
 
     def __init__(self, args: AppArgs, fetch: FetchMetadata) -> None:
         self.args = args
@@ -85,14 +89,15 @@ class ModelCatalog:
 
     @property
     def models(self) -> list[str]:
-        return list(self.args.models)
+        """Every deployment: each version of each model."""
+        return list(self.args.served)
 
     def generators(self) -> list[str]:
         return self.generator_names(self.args)
 
     @staticmethod
     def generator_names(args: AppArgs) -> list[str]:
-        return [n for n, m in args.models.items() if m.family == "gpt"]
+        return [d for d, s in args.served.items() if s.config.family == "gpt"]
 
     def is_known(self, name: str) -> bool:
         return name in self.args.models or name in self.args.routes
@@ -124,14 +129,26 @@ class ModelCatalog:
         first = model not in self.manifests
         self.manifests[model] = Manifest.model_validate(meta["manifest"])
         self.batching[model] = meta["batching"]
-        if first and len(self.manifests) == len(self.args.models):
+        if first and len(self.manifests) == len(self.args.served):
             # Every model has answered once (readiness, before traffic as a rule): the
             # handles' routing state is built, and lives as long as the router. Once.
             logger.info("router: %d objects frozen out of garbage collection", freeze_startup_heap())
 
-    def check_version(self, name: str, version: str | None, manifest: Manifest) -> None:
-        if version is not None and version != manifest.version:
-            raise NotFound(f"model {name!r} has no version {version!r}; available: [{manifest.version!r}]")
+    def versions(self, name: str) -> list[str]:
+        return list(self.args.versions(name)) if name in self.args.models else [ROUTE_VERSION]
+
+    def deployment(self, name: str, version: str | None) -> str:
+        """The deployment whose metadata a name (and version) shows: a route shows its light tier's."""
+        if name in self.args.routes:
+            if version not in (None, ROUTE_VERSION):
+                raise NotFound(f"route {name!r} has no version {version!r}; available: [{ROUTE_VERSION!r}]")
+            return self.args.routes[name].light
+        versions = self.args.versions(name)
+        if version is None:
+            return versions[self.args.models[name].version]
+        if version not in versions:
+            raise NotFound(f"model {name!r} has no version {version!r}; available: {sorted(versions)}")
+        return versions[version]
 
     async def is_ready(self, model: str) -> bool:
         """Whether a replica of the model answers now: asked every time, never from the cache,

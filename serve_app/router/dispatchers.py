@@ -39,7 +39,7 @@ class DispatcherPool:
         return self.by_model.get(model)
 
     def settings(self, model: str) -> DispatchSettings:
-        config, sched = self.args.models[model], self.args.scheduling
+        config, sched = self.args.deployment_config(model), self.args.scheduling
         return DispatchSettings(
             policy=sched.policy,
             max_queue_items=sched.max_queue_items,

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from serve_app.protocols import openai
 
 PRIORITY_DOC = "high, normal or low (capped by the caller's tenant)"
+SESSION_DOC = "sticky key: requests with the same key reach the same model version, where a model's traffic policy says so"
 TIMEOUT_DOC = "deadline in milliseconds; refused at once if it cannot be met, ended with a 504 if it passes"
 
 

@@ -5,7 +5,7 @@ path parameters, dependency injection), but on the inference path, which carries
 nearly every request, its routing over every route, dependency solving and
 exception middleware cost the router more CPU than the request's own work. This
 pure ASGI middleware answers `POST /v2/models/{name}[/versions/{v}]/infer` itself:
-it reads the four headers the endpoint declares and calls the same
+it reads the headers the endpoint declares and calls the same
 `endpoints_v2.answer_infer` the FastAPI route does, and gives errors the same
 shapes the app's exception handlers give. Every other request goes on to FastAPI,
 and the route stays declared there, so `/openapi.json` still documents it.
@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect
 
 from serve_app.errors import ModelFailure, ServeAppError
 from serve_app.protocols.errors import error_response, from_http_exception
-from serve_app.router.endpoints_v2 import answer_infer
+from serve_app.router.infer_v2 import InferHeaders, answer_infer
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import ASGIApp, Receive, Scope, Send
 
@@ -33,7 +33,10 @@ logger = logging.getLogger("ray.serve")
 PREFIX = "/v2/models/"
 SUFFIX = "/infer"
 # The headers the infer endpoint reads, as ASGI gives them (lower-cased bytes).
-WANTED = (b"x-priority", b"x-request-timeout-ms", b"authorization", b"inference-header-content-length")
+WANTED = (
+    b"x-priority", b"x-request-timeout-ms", b"authorization", b"inference-header-content-length", b"x-session-key",
+    b"cache-control",
+)  # fmt: skip
 
 
 def infer_route(path: str) -> tuple[str, str | None] | None:
@@ -81,11 +84,11 @@ class InferFastPath:
         h = wanted_headers(scope["headers"])
         path = scope["path"]
         try:
-            response = await answer_infer(
-                self.parts, route[0], route[1], read_body,
+            headers = InferHeaders(
                 h.get(b"x-priority"), h.get(b"x-request-timeout-ms"), h.get(b"authorization"),
-                h.get(b"inference-header-content-length"),
+                h.get(b"inference-header-content-length"), h.get(b"x-session-key"), h.get(b"cache-control"),
             )  # fmt: skip
+            response = await answer_infer(self.parts, route[0], route[1], read_body, headers)
         except ClientDisconnect:
             return  # nobody to answer
         except ServeAppError as e:

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from serve_app.config import AppArgs
+from serve_app.config import AppArgs, RouterLiveConfig
 from serve_app.router.dispatchers import handle_sender
 from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
@@ -45,10 +45,17 @@ class Router:
         prepare_process(self.args.scheduling, self.parts.gc_pauses, open_to_all=self.parts.callers.tenants.open)
         self.parts.loops.start()
 
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """The live part of the config (RouterLiveConfig): applied without a restart on `serve deploy`."""
+        live = RouterLiveConfig.model_validate(user_config or {})
+        self.parts.versions.update(live.traffic)
+
     def check_health(self) -> None:
         """Serve's periodic probe: unhealthy when a background loop has died."""
         self.parts.loops.check()
 
     async def shutdown(self) -> None:
         await self.parts.loops.stop()
+        await self.parts.versions.stop()
+        await self.parts.cache.close()
         self.parts.gc_pauses.uninstall()

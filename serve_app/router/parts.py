@@ -8,6 +8,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from serve_app.cache.tiered import ResponseCache
 from serve_app.config import AppArgs
 from serve_app.contract import Priority
 from serve_app.manifest import Manifest
@@ -17,6 +18,7 @@ from serve_app.router.cascade import Cascade, Payload, route_policy
 from serve_app.router.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.gcwatch import GcPauses
+from serve_app.router.versions import VersionedModels
 from serve_app.scheduling.breaker import CircuitBreaker
 from serve_app.scheduling.dispatcher import RequestTiming
 from serve_app.scheduling.overload import LagShedding, LoopLag
@@ -25,7 +27,7 @@ from serve_app.scheduling.overload import LagShedding, LoopLag
 @dataclass
 class RouterParts:
     args: AppArgs
-    handles: dict[str, Any]  # model name -> its deployment handle
+    handles: dict[str, Any]  # deployment name (a model's version) -> its handle
     router_id: str
     callers: Callers
     catalog: ModelCatalog
@@ -33,6 +35,8 @@ class RouterParts:
     cascades: dict[str, Cascade]  # route name -> its tiers
     loops: BackgroundLoops
     gc_pauses: GcPauses
+    versions: VersionedModels  # which version answers, outcomes per version, shadows
+    cache: ResponseCache
     # The router's own overload control: its event loop's lateness and who is refused past the target.
     loop_lag: LoopLag | None = None
     lag_shedding: LagShedding | None = None
@@ -42,10 +46,16 @@ class RouterParts:
     generator_stats: RecentAnswers = field(default_factory=RecentAnswers)  # what /router/status shows of them
 
     async def submit(
-        self, model: str, payload: Payload, items: int, priority: Priority, deadline: float | None, timing: RequestTiming | None
+        self,
+        deployment: str,
+        payload: Payload,
+        items: int,
+        priority: Priority,
+        deadline: float | None,
+        timing: RequestTiming | None,
     ) -> Any:
-        """One request's rows through a model's queue; its result, or its error."""
-        return await self.dispatchers.get(model).submit(payload, items, priority, deadline, timing)
+        """One request's rows through a deployment's queue; its result, or its error."""
+        return await self.versions.submit(deployment, payload, items, priority, deadline, timing)
 
 
 def build_parts(
@@ -62,8 +72,16 @@ def build_parts(
         return meta
 
     dispatchers = DispatcherPool(args, send_for)
+
+    async def queue(
+        deployment: str, payload: Payload, items: int, priority: Priority, deadline: float | None, timing: RequestTiming | None
+    ) -> Any:
+        return await dispatchers.get(deployment).submit(payload, items, priority, deadline, timing)
+
     target_ms = args.scheduling.router_delay_target_ms
     loop_lag = LoopLag() if target_ms is not None else None
+    versions = VersionedModels(args, queue)
+    cache = ResponseCache.from_config(args.cache)
     callers = Callers(
         build_registry(args.tenants, args.scheduling.anonymous_max_priority), Priority.parse(args.scheduling.default_priority)
     )
@@ -82,8 +100,12 @@ def build_parts(
             router_count=router_count,
             on_router_count=callers.tenants.set_share,
             loop_lag=loop_lag,
+            versions=versions,
+            cache=cache,
         ),
         gc_pauses=GcPauses(),
+        versions=versions,
+        cache=cache,
         loop_lag=loop_lag,
         lag_shedding=LagShedding(target_ms / 1e3) if target_ms is not None else None,
         breakers={

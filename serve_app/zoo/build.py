@@ -33,7 +33,10 @@ Progress = Callable[[int], None]
 
 
 def fingerprint(preset: Preset) -> str:
-    blob = json.dumps({"v": BUILD_VERSION, "preset": asdict(preset)}, sort_keys=True)
+    described = asdict(preset)
+    if not preset.train.seed:  # seed 0 is what every build used before seeds were a setting: those builds stay valid
+        del described["train"]["seed"]
+    blob = json.dumps({"v": BUILD_VERSION, "preset": described}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -55,7 +58,7 @@ def build_model(name: str, preset: Preset, model_dir: Path, progress: Progress =
     scratch = model_dir.with_name(model_dir.name + ".building")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
-    torch.manual_seed(0)
+    torch.manual_seed(preset.train.seed)
     started = time.perf_counter()
     source: dict[str, object] = {
         "preset": preset.name,

@@ -35,7 +35,7 @@ def _optimizer(
 def train_bert(model: BertClassifier, tok: TextTokenizer, tc: TrainConfig, progress: Progress) -> None:
     texts, labels = data.sentiment_dataset(tc.n_train, data.TRAIN_SEED)
     seqs = tok.encode_batch(texts)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(tc.seed)
     opt, sched = _optimizer(model, tc, tc.steps)
     model.train()
     for _ in range(tc.steps):
@@ -52,7 +52,7 @@ def train_gpt(model: GPT, tok: TextTokenizer, tc: TrainConfig, progress: Progres
         stream.extend([*tok.encode(line), tok.eos_id])
     tokens = torch.tensor(stream, dtype=torch.long)
     T = min(model.cfg.block_size, 64)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(tc.seed)
     opt, sched = _optimizer(model, tc, tc.steps)
     model.train()
     for _ in range(tc.steps):
@@ -70,7 +70,7 @@ def train_gpt(model: GPT, tok: TextTokenizer, tc: TrainConfig, progress: Progres
 def train_resnet(model: ResNet, tc: TrainConfig, progress: Progress) -> None:
     images, labels = data.shapes_dataset(tc.n_train, data.TRAIN_SEED, model.cfg.image_size)
     x_all, y_all = torch.from_numpy(images), torch.from_numpy(labels)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(tc.seed)
     opt, sched = _optimizer(model, tc, tc.steps)
     model.train()
     for _ in range(tc.steps):

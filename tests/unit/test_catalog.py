@@ -51,7 +51,9 @@ def test_names_routes_and_versions():
     assert c.generators() == ["gpt"]
     with pytest.raises(NotFound, match="available"):
         c.known("nope")
-    manifest = asyncio.run(c.manifest("bert-heavy"))
-    c.check_version("bert-heavy", "1", manifest)
+    assert c.deployment("bert-heavy", "1") == c.deployment("bert-heavy", None) == "bert-heavy"
+    assert c.deployment("text-classify", "1") == "bert-light" and c.versions("text-classify") == ["1"]
     with pytest.raises(NotFound, match="no version '2'"):
-        c.check_version("bert-heavy", "2", manifest)
+        c.deployment("bert-heavy", "2")
+    with pytest.raises(NotFound, match="no version '2'"):
+        c.deployment("text-classify", "2")

@@ -95,7 +95,7 @@ def test_the_router_can_hold_everything_its_queues_admit():
     from serve_app.config import AppArgs
 
     args = AppArgs.model_validate(yaml.safe_load(CONFIGS[0].read_text())["applications"][0]["args"])
-    assert router_capacity(args) == len(args.models) * args.scheduling.max_queue_items + ROUTER_HEADROOM
+    assert router_capacity(args) == len(args.served) * args.scheduling.max_queue_items + ROUTER_HEADROOM
     # ... and the router deployment is built with it.
     assert build_app(args)._bound_deployment.max_ongoing_requests == router_capacity(args)
 

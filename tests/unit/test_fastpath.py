@@ -54,7 +54,7 @@ def _call(
         sent.append(message)
 
     gate = wrap(fastpath.InferFastPath(inner, parts=None))  # type: ignore[arg-type]
-    scope = {"type": "http", "method": method, "path": path, "headers": [(b"x-priority", b"low")]}
+    scope = {"type": "http", "method": method, "path": path, "headers": [(b"x-priority", b"low"), (b"x-session-key", b"s1")]}
     original = fastpath.answer_infer
     fastpath.answer_infer = answer  # type: ignore[assignment]
     try:
@@ -71,8 +71,8 @@ def _body(sent: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
 def test_infer_is_answered_with_the_body_read_in_chunks_and_the_headers_passed() -> None:
     seen: dict[str, Any] = {}
 
-    async def answer(parts: Any, name: str, version: Any, read_body: Any, priority: Any, *rest: Any) -> Response:
-        seen.update(name=name, version=version, body=await read_body(), priority=priority)
+    async def answer(parts: Any, name: str, version: Any, read_body: Any, headers: Any) -> Response:
+        seen.update(name=name, version=version, body=await read_body(), priority=headers.priority, session=headers.session_key)
         return Response(b'{"ok":true}', media_type="application/json")
 
     chunks: list[dict[str, Any]] = [
@@ -80,7 +80,7 @@ def test_infer_is_answered_with_the_body_read_in_chunks_and_the_headers_passed()
         {"type": "http.request", "body": b":1}"},
     ]
     sent, passed = _call("/v2/models/m/versions/3/infer", answer, chunks)
-    assert seen == {"name": "m", "version": "3", "body": b'{"a":1}', "priority": "low"} and passed == []
+    assert seen == {"name": "m", "version": "3", "body": b'{"a":1}', "priority": "low", "session": "s1"} and passed == []
     assert _body(sent) == (200, {"ok": True})
 
 

@@ -1,0 +1,209 @@
+"""Traffic policy per model: which version answers a request that names none (weighted split,
+sticky keys), which candidate a request is mirrored to (shadow), and automatic rollback of a
+canary that does worse than its baseline. Plain classes: no Ray, no clock but the one given."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from serve_app.config import RollbackConfig, TrafficConfig
+
+logger = logging.getLogger("ray.serve")
+
+
+def unit_hash(model: str, key: str) -> float:
+    """A key's stable place in [0, 1): the same key lands on the same version while weights hold."""
+    digest = hashlib.blake2b(f"{model}\0{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+class OutcomeWindow:
+    """One version's recent calls: latency and whether it failed, forgotten after `window_s`."""
+
+    def __init__(self, window_s: float, clock: Callable[[], float]) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self.calls: deque[tuple[float, float, bool]] = deque()  # (when, latency_s, failed)
+
+    def record(self, latency_s: float, failed: bool) -> None:
+        self.calls.append((self.clock(), latency_s, failed))
+        self._forget()
+
+    def _forget(self) -> None:
+        horizon = self.clock() - self.window_s
+        while self.calls and self.calls[0][0] < horizon:
+            self.calls.popleft()
+
+    def summary(self) -> tuple[int, float, float]:
+        """(calls, error rate, p99 latency of the calls that succeeded) in the window."""
+        self._forget()
+        n = len(self.calls)
+        if not n:
+            return 0, 0.0, 0.0
+        failed = sum(1 for _, _, f in self.calls if f)
+        ok = [lat for _, lat, f in self.calls if not f]
+        p99 = float(np.percentile(ok, 99)) if ok else 0.0
+        return n, failed / n, p99
+
+
+@dataclass(frozen=True)
+class Rollback:
+    model: str
+    version: str
+    reason: str
+
+
+def rollback_reason(rule: RollbackConfig, canary: OutcomeWindow, baseline: OutcomeWindow) -> str | None:
+    """Why the canary should go, or None: both sides need `min_requests` calls in the window."""
+    n_c, err_c, p99_c = canary.summary()
+    n_b, err_b, p99_b = baseline.summary()
+    if n_c < rule.min_requests or n_b < rule.min_requests:
+        return None
+    if err_c > err_b + rule.max_error_rate_increase:
+        return f"error rate {err_c:.3f} over {n_c} calls against the baseline's {err_b:.3f}"
+    if rule.max_p99_ratio is not None and p99_b > 0 and p99_c > p99_b * rule.max_p99_ratio:
+        return f"p99 {p99_c * 1e3:.1f} ms against the baseline's {p99_b * 1e3:.1f} ms"
+    return None
+
+
+@dataclass
+class ModelTraffic:
+    """One model's policy as configured, and the versions rolled back since."""
+
+    config: TrafficConfig
+    baseline: str
+    rolled_back: dict[str, str] = field(default_factory=dict)  # version -> why
+
+    def weights(self) -> dict[str, float]:
+        """Weights in effect: rolled-back versions get none; if none is left, the baseline takes all."""
+        live = {v: w for v, w in self.config.weights.items() if w > 0 and v not in self.rolled_back}
+        return live or {self.baseline: 1.0}
+
+
+class TrafficPolicy:
+    """Every model's traffic policy in one router; models without one always get their first version."""
+
+    def __init__(
+        self,
+        first_versions: dict[str, str],
+        clock: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.first_versions = first_versions  # model -> its entry's version
+        self.clock = clock
+        self.rng = rng
+        self.models: dict[str, ModelTraffic] = {}
+        self.windows: dict[tuple[str, str], OutcomeWindow] = {}
+        self.rollbacks: list[Rollback] = []  # every rollback so far (metrics and status read it)
+
+    def update(self, traffic: dict[str, TrafficConfig]) -> None:
+        """Apply a new configuration. A rollback stands until the version's weight is changed."""
+        models = {}
+        for model, config in traffic.items():
+            kept = {}
+            old = self.models.get(model)
+            if old is not None:
+                kept = {v: why for v, why in old.rolled_back.items() if config.weights.get(v) == old.config.weights.get(v)}
+            models[model] = ModelTraffic(config, config.baseline or self.first_versions[model], kept)
+        self.models = models
+
+    def choose(self, model: str, session: str | None = None, tenant: str | None = None) -> str:
+        """The version that answers a request naming none."""
+        policy = self.models.get(model)
+        if policy is None:
+            return self.first_versions[model]
+        weights = policy.weights()
+        if len(weights) == 1:
+            return next(iter(weights))
+        key = session if policy.config.sticky == "session" else tenant if policy.config.sticky == "tenant" else None
+        u = unit_hash(model, key) if key else self.rng()
+        total = sum(weights.values())
+        acc = 0.0
+        for version, w in weights.items():
+            acc += w / total
+            if u < acc:
+                return version
+        return version  # u within rounding of 1.0
+
+    def shadow(self, model: str, answered_by: str) -> str | None:
+        """The candidate version to mirror this answered request to, or None."""
+        policy = self.models.get(model)
+        shadow = policy.config.shadow if policy is not None else None
+        if shadow is None or shadow.version == answered_by or self.rng() >= shadow.share:
+            return None
+        return shadow.version
+
+    def shadow_limit(self, model: str) -> int:
+        policy = self.models.get(model)
+        return policy.config.shadow.max_inflight if policy is not None and policy.config.shadow is not None else 0
+
+    def record(self, model: str, version: str, latency_s: float, failed: bool) -> None:
+        """A call's outcome, kept for rollback when the model's policy has a rule."""
+        policy = self.models.get(model)
+        if policy is None or policy.config.rollback is None:
+            return
+        window = self.windows.get((model, version))
+        if window is None:
+            window = self.windows[(model, version)] = OutcomeWindow(policy.config.rollback.window_s, self.clock)
+        window.record(latency_s, failed)
+
+    def check_rollbacks(self) -> list[Rollback]:
+        """Roll back every canary doing worse than its baseline now; returns the new rollbacks."""
+        new = []
+        for model, policy in self.models.items():
+            rule = policy.config.rollback
+            baseline = self.windows.get((model, policy.baseline))
+            if rule is None or baseline is None:
+                continue
+            for version in policy.weights():
+                canary = self.windows.get((model, version))
+                if version == policy.baseline or canary is None:
+                    continue
+                reason = rollback_reason(rule, canary, baseline)
+                if reason is not None:
+                    policy.rolled_back[version] = reason
+                    event = Rollback(model, version, reason)
+                    logger.warning("traffic: rolled back %s version %s to weight 0: %s", model, version, reason)
+                    new.append(event)
+        self.rollbacks.extend(new)
+        return new
+
+    def effective_weights(self) -> dict[tuple[str, str], float]:
+        """(model, version) -> its share of unversioned requests now, for every model with a policy."""
+        out = {}
+        for model, policy in self.models.items():
+            weights = policy.weights()
+            total = sum(weights.values())
+            for version in policy.config.weights:
+                out[(model, version)] = weights.get(version, 0.0) / total
+        return out
+
+
+@dataclass
+class ShadowStats:
+    """What mirrored calls found, per (model, candidate version); telemetry drains `prob_diffs`."""
+
+    rows: int = 0
+    agreed: int = 0
+    errors: int = 0
+    skipped: int = 0  # mirrors not sent: too many in flight
+    prob_diffs: list[float] = field(default_factory=list)
+
+    def compare(self, p: np.ndarray, q: np.ndarray) -> None:
+        """Label agreement per row, and the largest probability difference per row, of the primary's
+        and the candidate's (N, C) class probabilities."""
+        self.rows += len(p)
+        self.agreed += int((p.argmax(axis=1) == q.argmax(axis=1)).sum())
+        self.prob_diffs.extend(np.abs(p - q).max(axis=1).tolist())
+
+    @property
+    def agreement(self) -> float:
+        return self.agreed / self.rows if self.rows else 1.0

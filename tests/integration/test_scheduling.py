@@ -1,6 +1,8 @@
 """Router scheduling on a real Serve app, started the way users start it (`ray start`,
 then `serve run CONFIG`): priority under a flood, deadline admission, circuit breaking
 on a replica with injected failures, and autoscaling driven by work the router holds.
+Then model versions: the traffic split, sticky keys, shadows, the response cache, and a
+live weight change through `serve deploy` with a failing canary rolled back.
 
 Models are the tiny presets slowed down with the fault drill (`faults.delay_s`), so a
 handful of requests is enough to overload them and the timings are the model's, not
@@ -30,15 +32,30 @@ PORT = 8125
 URL = f"http://127.0.0.1:{PORT}"
 RAY_PORT = 6393
 METRICS_PORT = 8127  # Ray's Prometheus endpoint (`ray start --metrics-export-port`)
+DASHBOARD_PORT = 8128  # what `serve deploy` talks to
 BATCH_S = 0.1  # every batch of the slow models takes this long
 POLICY = "serve_app.scheduling.autoscale:router_demand_policy"
-GOLD_KEY, FREE_KEY = "gold-key-for-tests", "free-key-for-tests"
+GOLD_KEY, FREE_KEY, SILVER_KEY = "gold-key-for-tests", "free-key-for-tests", "silver-key-for-tests"
 AUTH = {"Authorization": f"Bearer {GOLD_KEY}"}
 FREE = {"Authorization": f"Bearer {FREE_KEY}"}
+SILVER = {"Authorization": f"Bearer {SILVER_KEY}"}
+ROLLBACK = {"window_s": 20, "min_requests": 10, "max_error_rate_increase": 0.2, "max_p99_ratio": None}
+
+
+def _traffic(canaried: dict[str, float]) -> dict[str, Any]:
+    """The router's live config: `canaried` split as given; every call to `steady` mirrored to its version 2."""
+    return {
+        "traffic": {
+            "canaried": {"weights": canaried, "sticky": "session", "rollback": ROLLBACK},
+            "steady": {"weights": {"1": 1}, "shadow": {"version": "2", "share": 1.0}},
+        }
+    }
+
+
 OUTAGE_S = 6.0
 
 
-def _config(model_dir: Path) -> dict[str, Any]:
+def _config(model_dir: Path, traffic: dict[str, float] | None = None) -> dict[str, Any]:
     slow = {"preset": "bert-tiny", "batching": {"max_batch_size": 2, "batch_wait_timeout_s": 0.0}, "faults": {"delay_s": BATCH_S}}
     return {
         "proxy_location": "HeadOnly",
@@ -55,13 +72,17 @@ def _config(model_dir: Path) -> dict[str, Any]:
                         "autoscaled": {**slow, "faults": {"delay_s": BATCH_S / 2}},
                         # An outage drill: every batch fails for OUTAGE_S from the first one, then heals.
                         "flaky": {"preset": "bert-tiny", "faults": {"error_rate": 1.0, "duration_s": OUTAGE_S}},
-                        "steady": {"preset": "bert-tiny"},
+                        "steady": {"preset": "bert-tiny", "versions": {"2": {}}},
+                        # Three versions of one model; the third fails every batch (a broken canary).
+                        "canaried": {"preset": "bert-tiny", "versions": {"2": {}, "3": {"faults": {"error_rate": 1.0}}}},
                     },
+                    "cache": {"enabled": True, "models": ["canaried"], "per_tenant": True},
                     "routes": {"flaky-route": {"light": "flaky", "heavy": "steady", "threshold": 0.0}},
                     "tenants": [
                         {"name": "gold", "key_sha256": hashlib.sha256(GOLD_KEY.encode()).hexdigest(), "operator": True},
                         # Read from the replicas' environment, as a Kubernetes secret would be.
                         {"name": "free", "key_env": "SCHED_TEST_FREE_KEY", "max_priority": "low", "rate_per_s": 0.2, "burst": 3},
+                        {"name": "silver", "key_sha256": hashlib.sha256(SILVER_KEY.encode()).hexdigest()},
                     ],
                     "scheduling": {
                         "max_queue_items": 12,
@@ -71,7 +92,16 @@ def _config(model_dir: Path) -> dict[str, Any]:
                     },
                 },
                 "deployments": [
-                    {"name": "router", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
+                    {
+                        "name": "router",
+                        "num_replicas": 1,
+                        "ray_actor_options": {"num_cpus": 0.5},
+                        "user_config": _traffic(traffic or {"1": 90, "2": 10}),
+                    },
+                    *(
+                        {"name": d, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.25}}
+                        for d in ("canaried", "canaried-v2", "canaried-v3", "steady-v2")
+                    ),
                     {"name": "slow", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
                     {
                         "name": "autoscaled",
@@ -94,13 +124,13 @@ def _config(model_dir: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    for name in ("slow", "autoscaled", "flaky", "steady"):
+    for name in ("slow", "autoscaled", "flaky", "steady", "steady-v2", "canaried", "canaried-v2", "canaried-v3"):
         link = tiny_model_dir / name
         if not link.exists():
             link.symlink_to(tiny_model_dir / "bert-light")
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_SERVE_ENABLE_HA_PROXY": "0", "SCHED_TEST_FREE_KEY": FREE_KEY}
-    start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=8", "--include-dashboard=false", "--disable-usage-stats",
-             f"--metrics-export-port={METRICS_PORT}"]  # fmt: skip
+    start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=8", "--include-dashboard=true",
+             f"--dashboard-port={DASHBOARD_PORT}", "--disable-usage-stats", f"--metrics-export-port={METRICS_PORT}"]  # fmt: skip
     wait_for_ray_exit()
     subprocess.run(start, check=True, env=env, capture_output=True)
     path = tmp_path_factory.mktemp("sched") / "config.yaml"
@@ -319,3 +349,209 @@ def test_router_metrics_are_scraped_from_ray_as_prometheus_text(app):
         time.sleep(2)
     shed = [line for line in text.splitlines() if "serve_app_shed" in line and not line.startswith("#")]
     assert any('model="slow"' in line and 'reason="queue_' in line for line in shed), shed
+
+
+# Model versions -------------------------------------------------------------------------
+
+
+async def _versions_of(requests: list[tuple[str, dict[str, str]]], model: str = "canaried") -> list[httpx.Response]:
+    """Send (text, headers) requests 8 at a time (the module's queues hold 12 rows); every answer."""
+    limit = asyncio.Semaphore(8)
+    async with httpx.AsyncClient(base_url=URL, timeout=60) as client:
+
+        async def one(text: str, headers: dict[str, str]) -> httpx.Response:
+            async with limit:
+                return await client.post(f"/v2/models/{model}/infer", json=_body(text), headers={**AUTH, **headers})
+
+        return await asyncio.gather(*(one(t, h) for t, h in requests))
+
+
+def test_unversioned_requests_split_by_weight_versioned_paths_are_exact_and_sticky_keys_stick(app):
+    answers = asyncio.run(_versions_of([(f"request number {i}", {}) for i in range(1000)]))
+    assert {r.status_code for r in answers} == {200}, [r.text for r in answers if r.status_code != 200][:3]
+    versions = [r.json()["model_version"] for r in answers]
+    share = versions.count("2") / len(versions)
+    assert 0.07 <= share <= 0.13 and versions.count("1") + versions.count("2") == 1000, share
+    assert all(
+        r.headers["X-Served-By"] == ("canaried" if v == "1" else "canaried-v2") for r, v in zip(answers, versions, strict=True)
+    )
+    for version in ("1", "2", "3"):
+        exact = [_post(f"{URL}/v2/models/canaried/versions/{version}/infer", json=_body(f"exact {i}")) for i in range(5)]
+        if version == "3":  # the broken version answers for itself: its own error, not another version's answer
+            assert {r.status_code for r in exact} <= {500, 503}
+            continue
+        assert [r.json()["model_version"] for r in exact] == [version] * 5
+    missing = _post(f"{URL}/v2/models/canaried/versions/9/infer", json=_body())
+    assert missing.status_code == 404 and "no version '9'" in missing.json()["error"]
+    for key in ("alice", "bob", "carol"):
+        sticky = asyncio.run(_versions_of([(f"{key} {i}", {"X-Session-Key": key}) for i in range(100)]))
+        assert len({r.json()["model_version"] for r in sticky}) == 1, key
+    meta = httpx.get(f"{URL}/v2/models/canaried", headers=AUTH, timeout=10).json()
+    assert meta["versions"] == ["1", "2", "3"]
+    assert httpx.get(f"{URL}/v2/models/canaried/versions/2/ready", timeout=10).status_code == 200
+    index = httpx.post(f"{URL}/v2/repository/index", headers=AUTH, timeout=30).json()
+    assert {(m["name"], m["version"], m["state"]) for m in index} >= {("canaried", v, "READY") for v in ("1", "2", "3")}
+
+
+def test_cached_answers_never_cross_versions_or_tenants(app):
+    def ask(version: str, headers: dict[str, str], **extra: str) -> httpx.Response:
+        resp = _post(f"{URL}/v2/models/canaried/versions/{version}/infer", {**headers, **extra}, json=_body("cache me"))
+        assert resp.status_code == 200, resp.text
+        return resp
+
+    first, again = ask("1", AUTH), ask("1", AUTH)
+    assert (first.headers["X-Cache"], again.headers["X-Cache"]) == ("miss", "hit-local")
+    assert first.json()["outputs"] == again.json()["outputs"]
+    other_version = ask("2", AUTH)
+    assert other_version.headers["X-Cache"] == "miss" and other_version.json()["model_version"] == "2"
+    other_tenant = ask("1", SILVER)
+    assert other_tenant.headers["X-Cache"] == "miss"  # per-tenant keys: gold's answer is not silver's
+    assert "X-Cache" not in ask("1", AUTH, **{"Cache-Control": "no-cache"}).headers
+    assert "X-Cache" not in _post(f"{URL}/v2/models/steady/infer", json=_body("cache me")).headers  # not a cached model
+
+
+ALIVE_REPLICAS = """
+import sys, ray
+from ray.util.state import list_actors
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000):
+    if a.name and a.name.startswith("SERVE_REPLICA::"):
+        print(a.name)
+"""
+
+KILL_REPLICAS = """
+import sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+for name in sys.argv[2:]:
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+"""
+
+
+def _script(env: dict[str, str], script: str, *args: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", script, f"127.0.0.1:{RAY_PORT}", *args], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
+
+
+class SteadyLoad:
+    """Eight clients sending `model` distinct requests back to back; every answer kept with its time."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.answers: list[tuple[float, int, str]] = []  # (when, status, model_version or error)
+        self.stop = False
+
+    async def run(self, until: Callable[[], bool]) -> None:
+        async with httpx.AsyncClient(base_url=URL, timeout=60, headers=AUTH) as client:
+
+            async def worker(w: int) -> None:
+                i = 0
+                while not self.stop:
+                    i += 1
+                    r = await client.post(f"/v2/models/{self.model}/infer", json=_body(f"load {w} {i} {time.monotonic()}"))
+                    body = r.json()
+                    self.answers.append((time.monotonic(), r.status_code, body.get("model_version", body.get("error", ""))))
+
+            tasks = [asyncio.ensure_future(worker(w)) for w in range(8)]
+            while not until():
+                await asyncio.sleep(0.2)
+            self.stop = True
+            await asyncio.gather(*tasks)
+
+    def share(self, version: str, since: float) -> float:
+        recent = [v for t, s, v in self.answers if t >= since and s == 200]
+        return recent.count(version) / len(recent) if len(recent) >= 20 else 0.0
+
+
+def _deploy(env: dict[str, str], path: Path, model_dir: Path, weights: dict[str, float]) -> None:
+    path.write_text(yaml.safe_dump(_config(model_dir, weights)))
+    out = subprocess.run(
+        ["serve", "deploy", "--address", f"http://127.0.0.1:{DASHBOARD_PORT}", str(path)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_a_weight_change_through_serve_deploy_moves_traffic_live_and_a_failing_canary_rolls_back(
+    app, tiny_model_dir: Path, tmp_path: Path
+):
+    replicas = set(_script(app, ALIVE_REPLICAS))
+    assert any("#canaried-v2#" in r for r in replicas) and any("#router#" in r for r in replicas)
+    load = SteadyLoad("canaried")
+    moved: dict[str, float] = {}
+
+    def phases() -> bool:
+        now = time.monotonic()
+        if "deployed" not in moved and len(load.answers) >= 100:
+            moved["deployed"] = now
+            _deploy(app, tmp_path / "weights.yaml", tiny_model_dir, {"1": 10, "2": 90})
+        elif "deployed" in moved and "moved" not in moved and load.share("2", now - 1.0) >= 0.7:
+            moved["moved"] = now
+        assert now - moved.get("deployed", now) < 30, "traffic never moved"
+        return "moved" in moved and now - moved["moved"] > 2
+
+    asyncio.run(load.run(phases))
+    assert moved["moved"] - moved["deployed"] < 10
+    assert {s for _, s, _ in load.answers} == {200}, [a for a in load.answers if a[1] != 200][:3]
+    assert set(_script(app, ALIVE_REPLICAS)) == replicas, "a replica restarted"
+
+    # A canary that fails every batch: errors against it, then its weight goes to 0 on its own.
+    load = SteadyLoad("canaried")
+    rolled: dict[str, float] = {}
+
+    def rollback() -> bool:
+        now = time.monotonic()
+        if "deployed" not in rolled and len(load.answers) >= 50:
+            rolled["deployed"] = now
+            _deploy(app, tmp_path / "canary.yaml", tiny_model_dir, {"1": 50, "3": 50})
+        elif "deployed" in rolled and "failed" not in rolled and any(s >= 500 for _, s, _ in load.answers):
+            rolled["failed"] = now
+        elif "failed" in rolled and "back" not in rolled and load.share("1", now - 2.0) == 1.0:
+            if all(s == 200 for t, s, _ in load.answers if t >= now - 2.0):
+                rolled["back"] = now
+        assert now - rolled.get("deployed", now) < 60, f"no rollback: {rolled}"
+        return "back" in rolled
+
+    asyncio.run(load.run(rollback))
+    text, deadline = "", time.monotonic() + 60
+    while "serve_app_rollbacks" not in text:
+        assert time.monotonic() < deadline, "the rollback metric was never exported"
+        time.sleep(2)
+        text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+    line = next(x for x in text.splitlines() if "serve_app_rollbacks" in x and 'version="3"' in x and x[0] != "#")
+    assert 'model="canaried"' in line and float(line.rsplit(" ", 1)[1]) >= 1
+
+
+def test_shadows_report_agreement_and_killing_the_candidate_fails_no_client(app):
+    answers = [_post(f"{URL}/v2/models/steady/infer", json=_body(f"mirrored {i}")) for i in range(20)]
+    assert all(r.status_code == 200 and r.headers["X-Served-By"] == "steady" for r in answers)
+    shadow = [r for r in _script(app, ALIVE_REPLICAS) if "#steady-v2#" in r]
+    assert shadow
+    load = SteadyLoad("steady")
+    killed: dict[str, float] = {}
+
+    def kill_then_wait() -> bool:
+        if not killed and len(load.answers) >= 50:
+            _script(app, KILL_REPLICAS, *shadow)
+            killed["at"] = time.monotonic()
+        return bool(killed) and time.monotonic() - killed["at"] > 5
+
+    asyncio.run(load.run(kill_then_wait))
+    assert {s for _, s, _ in load.answers} == {200}, [a for a in load.answers if a[1] != 200][:3]
+    assert sum(1 for t, _, _ in load.answers if t > killed["at"]) >= 20
+    text, deadline = "", time.monotonic() + 60
+    while 'outcome="agree"' not in text:
+        assert time.monotonic() < deadline, "shadow agreement was never exported"
+        time.sleep(2)
+        text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+    rows = [x for x in text.splitlines() if "serve_app_shadow_rows" in x and 'model="steady"' in x]
+    assert any('outcome="agree"' in x for x in rows), rows
+    for metric in (
+        "serve_app_shadow_agreement",
+        "serve_app_version_weight",
+        "serve_app_cache_lookups",
+        "serve_app_version_calls",
+    ):
+        assert metric in text, metric

@@ -43,7 +43,7 @@ import yaml
 
 from benchmarks import workloads
 from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, run_loadgen
-from benchmarks.scenarios import DEFAULT_INGRESS
+from benchmarks.scenarios import DEFAULT_INGRESS, single_versions
 
 WORKER_RESOURCE = "chaos_worker"
 WORKER_NODE_MANAGER_PORT = 6402
@@ -284,7 +284,7 @@ class Phase:
 
 
 def run(s: ChaosSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
-    base = yaml.safe_load(config_path.read_text())
+    base = single_versions(yaml.safe_load(config_path.read_text()))
     out: dict[str, Any] = {"settings": asdict(s), "phases": {}}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -26,7 +26,7 @@ from PIL import Image
 
 from benchmarks import workloads
 from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, run_loadgen
-from benchmarks.scenarios import DEFAULT_INGRESS, pin_replicas
+from benchmarks.scenarios import DEFAULT_INGRESS, pin_replicas, single_versions
 
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
 TEXT_MODEL, IMAGE_MODEL = "bert-heavy", "resnet-heavy"
@@ -91,7 +91,7 @@ def workload(path: Path, text_rate: float, png_rate: float, png_bodies: list[dic
 
 
 def run(s: ImageSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
-    config = yaml.safe_load(config_path.read_text())
+    config = single_versions(yaml.safe_load(config_path.read_text()))
     config["applications"][0]["args"]["model_dir"] = str(model_dir)
     pin_replicas(config, [TEXT_MODEL, IMAGE_MODEL])
     pngs = png_images(8 * s.images_per_request, s.image_px)

@@ -102,11 +102,32 @@ def _load_config(s: Settings) -> dict[str, Any]:
     return config
 
 
+def single_versions(config: dict[str, Any]) -> dict[str, Any]:
+    """The config without further model versions, their traffic policy and the response cache:
+    what every scenario but `lifecycle` measures, against baselines that have none of them (a
+    workload that repeats its inputs would otherwise measure the cache, not the serving path)."""
+    app = config["applications"][0]
+    extra = set()
+    for name, model in app["args"]["models"].items():
+        extra |= {f"{name}-v{v}" for v in model.pop("versions", {})}
+    app["args"].pop("cache", None)
+    app["args"].pop("traffic", None)
+    app["deployments"] = [d for d in app.get("deployments", []) if d["name"] not in extra]
+    for d in app["deployments"]:
+        if d["name"] == "router":
+            d.pop("user_config", None)
+    return config
+
+
 def ours_config(
-    s: Settings, batching: dict[str, dict[str, Any]] | None = None, scheduling: dict[str, Any] | None = None
+    s: Settings,
+    batching: dict[str, dict[str, Any]] | None = None,
+    scheduling: dict[str, Any] | None = None,
+    lifecycle: bool = False,
 ) -> dict[str, Any]:
-    """The user's config (default configs/local.yaml), pointed at the model dir; optional overrides."""
-    config = _load_config(s)
+    """The user's config (default configs/local.yaml), pointed at the model dir; optional overrides.
+    `lifecycle`: keep its model versions, traffic policy and response cache (off by default)."""
+    config = _load_config(s) if lifecycle else single_versions(_load_config(s))
     args = config["applications"][0]["args"]
     for model, override in (batching or {}).items():
         args["models"][model]["batching"].update(override)

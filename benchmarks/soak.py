@@ -26,7 +26,7 @@ import yaml
 
 from benchmarks import haproxy_stats, workloads
 from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, process_label, run_loadgen
-from benchmarks.scenarios import DEFAULT_INGRESS
+from benchmarks.scenarios import DEFAULT_INGRESS, single_versions
 
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
 
@@ -99,7 +99,7 @@ class Sampler(threading.Thread):
 
 
 def run(s: SoakSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
-    config = yaml.safe_load(config_path.read_text())
+    config = single_versions(yaml.safe_load(config_path.read_text()))
     app = config["applications"][0]
     app["args"]["model_dir"] = str(model_dir)
     app["args"].setdefault("scheduling", {})["anonymous_max_priority"] = "high"  # the load asks for high

@@ -39,8 +39,8 @@ PODS = [(f"{name}:{pod}", spec) for name, doc in documents() for pod, spec in po
 
 
 def test_the_policy_sees_every_workload():
-    assert {n.split(":")[0] for n, _ in PODS} == {"rayservice.yaml", "redis.yaml"}
-    assert {d["kind"] for _, d in documents()} >= {"RayService", "StatefulSet", "Service", "NetworkPolicy"}
+    assert {n.split(":")[0] for n, _ in PODS} == {"rayservice.yaml", "redis.yaml", "redis-cache.yaml"}
+    assert {d["kind"] for _, d in documents()} >= {"RayService", "StatefulSet", "Deployment", "Service", "NetworkPolicy"}
 
 
 @pytest.mark.parametrize(("name", "pod"), PODS, ids=[n for n, _ in PODS])

@@ -30,6 +30,9 @@ SCENARIOS = {
     "or 429/503 with Retry-After), every process's memory slope after warm-up, the router's task count",
     "images": "text requests alone, then beside a burst of large PNG images decoded by the same router: the text "
     "stream's p99 with the burst over without",
+    "lifecycle": "model versions on the shipped config: the traffic split, versioned paths, sticky keys; the response "
+    "cache under Zipf traffic with and without it, two routers sharing it through a real Redis that stops mid-run; "
+    "shadowing a route's heavy tier (client p99 with and without) and killing the shadow's replicas under load",
     "generation": "the GPT deployment with continuous batching vs the @serve.batch request-level version, same model and "
     "batch size: streaming completions of mixed lengths, tokens/s, TTFT p50/p99, ITL p99, latency",
 }
@@ -127,6 +130,13 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         if ns.seconds:
             ims.seconds = ns.seconds
         result = images.run(ims, model_dir, ns.config.resolve())
+    elif ns.scenario == "lifecycle":
+        from benchmarks import lifecycle
+
+        ls = lifecycle.LifecycleSettings.smoke() if ns.smoke else lifecycle.LifecycleSettings()
+        if ns.seconds:
+            ls.seconds = ns.seconds
+        result = lifecycle.run(ls, model_dir, ns.config.resolve())
     elif ns.scenario == "contention":
         from benchmarks import contention
 

@@ -66,9 +66,11 @@ class Stream:
     weight: float
     raw: list[bytes]  # complete pre-encoded HTTP requests, cycled
     next_index: int = 0
+    order: list[int] | None = None  # indices into `raw` to cycle instead (a skewed draw, for caches)
 
     def next_request(self) -> bytes:
-        req = self.raw[self.next_index % len(self.raw)]
+        i = self.next_index if self.order is None else self.order[self.next_index % len(self.order)]
+        req = self.raw[i % len(self.raw)]
         self.next_index += 1
         return req
 
@@ -113,7 +115,7 @@ def load_streams(workload: dict[str, Any], host: str) -> list[Stream]:
             else:
                 headers, body = {"Content-Type": "application/json", **s.get("headers", {})}, b.encode()
             raw.append(encode_request(host, s.get("method", "POST"), s["path"], headers, body))
-        streams.append(Stream(name=s["name"], weight=float(s.get("weight", 1.0)), raw=raw))
+        streams.append(Stream(name=s["name"], weight=float(s.get("weight", 1.0)), raw=raw, order=s.get("order")))
     return streams
 
 
@@ -155,7 +157,8 @@ class Connection:
         self.reader = self.writer = None
 
     async def request(self, raw: bytes) -> tuple[int, str, float | None, bool]:
-        """Send one request; return (status, X-Served-By, Server-Timing's `total` in ms, Retry-After sent)."""
+        """Send one request; return (status, X-Served-By, Server-Timing's `total` in ms, Retry-After sent).
+        A response cache's X-Cache joins X-Served-By after a "|" (`bert-heavy|hit-local`)."""
         reader, writer = await self._ensure()
         try:
             writer.write(raw)
@@ -170,7 +173,7 @@ class Connection:
             raise
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
-        length, chunked, served_by, close, server_ms, retry_after = 0, False, "", False, None, False
+        length, chunked, served_by, close, server_ms, retry_after, cache = 0, False, "", False, None, False, ""
         for line in lines[1:]:
             name, _, value = line.partition(":")
             name = name.lower()
@@ -186,6 +189,8 @@ class Connection:
                 close = True
             elif name == "retry-after":
                 retry_after = True
+            elif name == "x-cache":
+                cache = value.strip()
         if chunked:
             while True:
                 size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
@@ -197,7 +202,7 @@ class Connection:
         self.answered += 1
         if close:
             self.close()
-        return status, served_by, server_ms, retry_after
+        return status, f"{served_by}|{cache}" if cache else served_by, server_ms, retry_after
 
 
 class LoadGenerator:

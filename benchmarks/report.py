@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import chaos, contention, cost, generation, images, soak
+from benchmarks import chaos, contention, cost, generation, images, lifecycle, soak
 
 SETUPS = ("naive", "plain", "ours")
 SETUP_TITLES = {
@@ -438,6 +438,7 @@ def plots(scenario: str, res: dict[str, Any], out_dir: Path) -> list[str]:
 MARKDOWN = {
     "chaos": chaos.markdown,
     "images": images.markdown,
+    "lifecycle": lifecycle.markdown,
     "soak": soak.markdown,
     "generation": generation.markdown,
     "contention": contention.markdown,

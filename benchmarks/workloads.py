@@ -81,6 +81,7 @@ class StreamSpec:
     weight: float = 1.0
     headers: dict[str, str] = field(default_factory=dict)
     binary: bool = False  # send the bodies in the binary tensor extension
+    order: list[int] | None = None  # the order to send bodies in (indices, cycled); None: as listed
 
     def to_json(self) -> dict[str, Any]:
         if self.binary:
@@ -90,7 +91,8 @@ class StreamSpec:
                 encoded.append({"base64": base64.b64encode(raw).decode(), "header_length": header_length})
         else:
             encoded = [json.dumps(b, separators=(",", ":")) for b in self.bodies]
-        return {"name": self.name, "path": self.path, "weight": self.weight, "headers": self.headers, "bodies": encoded}
+        spec = {"name": self.name, "path": self.path, "weight": self.weight, "headers": self.headers, "bodies": encoded}
+        return spec if self.order is None else {**spec, "order": self.order}
 
 
 def v2_infer(

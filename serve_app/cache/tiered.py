@@ -61,6 +61,21 @@ class ResponseCache:
         if self.shared is not None:
             self.shared.put(key, value)
 
+    def snapshot(self) -> dict[str, object]:
+        """Lookups by outcome, the local tier's fill, the shared tier's health: for /router/status."""
+        shared = None
+        if self.shared is not None:
+            shared = {"up": self.shared.up, "errors": self.shared.errors, "skipped_writes": self.shared.skipped_writes}
+        return {
+            "enabled": self.config.enabled,
+            "lookups": {f"{tier}/{outcome}": n for (tier, outcome), n in self.lookups.items()},
+            "entries": len(self.local),
+            "bytes": self.local.bytes,
+            "evictions": self.local.evictions,
+            "too_large": self.skipped_large,
+            "shared": shared,
+        }
+
     async def close(self) -> None:
         if self.shared is not None:
             await self.shared.close()

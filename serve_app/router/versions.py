@@ -117,6 +117,23 @@ class VersionedModels:
         except Exception:  # a shadow's failure is counted and goes no further
             stats.errors += 1
 
+    def snapshot(self) -> dict[str, Any]:
+        """Weights in effect, rollbacks, calls per version and what shadows found: for /router/status."""
+        weights: dict[str, dict[str, float]] = {}
+        for (model, version), share in self.policy.effective_weights().items():
+            weights.setdefault(model, {})[version] = round(share, 4)
+        shadows = {
+            f"{m}/{v}": {"rows": s.rows, "agreed": s.agreed, "agreement": round(s.agreement, 4), "errors": s.errors}
+            | {"skipped": s.skipped}
+            for (m, v), s in self.shadows.items()
+        }
+        return {
+            "weights": weights,
+            "rollbacks": [{"model": r.model, "version": r.version, "reason": r.reason} for r in self.policy.rollbacks],
+            "calls": {f"{m}/{v}/{o}": n for (m, v, o), n in sorted(self.calls.items())},
+            "shadows": shadows,
+        }
+
     async def stop(self) -> None:
         for task in list(self._shadow_tasks):
             task.cancel()

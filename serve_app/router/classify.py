@@ -21,7 +21,7 @@ def single_input(body: v2.InferRequest, expected: str) -> v2.RequestInput:
 
 
 def check_count(args: AppArgs, model: str, n: int) -> None:
-    limit = args.models[model].max_items_per_request
+    limit = args.deployment_config(model).max_items_per_request
     if n == 0:
         raise InvalidInput("empty batch: the input tensor has no items")
     if n > limit:

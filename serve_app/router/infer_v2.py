@@ -85,6 +85,12 @@ async def answer_infer(
     return Response(content, headers={**out_headers, **extra})
 
 
+def repeatable(params: GenerationParams) -> bool:
+    """Whether a generation gives the same text every time, so that its answer may be kept:
+    greedy or seeded; sampled text without a seed differs from call to call."""
+    return params.temperature == 0.0 or params.seed is not None
+
+
 def _opted_out(headers: InferHeaders, params: dict[str, Any]) -> bool:
     control = (headers.cache_control or "").lower()
     return "no-cache" in control or "no-store" in control or params.get("cache") is False
@@ -130,7 +136,8 @@ async def _classify(
     else:
         tiers = [parts.versions.deployment(name, version, headers.session_key, tenant.name)]
         answered_version = parts.versions.version_of(tiers[0])
-    payload = await classify.decode_input(parts.args, parts.catalog.deployment(name, None), manifest, body)
+        manifest = await parts.catalog.manifest(tiers[0])  # the chosen version's labels and shapes
+    payload = await classify.decode_input(parts.args, tiers[0], manifest, body)
     tenant.admit(len(payload) - 1)  # one token per item: the first was charged on arrival
     key = _key(parts, name, tiers, body.inputs[0].name, payload, body, tenant) if use_cache else None
     if key is not None and (hit := await parts.cache.get(key)) is not None:
@@ -171,9 +178,8 @@ async def _generate(
     gen = parts.args.deployment_config(deployment).generation
     checked = GenerationParams.from_raw(sampling, gen.default_max_tokens, gen.max_tokens_limit)
     answered_version = parts.versions.version_of(deployment)
-    # Sampled text differs from call to call unless seeded: only greedy or seeded generations are kept.
     key = None
-    if use_cache and (checked.temperature == 0.0 or checked.seed is not None):
+    if use_cache and repeatable(checked):
         extra = json.dumps(sampling, sort_keys=True)
         key = _key(parts, name, [deployment], catalog.PROMPT_INPUT, prompts, body, tenant, extra)
         if (hit := await parts.cache.get(key)) is not None:

@@ -122,3 +122,16 @@ def test_a_slow_redis_call_counts_as_a_miss():
         assert await tier.get("k") is None and tier.errors == 1
 
     asyncio.run(main())
+
+
+def test_only_repeatable_generations_and_requests_that_allow_it_are_cached():
+    from serve_app.models.sampling import GenerationParams
+    from serve_app.router.infer_v2 import InferHeaders, _opted_out, repeatable
+
+    def params(**raw: object) -> GenerationParams:
+        return GenerationParams.from_raw(dict(raw), 8, 32)
+
+    assert repeatable(params()) and repeatable(params(temperature=0.8, seed=3))
+    assert not repeatable(params(temperature=0.8))
+    assert _opted_out(InferHeaders(cache_control="no-cache"), {}) and _opted_out(InferHeaders(cache_control="No-Store"), {})
+    assert _opted_out(InferHeaders(), {"cache": False}) and not _opted_out(InferHeaders(), {})

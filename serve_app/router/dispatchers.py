@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from serve_app.config import AppArgs
-from serve_app.contract import BatchReply
-from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, SendBatch
+from serve_app.contract import BatchReply, Priority
+from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, RequestTiming, SendBatch
 
 # (model) -> how to send that model a batch (a deployment handle call, in the router)
 SenderFor = Callable[[str], SendBatch]
@@ -33,6 +33,12 @@ class DispatcherPool:
         if model not in self.by_model:
             self.by_model[model] = Dispatcher(model, self.send_for(model), self.settings(model), retryable=self.retryable)
         return self.by_model[model]
+
+    async def submit(
+        self, deployment: str, payload: Any, items: int, priority: Priority, deadline: float | None, timing: RequestTiming | None
+    ) -> Any:
+        """One request's rows through a deployment's queue; its result, or its error."""
+        return await self.get(deployment).submit(payload, items, priority, deadline, timing)
 
     def existing(self, model: str) -> Dispatcher | None:
         """The model's dispatcher if it has seen a request, without making one."""

@@ -148,7 +148,7 @@ async def _classify(
         result = await cascade.classify(payload, qos.priority, qos.deadline, timing, (tiers[0], tiers[1]))
     else:
         n = len(payload)
-        logits = await parts.submit(tiers[0], payload, n, qos.priority, qos.deadline, timing)
+        logits = await parts.versions.submit(tiers[0], payload, n, qos.priority, qos.deadline, timing)
         result = classify.ClassifierResult(logits, [tiers[0]] * n)
     if key is not None and result.degraded is None:  # a fallback answer is not the route's answer to keep
         parts.cache.put(key, tiered.encode_logits(result.logits, result.served_by))

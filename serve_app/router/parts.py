@@ -14,13 +14,12 @@ from serve_app.contract import Priority
 from serve_app.manifest import Manifest
 from serve_app.router.background import BackgroundLoops
 from serve_app.router.callers import Callers, build_registry
-from serve_app.router.cascade import Cascade, Payload, route_policy
+from serve_app.router.cascade import Cascade, route_policy
 from serve_app.router.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.gcwatch import GcPauses
 from serve_app.router.versions import VersionedModels
 from serve_app.scheduling.breaker import CircuitBreaker
-from serve_app.scheduling.dispatcher import RequestTiming
 from serve_app.scheduling.overload import LagShedding, LoopLag
 
 
@@ -45,18 +44,6 @@ class RouterParts:
     breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
     generator_stats: RecentAnswers = field(default_factory=RecentAnswers)  # what /router/status shows of them
 
-    async def submit(
-        self,
-        deployment: str,
-        payload: Payload,
-        items: int,
-        priority: Priority,
-        deadline: float | None,
-        timing: RequestTiming | None,
-    ) -> Any:
-        """One request's rows through a deployment's queue; its result, or its error."""
-        return await self.versions.submit(deployment, payload, items, priority, deadline, timing)
-
 
 def build_parts(
     args: AppArgs,
@@ -72,15 +59,9 @@ def build_parts(
         return meta
 
     dispatchers = DispatcherPool(args, send_for)
-
-    async def queue(
-        deployment: str, payload: Payload, items: int, priority: Priority, deadline: float | None, timing: RequestTiming | None
-    ) -> Any:
-        return await dispatchers.get(deployment).submit(payload, items, priority, deadline, timing)
-
     target_ms = args.scheduling.router_delay_target_ms
     loop_lag = LoopLag() if target_ms is not None else None
-    versions = VersionedModels(args, queue)
+    versions = VersionedModels(args, dispatchers.submit)
     cache = ResponseCache.from_config(args.cache)
     callers = Callers(
         build_registry(args.tenants, args.scheduling.anonymous_max_priority), Priority.parse(args.scheduling.default_priority)
@@ -115,7 +96,7 @@ def build_parts(
     )
     for name, route in args.routes.items():
         policy = route_policy(name, route, Manifest.load(args.model_path(route.light)))
-        parts.cascades[name] = Cascade(name, route.light, route.heavy, policy, parts.submit)
+        parts.cascades[name] = Cascade(name, route.light, route.heavy, policy, versions.submit)
     parts.loops.cascades = parts.cascades
     return parts
 

@@ -81,6 +81,14 @@ def test_only_the_unsure_items_escalate_and_their_answers_are_merged_in_order():
     assert run.counts == {"light": 2, "heavy": 1}  # type: ignore[attr-defined]
 
 
+def test_a_request_goes_to_the_tier_versions_chosen_for_it():
+    tiers = Tiers([SURE, UNSURE])
+    cascade = Cascade("route", "light", "heavy", CascadePolicy(0.9), tiers.submit)
+    result = asyncio.run(cascade.classify(["a", "b"], Priority.NORMAL, None, tiers=("light", "heavy-v2")))
+    assert [m for m, _ in tiers.calls] == ["light", "heavy-v2"]
+    assert result.served_by == ["light", "heavy-v2"]
+
+
 def test_images_escalate_as_an_array_subset():
     tiers = Tiers([UNSURE, SURE])
     images = np.arange(2 * 3 * 2 * 2, dtype=np.float32).reshape(2, 3, 2, 2)

@@ -49,7 +49,7 @@ class LifecycleSettings:
     cache_concurrency: int = 16
     seconds: float = 30.0
     warmup: float = 3.0
-    shadow_rounds: int = 2  # off/on pairs
+    shadow_rounds: int = 3  # off/on pairs
     shadow_load: float = 0.5  # the open-loop rate, as a share of the route's closed-loop capacity
     outage_seconds: float = 30.0
 
@@ -228,27 +228,32 @@ def _shadow_phase(s: LifecycleSettings, cluster: RayCluster, config: dict[str, A
     _set_traffic(cluster, config, False)
     capacity = run_loadgen(BASE_URL, wl, {"concurrency": 8}, s.seconds / 2, s.warmup)["goodput_rps"]
     rate = round(max(1.0, s.shadow_load * capacity), 1)
-    rounds = []
-    for r in range(s.shadow_rounds):
+    rounds: list[dict[str, Any]] = []
+    pooled: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(s.shadow_rounds):
         pair: dict[str, Any] = {}
         for shadow in (False, True):
             _set_traffic(cluster, config, shadow)
-            kill: dict[str, Any] = {}
-            killer = None
-            if shadow and r == s.shadow_rounds - 1:  # the last shadowed phase: its candidate's replicas die mid-run
-                killer = threading.Thread(target=_kill_later, args=(cluster, s.warmup + s.seconds / 2, kill))
-                killer.start()
-            load = run_loadgen(BASE_URL, wl, {"rate": rate}, s.seconds, s.warmup, max_in_flight=64)
-            if killer is not None:
-                killer.join()
-            pair["on" if shadow else "off"] = {**{k: load[k] for k in ("goodput_rps", "p50_ms", "p99_ms", "statuses")}, **kill}
+            load = run_loadgen(BASE_URL, wl, {"rate": rate}, s.seconds, s.warmup, max_in_flight=64, raw=True)
+            pooled[shadow] += [rec[2] for rec in load.pop("records") if rec[3] == 200]
+            pair["on" if shadow else "off"] = {k: load[k] for k in ("goodput_rps", "p50_ms", "p99_ms", "statuses")}
         pair["p99_ratio"] = round(pair["on"]["p99_ms"] / pair["off"]["p99_ms"], 3) if pair["off"]["p99_ms"] else None
         rounds.append(pair)
+    p99 = {k: float(np.percentile(v, 99)) if v else 0.0 for k, v in pooled.items()}
+    # The candidate's replicas die in the middle of a shadowed run: what clients see of it.
+    kill: dict[str, Any] = {}
+    killer = threading.Thread(target=_kill_later, args=(cluster, s.warmup + s.seconds / 2, kill))
+    killer.start()
+    during = run_loadgen(BASE_URL, wl, {"rate": rate}, s.seconds, s.warmup, max_in_flight=64)
+    killer.join()
     versions = status()["versions"]
     return {
         "capacity_rps": capacity,
         "rate_rps": rate,
         "rounds": rounds,
+        "pooled_p99_ms": {"off": p99[False], "on": p99[True]},
+        "pooled_p99_ratio": round(p99[True] / p99[False], 3) if p99[True] and p99[False] else None,
+        "kill": {**kill, **{k: during[k] for k in ("goodput_rps", "p50_ms", "p99_ms", "statuses")}},
         "shadows": versions["shadows"],
         "calls": versions["calls"],
     }
@@ -333,13 +338,22 @@ def markdown(res: dict[str, Any]) -> str:
         f"{r['shadow']['rate_rps']} req/s, {r['settings']['shadow_load']:.0%} of the route's closed-loop capacity "
         f"{r['shadow']['capacity_rps']} req/s):",
         "",
-        "| round | p99 off ms | p99 on ms | ratio | p50 off | p50 on | statuses on | killed |",
-        "|---|---|---|---|---|---|---|---|",
+        "| round | p99 off ms | p99 on ms | ratio | p50 off ms | p50 on ms | statuses on |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for i, p in enumerate(r["shadow"]["rounds"], 1):
+    sh = r["shadow"]
+    for i, p in enumerate(sh["rounds"], 1):
         lines.append(
             f"| {i} | {p['off']['p99_ms']} | {p['on']['p99_ms']} | {p['p99_ratio']}x | {p['off']['p50_ms']} | "
-            f"{p['on']['p50_ms']} | {p['on']['statuses']} | {p['on'].get('killed_replicas', '')} |"
+            f"{p['on']['p50_ms']} | {p['on']['statuses']} |"
         )
+    pooled = sh["pooled_p99_ms"]
+    lines += [
+        "",
+        f"Pooled over the rounds: p99 {pooled['off']:.1f} ms without the shadow, {pooled['on']:.1f} ms with it "
+        f"({sh['pooled_p99_ratio']}x).",
+        f"Candidate's replicas killed mid-run (shadow on): killed {sh['kill'].get('killed_replicas')}, client statuses "
+        f"{sh['kill']['statuses']}, p99 {sh['kill']['p99_ms']} ms.",
+    ]
     lines += ["", f"Shadow agreement (router status): {r['shadow']['shadows']}"]
     return "\n".join(lines)

@@ -58,6 +58,10 @@ class DispatcherPool:
             urgent_lane=config.urgent_lane,
         )
 
+    def clients_waiting(self) -> bool:
+        """Rows queued for any model: the router holds more work than the models take now."""
+        return any(d.queued_items for d in self.by_model.values())
+
     def busy(self) -> bool:
         """Any work queued or in flight: what the full-collection schedule avoids."""
         return any(d.queued_items or d.inflight for d in self.by_model.values())

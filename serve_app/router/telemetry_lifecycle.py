@@ -43,7 +43,8 @@ class LifecycleTelemetry:
         )
         self.shadow_calls = metrics.Counter(
             "serve_app_shadow_calls",
-            description="Mirrored calls that failed (error) or were not sent, too many in flight (skipped).",
+            description="Mirrored calls that failed (error), or were not sent: too many in flight (skipped), client "
+            "requests waiting in the router (yielded).",
             tag_keys=tags("model", "version", "outcome"),
         )
         self.shadow_agreement = metrics.Gauge(
@@ -93,7 +94,7 @@ class LifecycleTelemetry:
             for outcome, n in (("agree", s.agreed), ("disagree", s.rows - s.agreed)):
                 if d := self._delta(f"shadow/{model}/{version}/{outcome}", n):
                     self.shadow_rows.inc(d, tags={**mv, "outcome": outcome})
-            for outcome, n in (("error", s.errors), ("skipped", s.skipped)):
+            for outcome, n in (("error", s.errors), ("skipped", s.skipped), ("yielded", s.yielded)):
                 if d := self._delta(f"shadowcall/{model}/{version}/{outcome}", n):
                     self.shadow_calls.inc(d, tags={**mv, "outcome": outcome})
             self.shadow_agreement.set(s.agreement, tags=mv)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,9 +32,17 @@ def counts_against_version(error: Exception) -> bool:
 class VersionedModels:
     """Resolves names to deployments and wraps every model call with outcome records and shadows."""
 
-    def __init__(self, args: AppArgs, submit: Submit, policy: TrafficPolicy | None = None) -> None:
+    def __init__(
+        self,
+        args: AppArgs,
+        submit: Submit,
+        policy: TrafficPolicy | None = None,
+        clients_waiting: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.args = args
         self.raw_submit = submit
+        # Whether client requests wait in the router's queues now: a mirror then yields its turn.
+        self.clients_waiting = clients_waiting
         self.policy = policy or TrafficPolicy({m: cfg.version for m, cfg in args.models.items()})
         self.policy.update(args.traffic)
         self.shadows: dict[tuple[str, str], ShadowStats] = {}
@@ -101,6 +110,9 @@ class VersionedModels:
         if len(self._shadow_tasks) >= self.policy.shadow_limit(model):
             stats.skipped += 1
             return
+        if self.clients_waiting():  # shadows take spare capacity only, never a client's
+            stats.yielded += 1
+            return
         task = asyncio.get_running_loop().create_task(self._shadow(stats, model, version, payload, items, primary))
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
@@ -124,7 +136,7 @@ class VersionedModels:
             weights.setdefault(model, {})[version] = round(share, 4)
         shadows = {
             f"{m}/{v}": {"rows": s.rows, "agreed": s.agreed, "agreement": round(s.agreement, 4), "errors": s.errors}
-            | {"skipped": s.skipped}
+            | {"skipped": s.skipped, "yielded": s.yielded}
             for (m, v), s in self.shadows.items()
         }
         return {

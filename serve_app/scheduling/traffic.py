@@ -195,6 +195,7 @@ class ShadowStats:
     agreed: int = 0
     errors: int = 0
     skipped: int = 0  # mirrors not sent: too many in flight
+    yielded: int = 0  # mirrors not sent: client requests were waiting in the router
     prob_diffs: list[float] = field(default_factory=list)
 
     def compare(self, p: np.ndarray, q: np.ndarray) -> None:

@@ -129,3 +129,20 @@ def test_a_live_update_is_checked_against_the_catalog():
         v.update({"m": TrafficConfig.model_validate({"weights": {"9": 1}})})
     v.update({"m": TrafficConfig.model_validate({"weights": {"2": 1}})})
     assert v.deployment("m", None) == "m-v2"
+
+
+def test_a_mirror_yields_while_client_requests_wait_in_the_router():
+    async def main() -> None:
+        models = Models()
+        waiting = [True]
+        v = VersionedModels(
+            args(m={"weights": {"1": 1}, "shadow": {"version": "2"}}), models.submit, clients_waiting=lambda: waiting[0]
+        )
+        await v.submit("m", ["a"], 1, Priority.NORMAL, None, None)
+        assert v.shadows[("m", "2")].yielded == 1 and [d for d, _ in models.calls] == ["m"]
+        waiting[0] = False
+        await v.submit("m", ["a"], 1, Priority.NORMAL, None, None)
+        await asyncio.sleep(0.01)
+        assert [d for d, _ in models.calls] == ["m", "m", "m-v2"]
+
+    asyncio.run(main())

@@ -49,7 +49,7 @@ class LifecycleSettings:
     cache_concurrency: int = 16
     seconds: float = 30.0
     warmup: float = 3.0
-    shadow_rounds: int = 3  # off/on pairs
+    shadow_rounds: int = 5  # off/on pairs
     shadow_load: float = 0.5  # the open-loop rate, as a share of the route's closed-loop capacity
     outage_seconds: float = 30.0
 
@@ -105,6 +105,20 @@ def hits(load: dict[str, Any]) -> dict[str, Any]:
     total = sum(by.values())
     hit = by["hit-local"] + by["hit-shared"]
     return {"answers": dict(by), "hit_ratio": round(hit / total, 4) if total else None}
+
+
+def wait_for_routers(n: int, timeout_s: float = 120.0) -> int:
+    """Until `n` router replicas have answered /router/status (each answers for itself), and
+    then for a few seconds more: a redeploy that restarts the app reloads HAProxy's backends."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < n and time.monotonic() < deadline:
+        try:
+            seen.add(status()["router"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    return len(seen)
 
 
 def status() -> dict[str, Any]:
@@ -296,6 +310,7 @@ def run(s: LifecycleSettings, model_dir: Path, config_path: Path) -> dict[str, A
             app["args"]["cache"] = {**app["args"].get("cache", {}), "enabled": True, "redis_url": redis.url}
             next(d for d in app["deployments"] if d["name"] == "router")["num_replicas"] = 2
             cluster.deploy(two, probe)
+            out["two_routers_seen"] = wait_for_routers(2)
             time.sleep(SETTLE_S)
             out["cache_two_routers_redis"] = _shared_phase(s, tmp, redis)
             cluster.deploy(shipped, probe)

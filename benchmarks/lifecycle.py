@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import subprocess
 import sys
 import tempfile
@@ -107,18 +108,31 @@ def hits(load: dict[str, Any]) -> dict[str, Any]:
     return {"answers": dict(by), "hit_ratio": round(hit / total, 4) if total else None}
 
 
-def wait_for_routers(n: int, timeout_s: float = 120.0) -> int:
-    """Until `n` router replicas have answered /router/status (each answers for itself), and
-    then for a few seconds more: a redeploy that restarts the app reloads HAProxy's backends."""
-    seen: set[str] = set()
+REPLICA_STATES = """
+import json, sys, ray
+from ray import serve
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+print(json.dumps(serve.status().applications["default"].deployments[sys.argv[2]].replica_states))
+"""
+
+
+def wait_for_replicas(cluster: RayCluster, deployment: str, n: int, timeout_s: float = 180.0) -> dict[str, int]:
+    """Until the deployment has exactly `n` replicas, all RUNNING: a redeploy that restarts the app
+    replaces routers one by one, and an old one drains for up to its graceful shutdown timeout
+    while HAProxy may still send it requests. A run measured during that measures the rollout."""
     deadline = time.monotonic() + timeout_s
-    while len(seen) < n and time.monotonic() < deadline:
-        try:
-            seen.add(status()["router"])
-        except (httpx.HTTPError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
-    return len(seen)
+    states: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        done = subprocess.run(
+            [sys.executable, "-c", REPLICA_STATES, f"127.0.0.1:{RAY_PORT}", deployment],
+            env=cluster.env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        if done.returncode == 0:
+            states = json.loads(done.stdout.strip().splitlines()[-1])
+            if states == {"RUNNING": n}:
+                return states
+        time.sleep(2)
+    return states
 
 
 def status() -> dict[str, Any]:
@@ -310,10 +324,11 @@ def run(s: LifecycleSettings, model_dir: Path, config_path: Path) -> dict[str, A
             app["args"]["cache"] = {**app["args"].get("cache", {}), "enabled": True, "redis_url": redis.url}
             next(d for d in app["deployments"] if d["name"] == "router")["num_replicas"] = 2
             cluster.deploy(two, probe)
-            out["two_routers_seen"] = wait_for_routers(2)
+            out["router_replicas"] = wait_for_replicas(cluster, "router", 2)
             time.sleep(SETTLE_S)
             out["cache_two_routers_redis"] = _shared_phase(s, tmp, redis)
             cluster.deploy(shipped, probe)
+            wait_for_replicas(cluster, "router", 1)
             time.sleep(SETTLE_S)
             out["shadow"] = _shadow_phase(s, cluster, shipped, tmp)
     return out

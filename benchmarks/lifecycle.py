@@ -322,7 +322,10 @@ def run(s: LifecycleSettings, model_dir: Path, config_path: Path) -> dict[str, A
             two = copy.deepcopy(shipped)
             app = two["applications"][0]
             app["args"]["cache"] = {**app["args"].get("cache", {}), "enabled": True, "redis_url": redis.url}
-            next(d for d in app["deployments"] if d["name"] == "router")["num_replicas"] = 2
+            router = next(d for d in app["deployments"] if d["name"] == "router")
+            # Two routers in the one router's CPU share: the shipped config leaves no room for a third.
+            router["num_replicas"] = 2
+            router["ray_actor_options"] = {**router.get("ray_actor_options", {}), "num_cpus": 0.1}
             cluster.deploy(two, probe)
             out["router_replicas"] = wait_for_replicas(cluster, "router", 2)
             time.sleep(SETTLE_S)

@@ -19,6 +19,7 @@ import httpx
 
 from benchmarks import genload
 from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, cpu_by_role, cpu_snapshot
+from benchmarks.scenarios import single_versions
 
 CONTINUOUS = "gpt"
 
@@ -31,7 +32,7 @@ def request_name(wait_s: float) -> str:
 def generation_config(base: dict[str, Any], model_dir: Path, batch: int, request_waits: list[float]) -> dict[str, Any]:
     """The user's config with only its generator: as configured (continuous), and as `request` once
     per `@serve.batch` wait timeout (a longer wait forms fuller batches and delays first tokens)."""
-    app = base["applications"][0]
+    app = single_versions(base)["applications"][0]
     args = app["args"]
     gpt = args["models"]["gpt"]
     gen = gpt.get("generation", {})

@@ -16,6 +16,8 @@ from serve_app.zoo.build import build_model
 TINY_CATALOG = {
     "bert-light": "bert-tiny",
     "bert-heavy": "bert-tiny",
+    # The shipped configs serve bert-heavy in two versions, each its own deployment and model folder.
+    "bert-heavy-v2": "bert-tiny",
     "resnet-light": "resnet-tiny",
     "resnet-heavy": "resnet-tiny",
     "gpt": "gpt-tiny",

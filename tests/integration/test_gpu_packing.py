@@ -167,16 +167,19 @@ def test_four_quarter_gpu_replicas_share_one_gpu(cluster):
 
     config = yaml.safe_load((ROOT / "configs" / "gpu.yaml").read_text())
     app = config["applications"][0]
-    app["args"]["models"] = {"bert-heavy": app["args"]["models"]["bert-heavy"]}
+    app["args"]["models"] = {"resnet-heavy": app["args"]["models"]["resnet-heavy"]}
     app["args"]["routes"] = {}
-    app["deployments"] = [d for d in app["deployments"] if d["name"] in ("router", "bert-heavy")]
-    (heavy,) = [d for d in app["deployments"] if d["name"] == "bert-heavy"]
+    app["deployments"] = [d for d in app["deployments"] if d["name"] in ("router", "resnet-heavy")]
+    # The router's traffic policy names bert-heavy's versions, which this app no longer serves.
+    (router,) = [d for d in app["deployments"] if d["name"] == "router"]
+    router.pop("user_config", None)
+    (heavy,) = [d for d in app["deployments"] if d["name"] == "resnet-heavy"]
     heavy.pop("autoscaling_config")
     heavy["num_replicas"] = 4
     assert heavy["ray_actor_options"]["num_gpus"] == 0.25
     _deploy(env, config, tmp / "packing.yaml")
-    _wait_running(["bert-heavy"], {"bert-heavy": 4})
-    replicas = _replica_gpus("bert-heavy", 4)
+    _wait_running(["resnet-heavy"], {"resnet-heavy": 4})
+    replicas = _replica_gpus("resnet-heavy", 4)
     assert len(replicas) == 4
     assert all(gpus == ["0"] for gpus in replicas.values()), replicas
     assert ray.available_resources().get("GPU", 0.0) == pytest.approx(0.0)

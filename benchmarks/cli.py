@@ -33,6 +33,8 @@ SCENARIOS = {
     "lifecycle": "model versions on the shipped config: the traffic split, versioned paths, sticky keys; the response "
     "cache under Zipf traffic with and without it, two routers sharing it through a real Redis that stops mid-run; "
     "shadowing a route's heavy tier (client p99 with and without) and killing the shadow's replicas under load",
+    "precision": "no Ray: each classifier's FP32 graph beside its INT8 variant in ONNX Runtime on the CPU: test "
+    "accuracy, rows/s at batch 1 and at max_batch_size, p50 of one row, file size, session memory",
     "generation": "the GPT deployment with continuous batching vs the @serve.batch request-level version, same model and "
     "batch size: streaming completions of mixed lengths, tokens/s, TTFT p50/p99, ITL p99, latency",
 }
@@ -146,6 +148,15 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         result = contention.run(
             {m: model_dir / m for m in s.models}, batch, max(2, threads), [0.0, 0.1, 0.2],
             2.0 if ns.smoke else (ns.seconds or 6.0), 1 if ns.smoke else 2,
+        )  # fmt: skip
+    elif ns.scenario == "precision":
+        from benchmarks import precision
+
+        models = config["applications"][0]["args"]["models"]
+        batch = {m: int(models[m].get("batching", {}).get("max_batch_size", 16)) for m in s.models}
+        result = precision.run(
+            {m: model_dir / m for m in s.models}, batch, 2, 1.0 if ns.smoke else (ns.seconds or 5.0),
+            1 if ns.smoke else ns.rounds, 200 if ns.smoke else 2000,
         )  # fmt: skip
     else:
         result = scenarios.SCENARIOS[ns.scenario](s)

@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import chaos, contention, cost, generation, images, lifecycle, soak
+from benchmarks import chaos, contention, cost, generation, images, lifecycle, precision, soak
 
 SETUPS = ("naive", "plain", "ours")
 SETUP_TITLES = {
@@ -442,6 +442,7 @@ MARKDOWN = {
     "soak": soak.markdown,
     "generation": generation.markdown,
     "contention": contention.markdown,
+    "precision": precision.markdown,
     "compare": compare_markdown,
     "sweep": sweep_markdown,
     "ingress": ingress_markdown,

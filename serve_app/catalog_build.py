@@ -28,7 +28,9 @@ class BuildPlan:
     name: str
     preset: str
     path: Path
-    built: bool
+    built: bool  # the FP32 model is up to date
+    precision: str = "fp32"
+    variant_built: bool = True  # the graph of `precision` is there (always, for fp32)
 
 
 def plan(args: AppArgs) -> list[BuildPlan]:
@@ -41,8 +43,19 @@ def plan(args: AppArgs) -> list[BuildPlan]:
         if model.preset is None:
             continue  # a user's own model directory: nothing to build
         path = args.model_path(name)
-        out.append(BuildPlan(name, model.preset, path, is_built(path, get_preset(model.preset))))
+        built = is_built(path, get_preset(model.preset))
+        variant = model.precision == "fp32" or (built and _has_variant(path, model.precision))
+        out.append(BuildPlan(name, model.preset, path, built, model.precision, variant))
     return out
+
+
+def _has_variant(path: Path, precision: str) -> bool:
+    from serve_app.manifest import Manifest
+
+    try:
+        return (path / Manifest.load(path).onnx_file_for(precision)).is_file()
+    except FileNotFoundError:
+        return False
 
 
 def build_missing(args: AppArgs, force: bool = False, log: Callable[[str], None] = print) -> list[str]:
@@ -51,12 +64,17 @@ def build_missing(args: AppArgs, force: bool = False, log: Callable[[str], None]
 
     from serve_app.presets import get_preset
     from serve_app.zoo.build import build_model
+    from serve_app.zoo.quantize import build_variant
 
     todo = [p for p in plan(args) if force or not p.built]
     for p in plan(args):
-        if p not in todo:
+        if p not in todo and p.variant_built:
             log(f"{p.name}: up to date at {p.path}")
     built = []
+    for p in plan(args):
+        if p not in todo and not p.variant_built:  # the FP32 model is there: only its variant is missing
+            log(_describe_variant(p.name, p.precision, build_variant(p.path, p.precision)))  # type: ignore[arg-type]
+            built.append(p.name)
     for p in todo:
         preset = get_preset(p.preset)
         with tqdm(total=preset.train.steps, desc=f"{p.name} ({p.preset})", unit="step", leave=True) as bar:
@@ -66,5 +84,18 @@ def build_missing(args: AppArgs, force: bool = False, log: Callable[[str], None]
             f"{p.name}: built in {src.get('build_seconds')}s -> {p.path} "
             f"(accuracy {src.get('accuracy')}, val_loss {src.get('val_loss')}, parity {src.get('parity_max_abs_diff'):.1e})"
         )
+        if p.precision != "fp32":
+            log(_describe_variant(p.name, p.precision, build_variant(p.path, p.precision)))  # type: ignore[arg-type]
         built.append(p.name)
     return built
+
+
+def _describe_variant(name: str, precision: str, report: dict[str, Any]) -> str:
+    size = report["size_bytes"] / report["fp32_size_bytes"]
+    acc = report.get("accuracy")
+    fp32 = report.get("fp32_accuracy")
+    accuracy = f", test accuracy {acc['test']:.4f} (FP32 {fp32['test']:.4f})" if acc and fp32 else ""
+    return (
+        f"{name}: {precision} variant ({report['method']}): {size:.2f}x the FP32 size{accuracy}, "
+        f"labels agree {report['label_agreement']['test']:.4f}, max logit diff {report['max_abs_logit_diff']:.2e}"
+    )

@@ -27,11 +27,13 @@ def _heavy_id(args: AppArgs, heavy: str) -> str:
 def calibrate_route(args: AppArgs, name: str, max_drop: float = 0.005, n: int = 2000) -> dict[str, Any]:
     route = args.routes[name]
     light_dir, heavy_dir = args.model_path(route.light), args.model_path(route.heavy)
-    light, labels = classifier_logits(light_dir, n, VAL_SEED)
-    heavy, _ = classifier_logits(heavy_dir, n, VAL_SEED)
+    # Each tier as it is served: a quantized tier's confidences are what the threshold must fit.
+    lp, hp = _precision(args, route.light), _precision(args, route.heavy)
+    light, labels = classifier_logits(light_dir, n, VAL_SEED, precision=lp)
+    heavy, _ = classifier_logits(heavy_dir, n, VAL_SEED, precision=hp)
     cal = calibrate_threshold(light, heavy, labels, max_drop)
-    light_t, labels_t = classifier_logits(light_dir, n, TEST_SEED)
-    heavy_t, _ = classifier_logits(heavy_dir, n, TEST_SEED)
+    light_t, labels_t = classifier_logits(light_dir, n, TEST_SEED, precision=lp)
+    heavy_t, _ = classifier_logits(heavy_dir, n, TEST_SEED, precision=hp)
     test = score(light_t, heavy_t, labels_t, cal.signal, cal.threshold)
     record = {
         "route": name,
@@ -39,6 +41,7 @@ def calibrate_route(args: AppArgs, name: str, max_drop: float = 0.005, n: int = 
         "threshold": cal.threshold,
         "max_drop": max_drop,
         "heavy_fingerprint": _heavy_id(args, route.heavy),
+        "precisions": {"light": lp, "heavy": hp},
         "light_share_by_signal": cal.candidates,
         "validation": asdict(cal.calibration),
         "test": asdict(test),
@@ -54,7 +57,14 @@ def needs_calibration(args: AppArgs, name: str) -> bool:
     if route.threshold is not None:
         return False  # pinned by hand
     fitted = Manifest.load(args.model_path(route.light)).calibrations.get(route.heavy)
-    return fitted is None or fitted.get("heavy_fingerprint") != _heavy_id(args, route.heavy)
+    if fitted is None or fitted.get("heavy_fingerprint") != _heavy_id(args, route.heavy):
+        return True
+    served = {"light": _precision(args, route.light), "heavy": _precision(args, route.heavy)}
+    return bool(fitted.get("precisions", {"light": "fp32", "heavy": "fp32"}) != served)
+
+
+def _precision(args: AppArgs, deployment: str) -> str:
+    return args.served[deployment].config.precision
 
 
 def calibrate_missing(args: AppArgs, log: Callable[[str], None] = print) -> list[dict[str, Any]]:

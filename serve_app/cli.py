@@ -43,7 +43,8 @@ def _cmd_list(ns: argparse.Namespace) -> int:
         os.environ[MODEL_DIR_ENV] = ns.model_dir
     for args in load_app_args(ns.config):
         for p in plan(args):
-            print(f"{p.name:16} {p.preset:14} {'built' if p.built else 'missing':8} {p.path}")
+            state = "built" if p.built and p.variant_built else "missing" if not p.built else f"no {p.precision}"
+            print(f"{p.name:16} {p.preset:14} {p.precision:5} {state:8} {p.path}")
     return 0
 
 
@@ -80,6 +81,14 @@ def _cmd_k8s_render(ns: argparse.Namespace) -> int:
         with open(ns.output, "w") as f:
             f.write(text)
         print(f"wrote {ns.output}")
+    return 0
+
+
+def _cmd_k8s_monitoring(ns: argparse.Namespace) -> int:
+    from serve_app.observability.manifests import write
+
+    for path in write():
+        print(f"wrote {path}")
     return 0
 
 
@@ -123,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--config", default="configs/gpu.yaml")
     render.add_argument("--output", default="k8s/rayservice.yaml", help="file, or - for stdout")
     render.set_defaults(func=_cmd_k8s_render)
+    monitoring = k8s.add_parser(
+        "monitoring", help="write the Grafana dashboard and k8s/monitoring.yaml (PodMonitor, alert rules, dashboard)"
+    )
+    monitoring.set_defaults(func=_cmd_k8s_monitoring)
 
     ns = parser.parse_args(argv)
     return int(ns.func(ns))

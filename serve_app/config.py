@@ -101,6 +101,11 @@ class ModelConfig(BaseModel):
         description="a batch or decode step running longer than this fails the replica's health check, and Serve "
         "replaces the replica",
     )
+    precision: Literal["fp32", "int8", "fp16"] = Field(
+        "fp32",
+        description="which graph of the model directory to serve: int8 (CPU; ONNX Runtime quantization) or fp16 (GPU) "
+        "variants are built beside the FP32 one by `serve-app models build` and checked against it (classifiers only)",
+    )
     version: str = Field("1", min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.]+$", description="this entry's version")
     versions: dict[str, dict[str, Any]] = Field(
         default_factory=dict,

@@ -48,6 +48,19 @@ class Manifest(BaseModel):
     # Cascade thresholds fitted with this model as the light tier, by heavy model name
     # (`serve-app calibrate`): signal, threshold, target, and the held-out scores.
     calibrations: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Lower-precision graphs beside the FP32 one, by precision (int8, fp16): file, method, and
+    # how they compare with FP32 on held-out data (serve_app.zoo.quantize).
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def onnx_file_for(self, precision: str) -> str:
+        """The graph to load for `precision`; fp32 is the model's own."""
+        if precision == "fp32":
+            return self.onnx_file
+        if precision not in self.variants:
+            raise FileNotFoundError(
+                f"{self.name} has no {precision} variant; run `serve-app models build` for a config that asks for it"
+            )
+        return str(self.variants[precision]["file"])
 
     @classmethod
     def load(cls, model_dir: str | Path) -> Manifest:

@@ -43,9 +43,8 @@ class OnnxModel:
         self.threads = self.config.intra_op_threads or intra_op_threads(num_cpus)
         self.lanes_enabled = self.supports_lanes and self.config.urgent_lane
         # With two sessions sharing the cores, neither pool may spin while idle (runtime.create_session).
-        self.session = create_session(
-            self.model_dir / self.manifest.onnx_file, self.providers, self.threads, spinning=not self.lanes_enabled
-        )
+        self.onnx_path = self.model_dir / self.manifest.onnx_file_for(self.config.precision)
+        self.session = create_session(self.onnx_path, self.providers, self.threads, spinning=not self.lanes_enabled)
         self.batch_sizes: Counter[int] = Counter()
         self._batch_hist = metrics.Histogram(
             "serve_app_batch_size",

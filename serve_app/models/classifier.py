@@ -73,8 +73,7 @@ class Classifier(OnnxModel):
         # not every operator of one wide batch); on a GPU one session (each would hold the weights).
         on_cpu = self.providers[0] == "CPUExecutionProvider"
         layout = bulk_layout(self.threads, self.config.bulk_sessions or (self.threads if on_cpu else 1))
-        path = self.model_dir / self.manifest.onnx_file
-        bulk = [create_session(path, self.providers, n, spinning=False, background=True) for n in layout]
+        bulk = [create_session(self.onnx_path, self.providers, n, spinning=False, background=True) for n in layout]
         self.sessions += bulk
         self.lane_layout = {BULK: layout, URGENT: [self.threads]}
         pool = ThreadPoolExecutor(len(bulk), thread_name_prefix=f"{name}-bulk", initializer=lower_thread_priority)

@@ -58,6 +58,17 @@ class RouterTelemetry:
             "breaker_open, rate_limited.",
             tag_keys=tags("model", "reason"),
         )
+        self.shed_priority = metrics.Counter(
+            "serve_app_shed_by_priority",
+            description="The requests serve_app_shed counts, by the priority they asked for.",
+            tag_keys=tags("model", "priority"),
+        )
+        self.latency = metrics.Histogram(
+            "serve_app_request_latency_ms",
+            description="Time from a request's admission to its model's answer, per model and priority.",
+            boundaries=QUEUE_WAIT_MS_BOUNDARIES,
+            tag_keys=tags("model", "priority"),
+        )
         self.queue_wait = metrics.Histogram(
             "serve_app_queue_wait_ms",
             description="Time a request waited in the router before its batch was sent.",
@@ -96,10 +107,18 @@ class RouterTelemetry:
                 self.admitted.inc(n, tags={"model": model, "priority": priority})
             for reason, n in self._delta(f"shed/{model}", d.stats.shed).items():
                 self.shed.inc(n, tags={"model": model, "reason": reason})
+            for priority, n in self._delta(f"shed_priority/{model}", d.stats.shed_priority).items():
+                self.shed_priority.inc(n, tags={"model": model, "priority": priority})
             waits, d.stats.queue_wait_s = d.stats.queue_wait_s, []
             tags = {"model": model}
             for i, w in enumerate(waits, 1):
                 self.queue_wait.observe(w * 1000, tags=tags)
+                if i % self.chunk == 0:
+                    await asyncio.sleep(0)
+            latencies, d.stats.latency_s = d.stats.latency_s, []
+            by_priority = {p: {"model": model, "priority": p} for p in ("high", "normal", "low")}
+            for i, (priority, seconds) in enumerate(latencies, 1):
+                self.latency.observe(seconds * 1000, tags=by_priority[priority])
                 if i % self.chunk == 0:
                     await asyncio.sleep(0)
         flat = Counter({f"{route}\0{outcome}": n for (route, outcome), n in cascade.items()})

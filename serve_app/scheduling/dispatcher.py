@@ -128,16 +128,24 @@ class DispatchStats:
 
     admitted: Counter[str] = field(default_factory=Counter)  # by priority name
     shed: Counter[str] = field(default_factory=Counter)  # by reason
+    shed_priority: Counter[str] = field(default_factory=Counter)  # the same refusals, by priority name
     completed_items: int = 0
     cancelled_items: int = 0  # dropped from the queue because their caller went away
     retried_batches: int = 0  # sent again after the replica running them died
     batches: int = 0
     queue_wait_s: list[float] = field(default_factory=list)  # drained by the exporter
+    # (priority name, seconds from admission to answer) per answered request; drained by the exporter
+    latency_s: list[tuple[str, float]] = field(default_factory=list)
+
+    def count_shed(self, reason: str, priority: Priority) -> None:
+        self.shed[reason] += 1
+        self.shed_priority[priority.name.lower()] += 1
 
     def counts(self) -> dict[str, Any]:
         return {
             "admitted": dict(self.admitted),
             "shed": dict(self.shed),
+            "shed_by_priority": dict(self.shed_priority),
             "completed_items": self.completed_items,
             "cancelled_items": self.cancelled_items,
             "retried_batches": self.retried_batches,
@@ -215,8 +223,8 @@ class Dispatcher:
             drained = lane.estimator.drain_s(lane.queue.items, self.settings.max_batch_size, lane.limit.slots)
         return max(1.0, drained)
 
-    def _refuse(self, lane: Lane, reason: str, message: str) -> Overloaded:
-        self.stats.shed[reason] += 1
+    def _refuse(self, lane: Lane, reason: str, priority: Priority, message: str) -> Overloaded:
+        self.stats.count_shed(reason, priority)
         return Overloaded(f"{self.model}: {message}", retry_after_s=self._retry_after(lane))
 
     def _check(self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float) -> None:
@@ -224,12 +232,13 @@ class Dispatcher:
         waiting = self.wait_s(priority)
         predicted = waiting + lane.estimator.batch_s(items)
         if deadline is not None and now + predicted > deadline:
-            raise self._refuse(lane, "deadline", f"cannot meet the deadline (about {predicted * 1000:.0f} ms of work ahead)")
+            ahead_ms = predicted * 1000
+            raise self._refuse(lane, "deadline", priority, f"cannot meet the deadline (about {ahead_ms:.0f} ms of work ahead)")
         # The wait, not the request's own batch: an estimate inflated by one slow batch
         # would otherwise refuse everything, and with nothing admitted it never learns
         # that the model got fast again (the ResNet-50 sweep in benchmarks/results/sweep/bench-realsize/).
         if waiting > self.settings.max_queue_delay_s:
-            raise self._refuse(lane, "queue_delay", f"overloaded (about {waiting:.1f} s of work queued)")
+            raise self._refuse(lane, "queue_delay", priority, f"overloaded (about {waiting:.1f} s of work queued)")
 
     def precheck(self, priority: Priority, deadline: float | None) -> None:
         """What admission would say to the smallest request (one row) of this class, before
@@ -244,7 +253,7 @@ class Dispatcher:
         now = self.clock()
         lane = self.lane_for(priority)
         if not self.breaker.allow():
-            self.stats.shed["breaker_open"] += 1
+            self.stats.count_shed("breaker_open", priority)
             raise Unavailable(
                 f"{self.model}: circuit open after repeated failures", retry_after_s=max(1.0, self.breaker.retry_after_s())
             )
@@ -254,10 +263,10 @@ class Dispatcher:
         try:
             evicted = lane.queue.push(ticket)
         except QueueFull as e:
-            raise self._refuse(lane, "queue_full", f"overloaded ({e})") from None
+            raise self._refuse(lane, "queue_full", priority, f"overloaded ({e})") from None
         ticket.result = asyncio.get_running_loop().create_future()
         for victim in evicted:
-            self.stats.shed["evicted"] += 1
+            self.stats.count_shed("evicted", victim.priority)
             victim.result.set_exception(
                 Overloaded(f"{self.model}: shed for higher-priority work", retry_after_s=self._retry_after(lane))
             )
@@ -318,7 +327,7 @@ class Dispatcher:
                     return
             batch, expired = queue.pop_batch(s.max_batch_size, now)
             for ticket in expired:
-                self.stats.shed["expired"] += 1
+                self.stats.count_shed("expired", ticket.priority)
                 ticket.result.set_exception(DeadlineExceeded(f"{self.model}: deadline passed while queued"))
             if not batch:
                 continue
@@ -365,6 +374,7 @@ class Dispatcher:
             self.settings.adopt(reply)
             self.stats.completed_items += items
             self.stats.batches += 1
+            answered = self.clock()
             for ticket, result in zip(batch, reply.results, strict=True):
                 ticket.model_s = rtt
                 if ticket.result.done():
@@ -373,6 +383,7 @@ class Dispatcher:
                     ticket.result.set_exception(result)
                 else:
                     ticket.result.set_result(result)
+                    self.stats.latency_s.append((ticket.priority.name.lower(), answered - ticket.enqueued))
         finally:
             lane.inflight -= 1
             lane.inflight_items -= sum(t.items for t in batch)

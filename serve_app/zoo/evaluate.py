@@ -16,10 +16,14 @@ from serve_app.zoo.data import sentiment_dataset, shapes_dataset
 CHUNK = 64
 
 
-def classifier_logits(model_dir: Path, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(N, C) logits and (N,) labels for `n` generated items of this model's task."""
+def classifier_logits(
+    model_dir: Path, n: int, seed: int, onnx_path: Path | None = None, precision: str = "fp32"
+) -> tuple[np.ndarray, np.ndarray]:
+    """(N, C) logits and (N,) labels for `n` generated items of this model's task, from the
+    directory's graph of that precision, or from `onnx_path` when given."""
     manifest = Manifest.load(model_dir)
-    session = ort.InferenceSession(str(model_dir / manifest.onnx_file), providers=["CPUExecutionProvider"])
+    path = onnx_path or model_dir / manifest.onnx_file_for(precision)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     if manifest.family == "bert":
         assert manifest.tokenizer_file, f"{model_dir}: text model manifest names no tokenizer"
         texts, labels = sentiment_dataset(n, seed)

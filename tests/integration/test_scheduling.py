@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -75,8 +76,11 @@ def _config(model_dir: Path, traffic: dict[str, float] | None = None) -> dict[st
                         "steady": {"preset": "bert-tiny", "versions": {"2": {}}},
                         # Three versions of one model; the third fails every batch (a broken canary).
                         "canaried": {"preset": "bert-tiny", "versions": {"2": {}, "3": {"faults": {"error_rate": 1.0}}}},
+                        # A generator, so the scrape holds the decode loop's metrics the dashboard shows.
+                        "gpt": {"preset": "gpt-tiny", "generation": {"default_max_tokens": 8, "kv_slots": 4}},
                     },
-                    "cache": {"enabled": True, "models": ["canaried"], "per_tenant": True},
+                    # Small enough that the steady loads below evict (the dashboard shows evictions).
+                    "cache": {"enabled": True, "models": ["canaried"], "per_tenant": True, "max_bytes": 16384},
                     "routes": {"flaky-route": {"light": "flaky", "heavy": "steady", "threshold": 0.0}},
                     "tenants": [
                         {"name": "gold", "key_sha256": hashlib.sha256(GOLD_KEY.encode()).hexdigest(), "operator": True},
@@ -100,7 +104,7 @@ def _config(model_dir: Path, traffic: dict[str, float] | None = None) -> dict[st
                     },
                     *(
                         {"name": d, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.25}}
-                        for d in ("canaried", "canaried-v2", "canaried-v3", "steady-v2")
+                        for d in ("canaried", "canaried-v2", "canaried-v3", "steady-v2", "gpt")
                     ),
                     {"name": "slow", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
                     {
@@ -555,3 +559,30 @@ def test_shadows_report_agreement_and_killing_the_candidate_fails_no_client(app)
         "serve_app_version_calls",
     ):
         assert metric in text, metric
+
+
+# Dashboards and alerts --------------------------------------------------------------------
+
+
+def test_every_metric_the_dashboard_and_alert_rules_read_is_exported(app):
+    """The shipped Grafana dashboard and Prometheus rules name only metrics a running app exports.
+    Runs last: the tests above drove the app through shedding, breakers, versions, shadows, the
+    cache and a rollback; this one adds a generation and a high-priority answer."""
+    from serve_app.observability.names import dashboard_exprs, metric_names, rule_exprs
+
+    root = Path(__file__).resolve().parents[2] / "observability"
+    wanted = metric_names(dashboard_exprs(json.loads((root / "grafana-dashboard.json").read_text())))
+    wanted |= metric_names(rule_exprs(yaml.safe_load((root / "prometheus-rules.yaml").read_text())))
+    body = {"model": "gpt", "prompt": "once upon a time", "max_tokens": 8}
+    generated = _post(f"{URL}/v1/completions", json=body)
+    assert generated.status_code == 200, generated.text
+    assert _post(f"{URL}/v2/models/steady/infer", json=_body(), headers={"X-Priority": "high"}).status_code == 200
+    exported: set[str] = set()
+    deadline = time.monotonic() + 90  # the router exports every 2 s, Ray's agent every few more
+    while not wanted <= exported:
+        assert time.monotonic() < deadline, f"not in the scrape: {sorted(wanted - exported)}"
+        time.sleep(2)
+        text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+        exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
+    high = [x for x in text.splitlines() if x.startswith("ray_serve_app_request_latency_ms_count") and 'priority="high"' in x]
+    assert any('model="steady"' in x for x in high), high

@@ -132,6 +132,19 @@ async def test_full_queue_sheds_low_for_high_and_refuses_equals():
     shed = [r for r in results if isinstance(r, Overloaded)]
     assert len(shed) == 1 and "higher-priority" in str(shed[0])
     assert d.stats.shed == {"queue_full": 1, "evicted": 1}
+    assert d.stats.shed_priority == {"low": 2}  # the refused low and the evicted low; high got through
+
+
+@virtual_time
+async def test_answered_requests_record_their_latency_by_priority():
+    model = FakeModel(base_s=0.05, per_item_s=0.0)
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0)
+    await asyncio.gather(
+        d.submit("a", 1, Priority.LOW), d.submit("b", 1, Priority.HIGH), d.submit("bad", 1), return_exceptions=True
+    )
+    # One slot, batches of one: the low ran first (0.05 s), then the high waited for it (0.10 s);
+    # the bad row failed, so it has no latency to report.
+    assert [(p, round(s, 3)) for p, s in d.stats.latency_s] == [("low", 0.05), ("high", 0.1)]
 
 
 @virtual_time

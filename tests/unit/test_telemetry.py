@@ -65,3 +65,39 @@ def test_the_learned_drain_rate_is_exported_per_model_and_lane() -> None:
     d.bulk.drain.rate = 106.4
     asyncio.run(telemetry.export({"m": d}, Counter(), {"m": 0}))
     assert telemetry.drain_rate.values == {(("lane", "bulk"), ("model", "m")): 106.4}  # type: ignore[attr-defined]
+
+
+class TaggedHistogram:
+    def __init__(self) -> None:
+        self.values: list[tuple[dict[str, str], float]] = []
+
+    def observe(self, value: float, tags: dict[str, str] | None = None) -> None:
+        self.values.append((dict(tags or {}), value))
+
+
+class FakeCounter:
+    def __init__(self) -> None:
+        self.values: Counter[tuple[tuple[str, str], ...]] = Counter()
+
+    def inc(self, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
+        self.values[tuple(sorted((tags or {}).items()))] += int(value)
+
+
+def test_latency_and_shedding_are_exported_per_priority_once_each() -> None:
+    telemetry = RouterTelemetry()
+    telemetry.latency = TaggedHistogram()  # type: ignore[assignment]
+    telemetry.shed_priority = FakeCounter()  # type: ignore[assignment]
+    d = Dispatcher("m", _noop)
+    d.stats.latency_s = [("high", 0.004), ("low", 0.25)]
+    d.stats.shed_priority.update({"low": 3})
+    asyncio.run(telemetry.export({"m": d}, Counter(), {"m": 0}))
+    d.stats.shed_priority.update({"low": 1, "high": 1})
+    asyncio.run(telemetry.export({"m": d}, Counter(), {"m": 0}))  # only what changed since, and no latency twice
+    assert telemetry.latency.values == [  # type: ignore[attr-defined]
+        ({"model": "m", "priority": "high"}, 4.0),
+        ({"model": "m", "priority": "low"}, 250.0),
+    ]
+    assert telemetry.shed_priority.values == {  # type: ignore[attr-defined]
+        (("model", "m"), ("priority", "low")): 4,
+        (("model", "m"), ("priority", "high")): 1,
+    }

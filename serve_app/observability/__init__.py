@@ -1,0 +1,1 @@
+"""Dashboards and alert rules users load into Grafana and Prometheus."""

@@ -33,6 +33,9 @@ SCENARIOS = {
     "lifecycle": "model versions on the shipped config: the traffic split, versioned paths, sticky keys; the response "
     "cache under Zipf traffic with and without it, two routers sharing it through a real Redis that stops mid-run; "
     "shadowing a route's heavy tier (client p99 with and without) and killing the shadow's replicas under load",
+    "wire": "the same requests to the same app over OIP v2 gRPC (Triton's asyncio gRPC client through Serve's gRPC "
+    "proxy), HTTP with binary tensors and HTTP with JSON: goodput, p50/p99, and CPU per request of the ingress proxy, "
+    "the router and the model replica",
     "precision": "no Ray: each classifier's FP32 graph beside its INT8 variant in ONNX Runtime on the CPU: test "
     "accuracy, rows/s at batch 1 and at max_batch_size, p50 of one row, file size, session memory",
     "generation": "the GPT deployment with continuous batching vs the @serve.batch request-level version, same model and "
@@ -149,6 +152,16 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
             {m: model_dir / m for m in s.models}, batch, max(2, threads), [0.0, 0.1, 0.2],
             2.0 if ns.smoke else (ns.seconds or 6.0), 1 if ns.smoke else 2,
         )  # fmt: skip
+    elif ns.scenario == "wire":
+        from benchmarks import wire
+
+        ws = wire.WireSettings.smoke() if ns.smoke else wire.WireSettings()
+        if ns.seconds:
+            ws.seconds = ns.seconds
+        if ns.concurrency:
+            ws.concurrency = ns.concurrency[0]
+        ws.rounds = 1 if ns.smoke else ns.rounds
+        result = wire.run(ws, s.models, model_dir, ns.config.resolve())
     elif ns.scenario == "precision":
         from benchmarks import precision
 

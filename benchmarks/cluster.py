@@ -304,6 +304,12 @@ def run_loadgen(
         mode.append("--raw")  # every request's record, for timelines
     cmd = [sys.executable, "-m", "benchmarks.loadgen", "--url", url, "--workload", str(workload), *mode,
            "--seconds", str(seconds), "--warmup", str(warmup), "--out", str(out)]  # fmt: skip
+    return measured_client(cmd, out, seconds, warmup, watch)
+
+
+def measured_client(cmd: list[str], out: Path, seconds: float, warmup: float, watch: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run a load client process that writes its result JSON to `out`; add, over its measured
+    window, the cores each process role used and the peak RSS of the watched deployments."""
     proc = subprocess.Popen(cmd)
     time.sleep(warmup)
     before, t0 = cpu_snapshot(), time.perf_counter()
@@ -332,6 +338,7 @@ ROLE_MARKERS = (
     ("HAProxyManager", "haproxy-manager"),
     ("ServeController", "serve-controller"),
     ("benchmarks.loadgen", "loadgen"),
+    ("benchmarks.grpcload", "loadgen"),
     ("bench generation", "loadgen"),  # that scenario's client runs in the bench process
     ("naive_server", "naive-server"),
     ("DashboardAgent", "ray-system"),

@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import chaos, contention, cost, generation, images, lifecycle, precision, soak
+from benchmarks import chaos, contention, cost, generation, images, lifecycle, precision, soak, wire
 
 SETUPS = ("naive", "plain", "ours")
 SETUP_TITLES = {
@@ -443,6 +443,7 @@ MARKDOWN = {
     "generation": generation.markdown,
     "contention": contention.markdown,
     "precision": precision.markdown,
+    "wire": wire.markdown,
     "compare": compare_markdown,
     "sweep": sweep_markdown,
     "ingress": ingress_markdown,

@@ -130,6 +130,7 @@ def _head_group() -> dict[str, Any]:
                             {"containerPort": 6379, "name": "gcs"},
                             {"containerPort": 8265, "name": "dashboard"},
                             {"containerPort": 8000, "name": "serve"},
+                            {"containerPort": 9000, "name": "grpc"},
                             {"containerPort": 8080, "name": "metrics"},
                         ],
                     )

@@ -273,7 +273,7 @@ def encode(name: str, value: np.ndarray | list[str]) -> ResponseOutput:
     return ResponseOutput(name=name, shape=list(value.shape), datatype=datatype, data=value.ravel().tolist())
 
 
-def _binary_blob(output: ResponseOutput) -> bytes:
+def binary_blob(output: ResponseOutput) -> bytes:
     data = output.data or []
     if output.datatype == "BYTES":
         parts = []
@@ -292,7 +292,7 @@ def render_response(response: InferResponse, binary: set[str]) -> tuple[bytes, d
     outputs = []
     for out in response.outputs:
         if out.name in binary:
-            blob = _binary_blob(out)
+            blob = binary_blob(out)
             blobs.append(blob)
             params = {**(out.parameters or {}), "binary_data_size": len(blob)}
             out = out.model_copy(update={"data": None, "parameters": params})

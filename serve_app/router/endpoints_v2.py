@@ -36,6 +36,12 @@ async def server_metadata() -> v2.ServerMetadata:
     return v2.ServerMetadata(name="serve-app", version=__version__, extensions=v2.EXTENSIONS)
 
 
+async def metadata(parts: RouterParts, name: str, version: str | None) -> v2.ModelMetadata:
+    manifest = await _manifest(parts, name, version)
+    versions = [version] if version is not None else parts.catalog.versions(name)
+    return catalog.model_metadata(name, manifest, parts.catalog.platform(name), versions)
+
+
 async def _manifest(parts: RouterParts, name: str, version: str | None) -> Manifest:
     """The metadata a name (and version) shows (a route shows its light tier's), after 404 checks."""
     parts.catalog.known(name)
@@ -48,9 +54,7 @@ async def model_metadata(
     name: str, version: str | None = None, authorization: str | None = Header(None), parts: RouterParts = PARTS
 ) -> v2.ModelMetadata:
     parts.callers.authenticate(authorization)
-    manifest = await _manifest(parts, name, version)
-    versions = [version] if version is not None else parts.catalog.versions(name)
-    return catalog.model_metadata(name, manifest, parts.catalog.platform(name), versions)
+    return await metadata(parts, name, version)
 
 
 @api.get("/v2/models/{name}/ready", responses=V2_ERRORS)
@@ -58,13 +62,16 @@ async def model_metadata(
 async def model_ready(name: str, version: str | None = None, parts: RouterParts = PARTS) -> JSONResponse:
     """A version is ready when its deployment answers; a model, when every version that takes its
     traffic does; a route, when both tiers are."""
+    ok = await parts.catalog.all_ready(ready_members(parts, name, version))
+    return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+
+
+def ready_members(parts: RouterParts, name: str, version: str | None) -> list[str]:
+    """The deployments that must answer for a name (and version) to be ready; 404 for an unknown name."""
     parts.catalog.known(name)
     if version is not None:
-        members = [parts.catalog.deployment(name, version)] if name in parts.args.models else parts.catalog.members(name)
-    else:
-        members = [d for m in parts.catalog.members(name) for d in parts.versions.serving(m)]
-    ok = await parts.catalog.all_ready(members)
-    return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+        return [parts.catalog.deployment(name, version)] if name in parts.args.models else parts.catalog.members(name)
+    return [d for m in parts.catalog.members(name) for d in parts.versions.serving(m)]
 
 
 @api.post("/v2/repository/index", responses=V2_ERRORS)

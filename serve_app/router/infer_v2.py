@@ -61,6 +61,24 @@ async def answer_infer(
     parts.catalog.known(name)
     # Read after the key and rate checks; the edge (serve_app.router.edge) holds it to the body limit.
     body = v2.parse_request(await read_body(), headers.header_length)
+    response, out_headers = await infer(parts, name, version, body, headers, tenant, timing)
+    content, extra = v2.render_response(response, v2.binary_outputs(body, [o.name for o in response.outputs]))
+    # Where the time went inside the server, so a client can tell it from the network's share.
+    out_headers["Server-Timing"] = timing.header(time.perf_counter() - started)
+    return Response(content, headers={**out_headers, **extra})
+
+
+async def infer(
+    parts: RouterParts,
+    name: str,
+    version: str | None,
+    body: v2.InferRequest,
+    headers: InferHeaders,
+    tenant: Tenant,
+    timing: RequestTiming,
+) -> tuple[v2.InferResponse, dict[str, str]]:
+    """A parsed request from an admitted caller, whichever wire it came on (HTTP or gRPC): the
+    response and the headers that describe it (who answered, cache, degradation)."""
     params = body.parameters or {}
     qos = parts.callers.qos(tenant, headers.priority, headers.timeout_ms, params)
     manifest = await parts.catalog.manifest(parts.catalog.deployment(name, version))
@@ -79,10 +97,7 @@ async def answer_infer(
     response = v2.InferResponse.model_construct(
         model_name=name, model_version=answer.version, id=body.id, parameters=parameters, outputs=outputs
     )
-    content, extra = v2.render_response(response, v2.binary_outputs(body, [o.name for o in outputs]))
-    # Where the time went inside the server, so a client can tell it from the network's share.
-    out_headers["Server-Timing"] = timing.header(time.perf_counter() - started)
-    return Response(content, headers={**out_headers, **extra})
+    return response, out_headers
 
 
 def repeatable(params: GenerationParams) -> bool:

@@ -7,14 +7,18 @@ dispatchers, route cascades, background loops), process setup in `startup`.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
+from ray.serve.grpc_util import RayServegRPCContext
 from ray.serve.handle import DeploymentHandle
+from tritonclient.grpc import service_pb2 as pb
 
 from serve_app.config import AppArgs, RouterLiveConfig
 from serve_app.router.dispatchers import handle_sender
+from serve_app.router.grpc_service import GrpcInference, fail, headers_of
 from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
 from serve_app.router.startup import prepare_process
@@ -35,6 +39,7 @@ class Router:
             lambda model: handle_sender(handles[model], router_id),
             router_count=lambda: serve.get_replica_context().world_size,
         )
+        self.grpc = GrpcInference(self.parts)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve asks for this replica's app after the constructor (late-bound `serve.ingress()`)."""
@@ -53,6 +58,47 @@ class Router:
     def check_health(self) -> None:
         """Serve's periodic probe: unhealthy when a background loop has died."""
         self.parts.loops.check()
+
+    # inference.GRPCInferenceService, through Serve's gRPC proxy (`grpc_options` in the configs):
+    # each RPC is the method of its name; serve_app.router.grpc_service does the work.
+
+    async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return await self.grpc.server_ready()
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        return self.grpc.server_metadata()
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, grpc_context: RayServegRPCContext) -> pb.ModelReadyResponse:
+        try:
+            return await self.grpc.model_ready(request)
+        except Exception as e:
+            fail(grpc_context, e)
+            return pb.ModelReadyResponse()
+
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, grpc_context: RayServegRPCContext
+    ) -> pb.ModelMetadataResponse:
+        try:
+            return await self.grpc.model_metadata(request, grpc_context)
+        except Exception as e:
+            fail(grpc_context, e)
+            return pb.ModelMetadataResponse()
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, grpc_context: RayServegRPCContext) -> pb.ModelInferResponse:
+        try:
+            return await self.grpc.model_infer(request, headers_of(grpc_context))
+        except Exception as e:
+            fail(grpc_context, e)
+            return pb.ModelInferResponse()
+
+    async def ModelStreamInfer(
+        self, request_stream: AsyncIterator[pb.ModelInferRequest], grpc_context: RayServegRPCContext
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        async for response in self.grpc.model_stream_infer(request_stream, headers_of(grpc_context)):
+            yield response
 
     async def shutdown(self) -> None:
         await self.parts.loops.stop()

@@ -12,6 +12,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from serve_app.app import build_app
+from serve_app.protocols.grpc_v2 import SERVICER
 
 # Driver-side handles made by a module's tests. Each runs a metrics pusher that outlives
 # serve.shutdown(); left running, it reconnects to whichever Ray starts next and, once that
@@ -25,12 +26,14 @@ def deployment_handle(name: str, app: str) -> DeploymentHandle:
     return handle
 
 
-def serve_for_module(args: dict[str, Any], port: int, name: str = "default") -> Iterator[str]:
-    """Start Ray and the app, yield its URL once /v2/health/ready says so, then tear both down."""
+def serve_for_module(args: dict[str, Any], port: int, name: str = "default", grpc_port: int | None = None) -> Iterator[str]:
+    """Start Ray and the app, yield its URL once /v2/health/ready says so, then tear both down.
+    With `grpc_port`, Serve's gRPC proxy serves the OIP v2 gRPC service there too."""
     # Logical CPUs: six or more deployments at the default 1 CPU each, on a 2-core machine.
     # address="local": always a cluster of our own, never one a previous module left exiting.
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    grpc = {"port": grpc_port, "grpc_servicer_functions": [SERVICER]} if grpc_port else None
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, grpc_options=grpc)
     serve.run(build_app(args), name=name, route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

@@ -14,12 +14,14 @@ import json
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import openai
 import pytest
 import schemathesis
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
@@ -41,6 +43,7 @@ from tests.integration.serving import serve_for_module
 pytestmark = pytest.mark.integration
 PORT = 8125
 URL = f"http://127.0.0.1:{PORT}"
+GRPC_PORT = 9125
 TEXTS = ["the food was great", "i think the room was awful", "héllo wörld ✓"]
 CLASSIFIERS = ["bert-light", "bert-heavy", "text-classify", "resnet-light", "resnet-heavy", "image-classify"]
 SLOW_S = 0.4  # one batch of `bert-slow`, the model behind the disconnect test
@@ -67,7 +70,7 @@ def app_url(tiny_model_dir: Path):
     # Admit the disconnect test's 16 queued requests (6 s of bert-slow) instead of refusing most.
     args["scheduling"] = {"max_queue_delay_s": 10, "anonymous_max_priority": "high"}
     args["limits"] = {"max_request_bytes": MAX_BODY, "max_text_chars": 500}
-    yield from serve_for_module(args, PORT)
+    yield from serve_for_module(args, PORT, grpc_port=GRPC_PORT)
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +166,111 @@ def test_tritonclient_generation_with_parameters(client, tiny_model_dir):
         result = client.infer("gpt", [tensor], outputs=[output], parameters={"max_tokens": 5, "temperature": 0})
         texts = [t.decode() if isinstance(t, bytes) else str(t) for t in result.as_numpy("text_output")]
         assert texts == expected, binary
+
+
+# -- Triton's gRPC client, through Serve's gRPC proxy ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def grpc_client(app_url) -> triton_grpc.InferenceServerClient:
+    return triton_grpc.InferenceServerClient(f"127.0.0.1:{GRPC_PORT}")
+
+
+def _grpc_input(model: str) -> triton_grpc.InferInput:
+    if model.startswith(("bert", "text")):
+        tensor = triton_grpc.InferInput("text", [len(TEXTS)], "BYTES")
+        tensor.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object))
+    else:
+        images = _images()
+        tensor = triton_grpc.InferInput("image", list(images.shape), "FP32")
+        tensor.set_data_from_numpy(images)
+    return tensor
+
+
+def test_tritonclient_grpc_health_and_metadata(grpc_client):
+    assert grpc_client.is_server_live() and grpc_client.is_server_ready()
+    assert "binary_tensor_data" in grpc_client.get_server_metadata().extensions
+    meta = grpc_client.get_model_metadata("bert-light", as_json=True)
+    assert meta["name"] == "bert-light" and meta["versions"] == ["1"]
+    assert {t["name"] for t in meta["inputs"]} == {"text"}
+    assert grpc_client.is_model_ready("text-classify") and not grpc_client.is_model_ready("bert-light", "2")
+    with pytest.raises(triton_grpc.InferenceServerException, match=r"StatusCode\.NOT_FOUND"):
+        grpc_client.get_model_metadata("no-such-model")
+
+
+@pytest.mark.parametrize("model", ["bert-light", "text-classify", "resnet-heavy", "image-classify"])
+def test_tritonclient_grpc_infer_matches_http(grpc_client, client, model):
+    """Binary tensors over gRPC give what the same request over HTTP gives, with the same tiers."""
+    got = grpc_client.infer(model, [_grpc_input(model)], request_id="g-1")
+    want = client.infer(model, [_classifier_input(model, True)])
+    np.testing.assert_allclose(got.as_numpy("logits"), want.as_numpy("logits"), atol=1e-6)
+    assert got.as_numpy("label").tolist() == want.as_numpy("label").tolist()
+    response = got.get_response()
+    assert response.id == "g-1" and response.model_name == model
+    assert response.parameters["served_by"].string_param == ",".join(want.get_response()["parameters"]["served_by"])
+
+
+def test_tritonclient_grpc_errors_are_status_codes(grpc_client):
+    with pytest.raises(triton_grpc.InferenceServerException, match=r"StatusCode\.INVALID_ARGUMENT"):
+        grpc_client.infer("resnet-light", [_grpc_input("bert-light")])  # text for an image model
+    # Below tritonclient's own checks, with the service's generated stub: raw bytes short of the shape.
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name="resnet-light")
+    size = _images(1).shape[-1]
+    request.inputs.add(name="image", datatype="FP32", shape=[1, 3, size, size])
+    request.raw_input_contents.append(np.zeros((1, 3, size // 2, size // 2), np.float32).tobytes())
+    with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORT}") as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "binary bytes" in e.value.details()
+    with pytest.raises(triton_grpc.InferenceServerException, match=r"StatusCode\.NOT_FOUND"):
+        grpc_client.infer("no-such-model", [_grpc_input("bert-light")])
+    # The server is unharmed: the next request is answered.
+    assert grpc_client.infer("bert-light", [_grpc_input("bert-light")]).as_numpy("logits").shape == (len(TEXTS), 2)
+
+
+def test_tritonclient_grpc_streams_generation_and_classification(grpc_client, tiny_model_dir):
+    """Triton's bidirectional stream: a generation arrives piece by piece and ends with an empty
+    final response; a classification and a bad request on the same stream get their own answers."""
+    import queue
+
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        prompt = triton_grpc.InferInput("text_input", [1], "BYTES")
+        prompt.set_data_from_numpy(np.array([b"the food"], dtype=object))
+        grpc_client.async_stream_infer(
+            "gpt", [prompt], request_id="gen", parameters={"max_tokens": 8, "temperature": 0},
+            enable_empty_final_response=True,
+        )  # fmt: skip
+        grpc_client.async_stream_infer("bert-light", [_grpc_input("bert-light")], request_id="cls")
+        bad = triton_grpc.InferInput("text_input", [1], "BYTES")
+        bad.set_data_from_numpy(np.array([b"x"], dtype=object))
+        grpc_client.async_stream_infer("gpt", [bad], request_id="bad", parameters={"top_k": -3})
+        pieces: list[str] = []
+        errors: list[str] = []
+        finals, classified = 0, None
+        deadline = time.monotonic() + 60
+        while finals == 0 or classified is None or not errors:
+            assert time.monotonic() < deadline, (pieces, finals, classified, errors)
+            result, error = results.get(timeout=30)
+            if error is not None:
+                errors.append(str(error))
+                continue
+            response = result.get_response()
+            if response.id == "cls":
+                classified = result.as_numpy("logits")
+            elif response.parameters["triton_final_response"].bool_param:
+                finals += 1
+            else:
+                pieces += [t.decode() for t in result.as_numpy("text_output")]
+    finally:
+        grpc_client.stop_stream()
+    assert "".join(pieces) == greedy_text(tiny_model_dir, "the food", 8) and len(pieces) > 1
+    assert classified is not None and classified.shape == (len(TEXTS), 2)
+    assert len(errors) == 1 and "top_k" in errors[0]
 
 
 # -- OpenAI's SDK ---------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def test_network_policy_opens_only_the_serving_port_to_everyone():
     for template in [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]:
         assert labels.items() <= template["metadata"]["labels"].items()  # the policy selects every Ray pod
     open_rules = [r for r in ray["ingress"] if "from" not in r]
-    assert [[p["port"] for p in r["ports"]] for r in open_rules] == [[8000]]
+    assert [[p["port"] for p in r["ports"]] for r in open_rules] == [[8000, 9000]]  # HTTP and gRPC
     assert all(r["from"] for r in ray["ingress"] if "from" in r)
     redis = policies["serve-app-redis"]["spec"]["ingress"]
     assert all("from" in r for r in redis)

@@ -5,7 +5,7 @@ the wires alternate within each round, so a slow spell of the shared machine hit
 
 Reported per model and wire: goodput, p50/p99, statuses, and CPU per answered request of each
 role (ingress proxy, router, model replica) in core-ms, from the cores each process used over the
-measured window.
+measured window. The response cache is off, so every request reaches its model.
 """
 
 from __future__ import annotations
@@ -68,7 +68,11 @@ def core_ms(load: dict[str, Any], model: str) -> dict[str, float | None]:
 
 def run(s: WireSettings, models: list[str], model_dir: Path, config_path: Path) -> dict[str, Any]:
     config = yaml.safe_load(config_path.read_text())
-    config["applications"][0]["args"]["model_dir"] = str(model_dir)
+    args = config["applications"][0]["args"]
+    args["model_dir"] = str(model_dir)
+    # The workloads cycle a few dozen inputs: with the response cache on, the wires would be
+    # measured answering from it, not carrying requests to the models.
+    args["cache"] = {**args.get("cache", {}), "enabled": False}
     config["grpc_options"] = {"port": GRPC_PORT, "grpc_servicer_functions": [SERVICER]}
     out: dict[str, Any] = {"settings": vars(s), "models": {}}
     with tempfile.TemporaryDirectory() as tmp_name:

@@ -62,7 +62,7 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
             user_config=model.tuning().model_dump(),
             max_ongoing_requests=ongoing,
             max_queued_requests=queued,
-        ).bind(name, str(args.model_path(name)), model.model_dump(mode="json"))
+        ).bind(name, str(args.model_path(name)), model.model_copy(update={"tracing": args.tracing}).model_dump(mode="json"))
     # Routes and models travel to the router as plain data plus handles.
     # The traffic policy is the router's user_config: `serve deploy` changes it on running
     # routers, where a change of the args would restart every replica of the application.

@@ -67,6 +67,21 @@ class GenerationDefaults(BaseModel):
     )
 
 
+class TracingConfig(BaseModel):
+    """OpenTelemetry tracing. W3C `traceparent` is always read and carried to the replicas; spans
+    are exported (OTLP over HTTP, protobuf) only when an endpoint is configured here or in
+    OpenTelemetry's own `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`/`OTEL_EXPORTER_OTLP_ENDPOINT`."""
+
+    enabled: bool = Field(True, description="false: no spans even when an endpoint is configured")
+    otlp_endpoint: str | None = Field(None, description="e.g. http://otel-collector:4318/v1/traces")
+    sample_ratio: float = Field(
+        1.0, ge=0.0, le=1.0, description="share of new traces recorded; a caller's sampled flag wins (parent-based)"
+    )
+    service_name: str = Field("serve-app", description="service.namespace; each role adds its own name (router, a model)")
+    export_interval_ms: int = Field(1000, ge=10, description="how often buffered spans are sent")
+    export_timeout_s: float = Field(5.0, gt=0, description="an export taking longer is dropped, never the request")
+
+
 class ModelConfig(BaseModel):
     """One model of the catalog. `preset` builds a demo model; `path` points at any model directory."""
 
@@ -107,6 +122,9 @@ class ModelConfig(BaseModel):
         "variants are built beside the FP32 one by `serve-app models build` and checked against it (classifiers only)",
     )
     version: str = Field("1", min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.]+$", description="this entry's version")
+    tracing: TracingConfig = Field(
+        default_factory=TracingConfig, description="set by the app builder from the application's `tracing` section"
+    )
     versions: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="further versions, each its own Serve deployment named <model>-v<version> with its own model "
@@ -352,6 +370,7 @@ class AppArgs(BaseModel):
     tenants: list[TenantConfig] = Field(default_factory=list, description="API keys; none configured = open server")
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     traffic: dict[str, TrafficConfig] = Field(
         default_factory=dict,
         description="the routers' starting traffic policy per model; the router deployment's user_config "

@@ -21,6 +21,7 @@ from serve_app.config import BatchingConfig, FaultConfig, ModelConfig, ReplicaTu
 from serve_app.errors import ModelFailure
 from serve_app.manifest import Manifest
 from serve_app.models.runtime import create_session, intra_op_threads, select_providers
+from serve_app.observability import tracing
 
 BATCH_SIZE_BOUNDARIES = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]
 
@@ -63,6 +64,7 @@ class OnnxModel:
         self.faults: FaultConfig = self.config.faults
         self._faults_since: float | None = None
         self.batching = self.config.batching
+        tracing.setup(self.config.tracing, service=name)
 
     def warm_up(self) -> None:
         """Run the graph so the first real request doesn't pay for lazy init."""

@@ -31,6 +31,7 @@ from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.executor import BatchExecutor, RunBatch
 from serve_app.models.runtime import create_session
+from serve_app.observability import tracing
 from serve_app.padding import batch_buckets, length_buckets, pad_batch, pad_right
 from serve_app.tokenization import TextTokenizer
 
@@ -95,14 +96,30 @@ class Classifier(OnnxModel):
         for lane in self.lanes.values():
             lane.max_items = batching.max_batch_size
 
-    async def run(self, payloads: list[Any], router: str = "", router_queued: int = 0, lane: str = BULK) -> BatchReply:
-        """One batch from a router: a result or error per payload, and the timings the router learns from."""
-        self.router_load.report(router, router_queued / self.batching.max_batch_size, time.monotonic())
+    async def run(
+        self, payloads: list[Any], router: str = "", router_queued: int = 0, lane: str = BULK,
+        traces: list[str | None] | None = None,
+    ) -> BatchReply:  # fmt: skip
+        """One batch from a router: a result or error per payload, and the timings the router learns
+        from. `traces`: each payload's trace context, when any request in the batch is traced."""
+        arrived = time.monotonic()
+        self.router_load.report(router, router_queued / self.batching.max_batch_size, arrived)
         items = sum(payload_items(p) for p in payloads)
         # A router configured for lanes may meet a replica without them (urgent_lane: false).
         executor = self.lanes.get(lane) or self.lanes[BULK]
         results, wait_s, exec_s = await executor.submit(payloads, items)
+        if traces:
+            self._trace_batch(traces, results, arrived + wait_s, exec_s, items, lane)
         return BatchReply(results, wait_s, exec_s, self.batching.max_batch_size, self.batching.batch_wait_timeout_s)
+
+    def _trace_batch(
+        self, traces: list[str | None], results: list[Result], started: float, exec_s: float, items: int, lane: str
+    ) -> None:
+        """The batch's run, as a span under each traced request's round trip."""
+        for traceparent, result in zip(traces, results, strict=True):
+            attributes = {"serve_app.model": self.name, "serve_app.lane": lane, "serve_app.batch.items": items}
+            error = result if isinstance(result, BaseException) else None
+            tracing.record("model.run", tracing.from_traceparent(traceparent), started, started + exec_s, attributes, error)
 
     async def runtime_info(self) -> dict[str, Any]:
         return {**await super().runtime_info(), "lane_sessions": self.lane_layout}

@@ -32,6 +32,7 @@ import numpy as np
 from serve_app.errors import ModelFailure, ServeAppError
 from serve_app.models.kv_cache import KVCache
 from serve_app.models.sequence import Sequence, TokenEvent
+from serve_app.observability import tracing
 
 # What one step gives a sequence: its next token event, or the error that ended it alone.
 StepOutcome = TokenEvent | ServeAppError
@@ -239,11 +240,14 @@ class ContinuousScheduler:
         return {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": past}, past_width
 
     def _run(self, rows: list[Sequence], counts: list[int]) -> list[tuple[Sequence, StepOutcome]]:
+        started = self.clock()
         inputs, past_width = self._batch(rows, counts)
         logits, present = self.model(inputs["input_ids"], inputs["position_ids"], inputs["attention_mask"], inputs["past"])
         self.stats.model_calls += 1
         self.cache.store([s.slot for s in rows], present, past_width, counts)  # type: ignore[misc]
         now = self.clock()
+        if any(s.trace is not None for s in rows):
+            self._trace_step(rows, counts, started, now)
         events: list[tuple[Sequence, StepOutcome]] = []
         for i, (s, n) in enumerate(zip(rows, counts, strict=True)):
             self.stats.prefill_tokens += max(0, min(s.cached + n, len(s.prompt)) - s.cached)
@@ -261,6 +265,15 @@ class ContinuousScheduler:
                 continue
             self._observe(s, now)
         return events
+
+    def _trace_step(self, rows: list[Sequence], counts: list[int], started: float, ended: float) -> None:
+        """The model call as a span under each traced row's generation: a prefill chunk or a decode step."""
+        for s, n in zip(rows, counts, strict=True):
+            if s.trace is None:
+                continue
+            name = "prefill" if s.cached < len(s.prompt) else "decode"
+            attributes = {"serve_app.step": self.stats.steps, "serve_app.step.rows": len(rows), "serve_app.tokens_fed": n}
+            tracing.record(name, s.trace, started, ended, attributes)
 
     def _observe(self, s: Sequence, now: float) -> None:
         self.stats.generated_tokens += 1

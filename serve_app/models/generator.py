@@ -29,6 +29,7 @@ from serve_app.models.health import StallWatch
 from serve_app.models.kv_cache import CacheShape, KVCache
 from serve_app.models.sampling import GenerationParams
 from serve_app.models.sequence import Sequence, TokenEvent
+from serve_app.observability import tracing
 from serve_app.padding import pad_left
 from serve_app.tokenization import TextTokenizer
 
@@ -92,6 +93,10 @@ class GeneratorBase(OnnxModel):
         return Sequence(next(self._ids), ids, params, limit, priority=int(priority))
 
 
+class _Unfinished(Exception):
+    """A traced generation that ended before its last token (the caller left, or a step failed)."""
+
+
 @serve.deployment(max_ongoing_requests=80)
 class TextGenerator(GeneratorBase):
     """Batching is the decode loop's, per step (not `@serve.batch`)."""
@@ -118,10 +123,14 @@ class TextGenerator(GeneratorBase):
     async def generate(self, prompt: str, raw_params: dict[str, Any]) -> AsyncGenerator[TokenEvent, None]:
         """Stream TokenEvents for one prompt (call with `handle.options(stream=True)`)."""
         seq = self.new_sequence(prompt, raw_params)
+        span = self._trace(seq, raw_params.get(tracing.TRACEPARENT))
         try:
             self.scheduler.submit(seq)
         except QueueFull as e:
-            raise Overloaded(f"{self.name}: {e}", retry_after_s=1.0) from None
+            error = Overloaded(f"{self.name}: {e}", retry_after_s=1.0)
+            if span is not None:
+                span.end(time.monotonic(), error)
+            raise error from None
         queue: asyncio.Queue[TokenEvent | ServeAppError] = asyncio.Queue()
         self._streams[seq.id] = queue
         self._start_loop()
@@ -147,6 +156,24 @@ class TextGenerator(GeneratorBase):
             # client disconnects): the scheduler drops the sequence and frees its slot next step.
             seq.cancelled = True
             self._streams.pop(seq.id, None)
+            if span is not None:
+                span.set("serve_app.completion_tokens", len(seq.tokens))
+                span.set("serve_app.preemptions", seq.preemptions)
+                span.end(time.monotonic(), None if seq.finished else _Unfinished())
+
+    def _trace(self, seq: Sequence, traceparent: Any) -> tracing.OpenSpan | None:
+        """The generation's span, under the router's call; its prefill and decode steps go under it."""
+        parent = tracing.from_traceparent(traceparent if isinstance(traceparent, str) else None)
+        if parent is None:
+            return None
+        attributes = {
+            "serve_app.model": self.name,
+            "serve_app.prompt_tokens": len(seq.prompt),
+            "serve_app.priority": seq.priority,
+        }
+        span = tracing.OpenSpan.start("generate", parent, time.monotonic(), attributes, internal=True)
+        seq.trace = span.context
+        return span
 
     def _start_loop(self) -> None:
         if self._wake is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,7 @@ class Sequence:
     first_token_step: int | None = None
     last_token_at: float | None = None
     preemptions: int = 0
+    trace: Any = field(default=None, repr=False)  # the context its step spans go under (OpenTelemetry); None untraced
     rng: np.random.Generator = field(init=False)
     text: StreamingText = field(init=False)
 

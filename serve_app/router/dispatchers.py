@@ -73,8 +73,8 @@ class DispatcherPool:
 def handle_sender(handle: Any, router_id: str) -> SendBatch:
     """A batch as one call to a classifier deployment (`serve_app.models.classifier.Classifier.run`)."""
 
-    async def send(payloads: list[Any], queued: int, lane: str) -> BatchReply:
-        reply: BatchReply = await handle.run.remote(payloads, router_id, queued, lane)
+    async def send(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
+        reply: BatchReply = await handle.run.remote(payloads, router_id, queued, lane, traces)
         return reply
 
     return send

@@ -21,6 +21,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from serve_app.errors import DeadlineExceeded, ModelFailure, Overloaded, ServeAppError, Unavailable
+from serve_app.observability import tracing
 from serve_app.protocols import openai
 from serve_app.router.dispatchers import replica_died
 from serve_app.scheduling.breaker import CircuitBreaker
@@ -59,6 +60,8 @@ def check_breaker(model: str, breaker: CircuitBreaker) -> None:
 
 
 def open_stream(handle: DeploymentHandle, prompt: str, params: dict[str, Any]) -> DeploymentResponseGenerator:
+    if (traceparent := tracing.current_traceparent()) is not None:  # the replica's spans join the caller's trace
+        params = {**params, tracing.TRACEPARENT: traceparent}
     stream = handle.options(stream=True).generate.remote(prompt, params)
     assert isinstance(stream, DeploymentResponseGenerator)  # stream=True: Ray's union type cannot say so
     return stream

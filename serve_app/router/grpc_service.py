@@ -28,6 +28,7 @@ from tritonclient.grpc import service_pb2 as pb
 from serve_app import __version__
 from serve_app.errors import InvalidInput, NotFound, PayloadTooLarge, ServeAppError
 from serve_app.models.sampling import GenerationParams
+from serve_app.observability import tracing
 from serve_app.protocols import grpc_v2, v2
 from serve_app.router import catalog, classify, generation
 from serve_app.router.endpoints_v2 import metadata, ready_members
@@ -48,7 +49,17 @@ def headers_of(context: RayServegRPCContext) -> InferHeaders:
         authorization=meta.get("authorization"),
         session_key=meta.get("x-session-key"),
         cache_control=meta.get("cache-control"),
+        traceparent=meta.get("traceparent"),
+        tracestate=meta.get("tracestate"),
     )
+
+
+SERVICE = "inference.GRPCInferenceService"
+MODEL_INFER, STREAM_INFER = f"{SERVICE}/ModelInfer", f"{SERVICE}/ModelStreamInfer"
+
+
+def rpc_attributes(request: pb.ModelInferRequest) -> dict[str, str]:
+    return {"rpc.system": "grpc", "rpc.service": SERVICE, "serve_app.model": request.model_name}
 
 
 def fail(context: RayServegRPCContext, error: BaseException) -> None:
@@ -121,11 +132,14 @@ class GrpcInference:
         tasks: set[asyncio.Task[None]] = set()
 
         async def answer(request: pb.ModelInferRequest) -> None:
-            try:
-                async for response in self._stream_one(request, headers):
-                    await out.put(response)
-            except Exception as e:  # this request's failure; the stream and its other requests go on
-                await out.put(pb.ModelStreamInferResponse(error_message=message_of(e)))
+            with tracing.server_span(STREAM_INFER, headers.trace_context(), rpc_attributes(request)) as span:
+                try:
+                    async for response in self._stream_one(request, headers):
+                        await out.put(response)
+                except Exception as e:  # this request's failure; the stream and its other requests go on
+                    if span is not None:
+                        span.set_attribute("error.type", type(e).__name__)
+                    await out.put(pb.ModelStreamInferResponse(error_message=message_of(e)))
 
         async def read() -> None:
             async for request in requests:

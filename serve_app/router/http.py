@@ -26,6 +26,7 @@ from serve_app.router.edge import BodyLimit, InflightBytes, KeyGate
 from serve_app.router.fastpath import InferFastPath
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import HeaderCheck, ShedGate
+from serve_app.router.traced import TraceContext
 
 logger = logging.getLogger("ray.serve")
 
@@ -48,7 +49,7 @@ def build_http_app(
     app.state.parts = parts
     for endpoints in (endpoints_v2, endpoints_openai, endpoints_status):
         app.include_router(endpoints.api)
-    # Outermost last: the key, then what admission would refuse from the headers alone, then the
+    # Outermost last: the trace context, the key, then what admission would refuse from the headers alone, then the
     # body limit; all before routing and the body parse. Innermost, v2 infer leaves FastAPI out.
     limits = parts.args.limits
     app.add_middleware(InferFastPath, parts=parts)
@@ -56,6 +57,7 @@ def build_http_app(
     check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.loop_lag, parts.lag_shedding)
     app.add_middleware(ShedGate, check=check)
     app.add_middleware(KeyGate, authenticate=parts.callers.authenticate)
+    app.add_middleware(TraceContext)
     add_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -37,6 +37,12 @@ class InferHeaders:
     header_length: str | None = None  # Inference-Header-Content-Length (binary tensor extension)
     session_key: str | None = None  # X-Session-Key: sticky version assignment
     cache_control: str | None = None  # no-cache / no-store: skip the response cache
+    traceparent: str | None = None  # W3C trace context (gRPC metadata; HTTP's is the middleware's)
+    tracestate: str | None = None
+
+    def trace_context(self) -> dict[str, str]:
+        carried = {"traceparent": self.traceparent, "tracestate": self.tracestate}
+        return {k: v for k, v in carried.items() if v}
 
 
 @dataclass

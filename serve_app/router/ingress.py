@@ -17,8 +17,9 @@ from ray.serve.handle import DeploymentHandle
 from tritonclient.grpc import service_pb2 as pb
 
 from serve_app.config import AppArgs, RouterLiveConfig
+from serve_app.observability import tracing
 from serve_app.router.dispatchers import handle_sender
-from serve_app.router.grpc_service import GrpcInference, fail, headers_of
+from serve_app.router.grpc_service import MODEL_INFER, GrpcInference, fail, headers_of, rpc_attributes
 from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
 from serve_app.router.startup import prepare_process
@@ -48,6 +49,7 @@ class Router:
     async def startup(self) -> None:
         """The replica's one startup hook (the app's lifespan): process setup, then the background loops."""
         prepare_process(self.args.scheduling, self.parts.gc_pauses, open_to_all=self.parts.callers.tenants.open)
+        tracing.setup(self.args.tracing, service="router")
         self.parts.loops.start()
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -88,11 +90,15 @@ class Router:
             return pb.ModelMetadataResponse()
 
     async def ModelInfer(self, request: pb.ModelInferRequest, grpc_context: RayServegRPCContext) -> pb.ModelInferResponse:
-        try:
-            return await self.grpc.model_infer(request, headers_of(grpc_context))
-        except Exception as e:
-            fail(grpc_context, e)
-            return pb.ModelInferResponse()
+        headers = headers_of(grpc_context)
+        with tracing.server_span(MODEL_INFER, headers.trace_context(), rpc_attributes(request)) as span:
+            try:
+                return await self.grpc.model_infer(request, headers)
+            except Exception as e:
+                if span is not None:
+                    span.set_attribute("error.type", type(e).__name__)
+                fail(grpc_context, e)
+                return pb.ModelInferResponse()
 
     async def ModelStreamInfer(
         self, request_stream: AsyncIterator[pb.ModelInferRequest], grpc_context: RayServegRPCContext
@@ -101,6 +107,7 @@ class Router:
             yield response
 
     async def shutdown(self) -> None:
+        tracing.flush()
         await self.parts.loops.stop()
         await self.parts.versions.stop()
         await self.parts.cache.close()

@@ -29,6 +29,7 @@ from typing import Any
 
 from serve_app.contract import BULK, URGENT, BatchReply, Priority
 from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
+from serve_app.observability import tracing
 from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
 from serve_app.scheduling.limit import AdaptiveLimit
@@ -52,8 +53,9 @@ class RequestTiming:
         return f"queue;dur={self.queue_s * 1e3:.2f}, model;dur={self.model_s * 1e3:.2f}, total;dur={total_s * 1e3:.2f}"
 
 
-# (payloads, rows still queued in this router for the model, lane name) -> reply
-SendBatch = Callable[[list[Any], int, str], Awaitable[BatchReply]]
+# (payloads, rows still queued in this router for the model, lane name, each payload's
+# `traceparent` for the replica or None when no request in the batch is traced) -> reply
+SendBatch = Callable[[list[Any], int, str, list[str | None] | None], Awaitable[BatchReply]]
 
 
 @dataclass
@@ -259,7 +261,7 @@ class Dispatcher:
             )
         if self.prioritized:
             self._check(lane, items, priority, deadline, now)
-        ticket = Ticket(payload, items, priority, deadline if self.prioritized else None, now)
+        ticket = Ticket(payload, items, priority, deadline if self.prioritized else None, now, trace=tracing.current())
         try:
             evicted = lane.queue.push(ticket)
         except QueueFull as e:
@@ -351,9 +353,12 @@ class Dispatcher:
             ticket.queued_s = sent - ticket.enqueued
             self.stats.queue_wait_s.append(ticket.queued_s)
         queued_s = max(t.queued_s for t in batch)
+        spans = BatchSpans(self.model, lane.name, batch, sent) if any(t.trace is not None for t in batch) else None
         try:
-            reply = await self._send(lane, [t.payload for t in batch])
+            reply = await self._send(lane, [t.payload for t in batch], spans.traceparents() if spans else None)
         except Exception as e:  # the whole batch failed: every request gets the error
+            if spans is not None:
+                spans.end(self.clock(), error=e)
             if isinstance(e, TimeoutError):
                 e = Unavailable(f"{self.model}: batch timed out after {self.settings.batch_timeout_s:g} s")
             if not (isinstance(e, ServeAppError) and e.status_code < 500):  # a client's bad input is no model failure
@@ -365,6 +370,8 @@ class Dispatcher:
         else:
             self.breaker.on_success()
             rtt = self.clock() - sent
+            if spans is not None:
+                spans.end(sent + rtt, reply=reply)
             items = sum(t.items for t in batch)
             lane.limit.on_batch(reply.wait_s, reply.exec_s, inflight)
             lane.estimator.observe(items, rtt, reply.wait_s)
@@ -389,14 +396,48 @@ class Dispatcher:
             lane.inflight_items -= sum(t.items for t in batch)
             self._dispatch(lane)
 
-    async def _send(self, lane: Lane, payloads: list[Any]) -> BatchReply:
+    async def _send(self, lane: Lane, payloads: list[Any], traces: list[str | None] | None) -> BatchReply:
         """The batch's round trip, sent once more if its replica died under it (Serve routes the
         second try to a live replica)."""
         timeout = self.settings.batch_timeout_s
         try:
-            return await asyncio.wait_for(self.send(payloads, self.queued_items, lane.name), timeout)
+            return await asyncio.wait_for(self.send(payloads, self.queued_items, lane.name, traces), timeout)
         except Exception as e:
             if not self.retryable(e):
                 raise
         self.stats.retried_batches += 1
-        return await asyncio.wait_for(self.send(payloads, self.queued_items, lane.name), timeout)
+        return await asyncio.wait_for(self.send(payloads, self.queued_items, lane.name, traces), timeout)
+
+
+class BatchSpans:
+    """The traced requests of one batch: each gets its time in this queue and the batch's round
+    trip as spans under its own trace; the replica's spans go under the round trip's."""
+
+    def __init__(self, model: str, lane: str, batch: list[Ticket], sent: float) -> None:
+        self.batch = batch
+        self.requests = len(batch)
+        self.items = sum(t.items for t in batch)
+        attributes = {"serve_app.model": model, "serve_app.lane": lane}
+        self.round_trips: list[tracing.OpenSpan | None] = []
+        for t in batch:
+            if t.trace is None:
+                self.round_trips.append(None)
+                continue
+            queue_attrs = {**attributes, "serve_app.priority": t.priority.name.lower(), "serve_app.items": t.items}
+            tracing.record("router.queue", t.trace, t.enqueued, sent, queue_attrs)
+            batch_attrs = {**attributes, "serve_app.batch.requests": self.requests, "serve_app.batch.items": self.items}
+            self.round_trips.append(tracing.OpenSpan.start("model.batch", t.trace, sent, batch_attrs))
+
+    def traceparents(self) -> list[str | None]:
+        return [s.traceparent if s is not None else None for s in self.round_trips]
+
+    def end(self, at: float, reply: BatchReply | None = None, error: BaseException | None = None) -> None:
+        for i, span in enumerate(self.round_trips):
+            if span is None:
+                continue
+            if reply is not None:
+                span.set("serve_app.replica.wait_ms", reply.wait_s * 1e3)
+                span.set("serve_app.replica.exec_ms", reply.exec_s * 1e3)
+                result = reply.results[i]
+                error = result if isinstance(result, BaseException) else None
+            span.end(at, error)

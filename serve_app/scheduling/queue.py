@@ -35,6 +35,7 @@ class Ticket:
     result: Any = field(default=None, repr=False)  # the dispatcher's future
     queued_s: float = 0.0  # set when its batch is sent: time waiting in this queue
     model_s: float = 0.0  # set when its batch returns: the round trip to the model
+    trace: Any = field(default=None, repr=False)  # the request's trace context (OpenTelemetry), None untraced
 
 
 class QueueFull(Exception):

@@ -11,8 +11,10 @@ import asyncio
 import concurrent.futures
 import io
 import json
+import secrets
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args
 from tests.integration.reference import greedy_text, session
 from tests.integration.serving import serve_for_module
+from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, running_receiver, traceparent
 
 pytestmark = pytest.mark.integration
 PORT = 8125
@@ -52,8 +55,16 @@ STEP_S = 0.05  # one decode step of `gpt-slow`
 
 
 @pytest.fixture(scope="module")
-def app_url(tiny_model_dir: Path):
+def otlp() -> Iterator[OtlpReceiver]:
+    """Where every process of the app exports its spans (OTLP over HTTP)."""
+    with running_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_model_dir: Path, otlp: OtlpReceiver):
     args = tiny_args(tiny_model_dir)
+    args["tracing"] = {"otlp_endpoint": otlp.url, "export_interval_ms": 100}
     args["models"]["bert-slow"] = {
         "preset": "bert-tiny",
         "path": str(tiny_model_dir / "bert-light"),
@@ -229,6 +240,64 @@ def test_tritonclient_grpc_errors_are_status_codes(grpc_client):
         grpc_client.infer("no-such-model", [_grpc_input("bert-light")])
     # The server is unharmed: the next request is answered.
     assert grpc_client.infer("bert-light", [_grpc_input("bert-light")]).as_numpy("logits").shape == (len(TEXTS), 2)
+
+
+# -- tracing ---------------------------------------------------------------------------------
+
+
+def _named(spans: list[ReceivedSpan], name: str) -> list[ReceivedSpan]:
+    return [s for s in spans if s.name == name]
+
+
+def _new_trace() -> tuple[str, str]:
+    return secrets.token_hex(16), secrets.token_hex(8)
+
+
+def test_a_callers_trace_follows_a_request_through_the_router_and_the_replicas_of_each_tier(app_url, otlp):
+    trace_id, span_id = _new_trace()
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [f"traced {trace_id}"]}]}
+    headers = {"traceparent": traceparent(trace_id, span_id), "Cache-Control": "no-cache"}
+    r = httpx.post(f"{URL}/v2/models/text-classify/infer", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    tiers = r.headers["X-Served-By"].split(",")
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        return len(_named(spans, "model.run")) >= len(_named(spans, "model.batch")) >= 1
+
+    spans = otlp.wait_for(trace_id, complete)
+    (server,) = _named(spans, "POST /v2/models/{model}/infer")
+    assert server.parent_span_id == span_id and server.service == "serve-app.router"
+    assert server.attributes["serve_app.model"] == "text-classify" and server.attributes["http.response.status_code"] == 200
+    batches, runs = _named(spans, "model.batch"), _named(spans, "model.run")
+    assert {b.parent_span_id for b in batches + _named(spans, "router.queue")} == {server.span_id}
+    # The replica's run, exported by the replica's own process, sits under the router's round trip.
+    assert {r.parent_span_id for r in runs} <= {b.span_id for b in batches}
+    assert tiers[-1] in {r.service.removeprefix("serve-app.") for r in runs}
+
+
+def test_a_generation_is_traced_through_its_prefill_and_decode_steps(app_url, otlp):
+    trace_id, span_id = _new_trace()
+    headers = {"traceparent": traceparent(trace_id, span_id)}
+    body = {"model": "gpt", "prompt": "the food", "max_tokens": 4, "ignore_eos": True, "temperature": 0}
+    r = httpx.post(f"{URL}/v1/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    spans = otlp.wait_for(trace_id, lambda s: bool(_named(s, "generate")) and len(_named(s, "decode")) >= 3)
+    (server,) = _named(spans, "POST /v1/completions")
+    (generate,) = _named(spans, "generate")
+    assert server.parent_span_id == span_id and generate.parent_span_id == server.span_id
+    assert generate.service == "serve-app.gpt" and generate.attributes["serve_app.completion_tokens"] == 4
+    steps = _named(spans, "prefill") + _named(spans, "decode")
+    assert len(_named(spans, "decode")) == 3 and {s.parent_span_id for s in steps} == {generate.span_id}
+
+
+def test_grpc_metadata_carries_the_trace_context_too(grpc_client, otlp):
+    trace_id, span_id = _new_trace()
+    headers = {"traceparent": traceparent(trace_id, span_id), "cache-control": "no-cache"}
+    grpc_client.infer("bert-light", [_grpc_input("bert-light")], headers=headers)
+    spans = otlp.wait_for(trace_id, lambda s: bool(_named(s, "model.run")))
+    (server,) = _named(spans, "inference.GRPCInferenceService/ModelInfer")
+    assert server.parent_span_id == span_id and server.attributes["rpc.system"] == "grpc"
+    assert _named(spans, "model.run")[0].service == "serve-app.bert-light"
 
 
 def test_tritonclient_grpc_streams_generation_and_classification(grpc_client, tiny_model_dir):

@@ -26,7 +26,9 @@ class FakeModel:
         self.queued_seen: list[int] = []
         self.max_batch_size: int | None = None
 
-    async def send(self, payloads: list[str], queued: int, lane: str = "bulk") -> BatchReply:
+    async def send(
+        self, payloads: list[str], queued: int, lane: str = "bulk", traces: list[str | None] | None = None
+    ) -> BatchReply:
         arrived = asyncio.get_running_loop().time()
         self.queued_seen.append(queued)
         async with self.slots:
@@ -64,7 +66,7 @@ async def test_bad_item_fails_alone():
 
 @virtual_time
 async def test_whole_batch_failure_reaches_every_request_and_backs_off():
-    async def broken(payloads: list[str], queued: int, lane: str) -> BatchReply:
+    async def broken(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
         raise RuntimeError("replica died")
 
     d = Dispatcher("m", broken, limit=AdaptiveLimit(initial=4), clock=loop_clock())
@@ -213,7 +215,7 @@ async def test_breaker_opens_fails_fast_then_a_probe_closes_it():
     calls = 0
     healthy = False
 
-    async def model(payloads: list[str], queued: int, lane: str) -> BatchReply:
+    async def model(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
         nonlocal calls
         calls += 1
         if not healthy:
@@ -240,7 +242,7 @@ async def test_breaker_opens_fails_fast_then_a_probe_closes_it():
 
 @virtual_time
 async def test_a_hung_batch_times_out_and_counts_as_a_failure():
-    async def hung(payloads: list[str], queued: int, lane: str) -> BatchReply:
+    async def hung(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
         await asyncio.sleep(10)
         raise AssertionError("unreachable")
 
@@ -258,7 +260,9 @@ class LanedModel(FakeModel):
         self.lane_slots = {"bulk": asyncio.Semaphore(1), "urgent": asyncio.Semaphore(1)}
         self.lanes_seen: dict[str, list[str]] = {"bulk": [], "urgent": []}
 
-    async def send(self, payloads: list[str], queued: int, lane: str = "bulk") -> BatchReply:
+    async def send(
+        self, payloads: list[str], queued: int, lane: str = "bulk", traces: list[str | None] | None = None
+    ) -> BatchReply:
         arrived = asyncio.get_running_loop().time()
         async with self.lane_slots[lane]:
             started = asyncio.get_running_loop().time()
@@ -365,7 +369,7 @@ async def test_precheck_leaves_an_open_circuit_to_admission():
     """With the circuit open, the body-less check says nothing: admission answers with the
     breaker's 503, which the early check cannot predict for a half-open probe."""
 
-    async def broken(payloads: list[str], queued: int, lane: str) -> BatchReply:
+    async def broken(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
         raise RuntimeError("replica keeps crashing")
 
     d = Dispatcher("m", broken, DispatchSettings(breaker_failures=1, max_queue_delay_s=0.0), clock=loop_clock())
@@ -411,7 +415,7 @@ class ReplicaDied(Exception):
 async def test_a_batch_whose_replica_died_runs_once_more_and_nobody_sees_the_death():
     sent: list[list[str]] = []
 
-    async def dies_once(payloads: list[str], queued: int, lane: str) -> BatchReply:
+    async def dies_once(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
         sent.append(list(payloads))
         if len(sent) == 1:
             raise ReplicaDied("actor died")
@@ -427,7 +431,7 @@ async def test_a_batch_whose_replica_died_runs_once_more_and_nobody_sees_the_dea
 async def test_only_a_dead_replica_is_retried_and_only_once():
     calls = 0
 
-    async def always(payloads: list[str], queued: int, lane: str) -> BatchReply:
+    async def always(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
         nonlocal calls
         calls += 1
         raise ReplicaDied("actor died") if calls < 10 else RuntimeError("model bug")

@@ -20,7 +20,7 @@ class FakeHistogram:
         self.values.append(value)
 
 
-async def _noop(payloads: list[Any], queued: int, lane: str) -> BatchReply:
+async def _noop(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
     return BatchReply([None] * len(payloads), 0.0, 0.0)
 
 

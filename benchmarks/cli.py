@@ -33,6 +33,10 @@ SCENARIOS = {
     "lifecycle": "model versions on the shipped config: the traffic split, versioned paths, sticky keys; the response "
     "cache under Zipf traffic with and without it, two routers sharing it through a real Redis that stops mid-run; "
     "shadowing a route's heavy tier (client p99 with and without) and killing the shadow's replicas under load",
+    "scaling": "scale from zero and a load spike on the shipped config: each model's first answer after idle at zero "
+    "replicas (min_replicas 0, initial_replicas 0) against warm, and the time back to zero; a classifier autoscaling "
+    "1-4 replicas under a step from its one-replica capacity to 4x: replicas over time, time to scale up and back "
+    "down, p99 and refusals per priority",
     "wire": "the same requests to the same app over OIP v2 gRPC (Triton's asyncio gRPC client through Serve's gRPC "
     "proxy), HTTP with binary tensors and HTTP with JSON: goodput, p50/p99, and CPU per request of the ingress proxy, "
     "the router and the model replica",
@@ -142,6 +146,13 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         if ns.seconds:
             ls.seconds = ns.seconds
         result = lifecycle.run(ls, model_dir, ns.config.resolve())
+    elif ns.scenario == "scaling":
+        from benchmarks import scaling
+
+        sc = scaling.ScalingSettings.smoke() if ns.smoke else scaling.ScalingSettings()
+        if ns.seconds:
+            sc.spike_s = ns.seconds
+        result = scaling.run(sc, model_dir, ns.config.resolve())
     elif ns.scenario == "contention":
         from benchmarks import contention
 

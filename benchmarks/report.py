@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import chaos, contention, cost, generation, images, lifecycle, precision, soak, wire
+from benchmarks import chaos, contention, cost, generation, images, lifecycle, precision, scaling, soak, wire
 
 SETUPS = ("naive", "plain", "ours")
 SETUP_TITLES = {
@@ -439,6 +439,7 @@ MARKDOWN = {
     "chaos": chaos.markdown,
     "images": images.markdown,
     "lifecycle": lifecycle.markdown,
+    "scaling": scaling.markdown,
     "soak": soak.markdown,
     "generation": generation.markdown,
     "contention": contention.markdown,

@@ -14,6 +14,7 @@ from serve_app.errors import NotFound
 from serve_app.manifest import Manifest
 from serve_app.protocols.v2 import ModelMetadata, TensorMetadata
 from serve_app.router.gcwatch import freeze_startup_heap
+from serve_app.router.replicas import DeploymentStates
 
 logger = logging.getLogger("ray.serve")
 READY_TIMEOUT_S = 5.0
@@ -78,14 +79,19 @@ def triton_config(name: str, manifest: Manifest, max_batch_size: int, platform: 
 
 
 class ModelCatalog:
-    """The models and routes of one application, and each deployment's manifest, fetched once.
-    A model's versions are deployments of their own; a route has one version, "1"."""
+    """The models and routes of one application, and each deployment's manifest, read once.
+    A model's versions are deployments of their own; a route has one version, "1".
 
-    def __init__(self, args: AppArgs, fetch: FetchMetadata) -> None:
+    `states`, when given, says which deployments Serve holds at zero replicas: those are ready
+    without asking a replica, since asking would start one (`min_replicas: 0`)."""
+
+    def __init__(self, args: AppArgs, fetch: FetchMetadata, states: DeploymentStates | None = None) -> None:
         self.args = args
         self.fetch = fetch
+        self.states = states
         self.manifests: dict[str, Manifest] = {}
         self.batching: dict[str, dict[str, Any]] = {}
+        self._answered: set[str] = set()  # deployments a replica has answered for
 
     @property
     def models(self) -> list[str]:
@@ -120,16 +126,31 @@ class ModelCatalog:
         return "ensemble" if name in self.args.routes else "onnxruntime_onnx"
 
     async def manifest(self, model: str) -> Manifest:
-        """The model's manifest, fetched from a replica the first time and kept (it never changes)."""
+        """The model's manifest, read the first time and kept (it never changes): from its model
+        directory when this node has it, so that a model at zero replicas is not woken for it,
+        else from a replica."""
         if model not in self.manifests:
-            self._remember(model, await self.fetch(model))
+            on_disk = self._from_disk(model)
+            self._remember(model, on_disk or await self.fetch(model), answered=on_disk is None)
         return self.manifests[model]
 
-    def _remember(self, model: str, meta: dict[str, Any]) -> None:
-        first = model not in self.manifests
+    def _from_disk(self, model: str) -> dict[str, Any] | None:
+        """What a replica's `metadata` would say before any live tuning: its manifest file and
+        its configured batching. None when the directory is not on this node."""
+        try:
+            manifest = Manifest.load(self.args.model_path(model))
+        except (OSError, ValueError):
+            return None
+        batching = self.args.deployment_config(model).batching.model_dump()
+        return {"manifest": manifest.model_dump(mode="json"), "batching": batching}
+
+    def _remember(self, model: str, meta: dict[str, Any], answered: bool = True) -> None:
         self.manifests[model] = Manifest.model_validate(meta["manifest"])
         self.batching[model] = meta["batching"]
-        if first and len(self.manifests) == len(self.args.served):
+        first = answered and model not in self._answered
+        if answered:
+            self._answered.add(model)
+        if first and len(self._answered) == len(self.args.served):
             # Every model has answered once (readiness, before traffic as a rule): the
             # handles' routing state is built, and lives as long as the router. Once.
             logger.info("router: %d objects frozen out of garbage collection", freeze_startup_heap())
@@ -152,7 +173,10 @@ class ModelCatalog:
 
     async def is_ready(self, model: str) -> bool:
         """Whether a replica of the model answers now: asked every time, never from the cache,
-        so readiness falls when the model's replicas are gone."""
+        so readiness falls when the model's replicas are gone. A model Serve holds at zero
+        replicas on purpose is ready: its requests wait in the router while one starts."""
+        if self.states is not None and await self.states.scaled_to_zero(model):
+            return True
         try:
             meta = await asyncio.wait_for(self.fetch(model), READY_TIMEOUT_S)
         except Exception:  # any failure to answer means not ready

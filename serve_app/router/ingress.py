@@ -22,6 +22,7 @@ from serve_app.router.dispatchers import handle_sender
 from serve_app.router.grpc_service import MODEL_INFER, GrpcInference, fail, headers_of, rpc_attributes
 from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
+from serve_app.router.replicas import DeploymentStates, controller_states
 from serve_app.router.startup import prepare_process
 
 
@@ -32,13 +33,15 @@ class Router:
 
     def __init__(self, args: dict[str, Any], handles: dict[str, DeploymentHandle]) -> None:
         self.args = AppArgs.model_validate(args)
-        router_id = serve.get_replica_context().replica_id.unique_id
+        context = serve.get_replica_context()
+        router_id = context.replica_id.unique_id
         self.parts = build_parts(
             self.args,
             handles,
             router_id,
             lambda model: handle_sender(handles[model], router_id),
             router_count=lambda: serve.get_replica_context().world_size,
+            states=DeploymentStates(controller_states(context.app_name)),
         )
         self.grpc = GrpcInference(self.parts)
 

@@ -18,6 +18,7 @@ from serve_app.router.cascade import Cascade, route_policy
 from serve_app.router.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.gcwatch import GcPauses
+from serve_app.router.replicas import DeploymentStates
 from serve_app.router.versions import VersionedModels
 from serve_app.scheduling.breaker import CircuitBreaker
 from serve_app.scheduling.overload import LagShedding, LoopLag
@@ -51,6 +52,7 @@ def build_parts(
     router_id: str,
     send_for: SenderFor,
     router_count: Callable[[], int] | None = None,
+    states: DeploymentStates | None = None,
 ) -> RouterParts:
     """Wire a router's parts from its config; starts nothing (see BackgroundLoops.start)."""
 
@@ -71,7 +73,7 @@ def build_parts(
         handles=handles,
         router_id=router_id,
         callers=callers,
-        catalog=ModelCatalog(args, fetch_metadata),
+        catalog=ModelCatalog(args, fetch_metadata, states),
         dispatchers=dispatchers,
         cascades={},
         loops=BackgroundLoops(

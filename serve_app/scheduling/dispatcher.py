@@ -266,7 +266,10 @@ class Dispatcher:
             evicted = lane.queue.push(ticket)
         except QueueFull as e:
             raise self._refuse(lane, "queue_full", priority, f"overloaded ({e})") from None
-        ticket.result = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        ticket.result = loop.create_future()
+        if ticket.deadline is not None:
+            self._expire_at_deadline(loop, lane, ticket)
         for victim in evicted:
             self.stats.count_shed("evicted", victim.priority)
             victim.result.set_exception(
@@ -275,6 +278,25 @@ class Dispatcher:
         self.stats.admitted[priority.name.lower()] += 1
         self._dispatch(lane)
         return ticket
+
+    def _expire_at_deadline(self, loop: asyncio.AbstractEventLoop, lane: Lane, ticket: Ticket) -> None:
+        """Answer the ticket with a 504 when its deadline passes, wherever it is then: in this
+        queue (it leaves it) or in a batch the model has not answered yet (a replica starting
+        from zero, a slow model), whose late answer is then dropped."""
+        assert ticket.deadline is not None
+
+        def expire() -> None:
+            if ticket.result.done():
+                return
+            queued = not ticket.done
+            if queued:
+                lane.queue.cancel(ticket)
+            self.stats.count_shed("expired", ticket.priority)
+            where = "queued" if queued else "the model ran"
+            ticket.result.set_exception(DeadlineExceeded(f"{self.model}: deadline passed while {where}"))
+
+        timer = loop.call_later(max(0.0, ticket.deadline - self.clock()), expire)
+        ticket.result.add_done_callback(lambda _: timer.cancel())
 
     async def submit(
         self,
@@ -297,6 +319,7 @@ class Dispatcher:
             if not ticket.done:
                 self.stats.cancelled_items += ticket.items
             self.lane_for(ticket.priority).queue.cancel(ticket)
+            ticket.result.cancel()  # nobody waits for it now: its deadline timer goes too
             raise
 
     def snapshot(self) -> dict[str, Any]:

@@ -54,6 +54,7 @@ def _traffic(canaried: dict[str, float]) -> dict[str, Any]:
 
 
 OUTAGE_S = 6.0
+COLD_IDLE_S = 3.0
 
 
 def _config(model_dir: Path, traffic: dict[str, float] | None = None) -> dict[str, Any]:
@@ -76,6 +77,8 @@ def _config(model_dir: Path, traffic: dict[str, float] | None = None) -> dict[st
                         "steady": {"preset": "bert-tiny", "versions": {"2": {}}},
                         # Three versions of one model; the third fails every batch (a broken canary).
                         "canaried": {"preset": "bert-tiny", "versions": {"2": {}, "3": {"faults": {"error_rate": 1.0}}}},
+                        # Rarely used: no replica until a request comes, none again once idle.
+                        "cold": {"preset": "bert-tiny"},
                         # A generator, so the scrape holds the decode loop's metrics the dashboard shows.
                         "gpt": {"preset": "gpt-tiny", "generation": {"default_max_tokens": 8, "kv_slots": 4}},
                     },
@@ -108,6 +111,19 @@ def _config(model_dir: Path, traffic: dict[str, float] | None = None) -> dict[st
                     ),
                     {"name": "slow", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
                     {
+                        "name": "cold",
+                        "ray_actor_options": {"num_cpus": 0.25},
+                        "autoscaling_config": {
+                            "min_replicas": 0,
+                            "initial_replicas": 0,
+                            "max_replicas": 1,
+                            "downscale_to_zero_delay_s": COLD_IDLE_S,
+                            "downscale_delay_s": COLD_IDLE_S,
+                            "look_back_period_s": 1,
+                            "metrics_interval_s": 0.5,
+                        },
+                    },
+                    {
                         "name": "autoscaled",
                         "ray_actor_options": {"num_cpus": 0.5},
                         "autoscaling_config": {
@@ -128,7 +144,7 @@ def _config(model_dir: Path, traffic: dict[str, float] | None = None) -> dict[st
 
 @pytest.fixture(scope="module")
 def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    for name in ("slow", "autoscaled", "flaky", "steady", "steady-v2", "canaried", "canaried-v2", "canaried-v3"):
+    for name in ("slow", "autoscaled", "flaky", "steady", "steady-v2", "canaried", "canaried-v2", "canaried-v3", "cold"):
         link = tiny_model_dir / name
         if not link.exists():
             link.symlink_to(tiny_model_dir / "bert-light")
@@ -326,6 +342,31 @@ def test_router_held_load_scales_the_model_up_and_back_down(app):
     assert _replicas(app, "autoscaled") == 2, "router-held load never scaled the model up"
     assert peak_queue >= 4, "the load was held in the router's queue"
     _wait_for(lambda: _replicas(app, "autoscaled") == 1, 90, "the model never scaled back down")
+
+
+def test_a_model_at_zero_replicas_is_ready_answers_its_first_requests_and_goes_back_to_zero(app):
+    # initial_replicas 0: the app is ready (the fixture waited for it) with no replica of `cold`,
+    # and asking whether it is ready does not start one.
+    assert _replicas(app, "cold") == 0
+    for _ in range(3):
+        assert httpx.get(f"{URL}/v2/models/cold/ready", timeout=10).status_code == 200
+    assert httpx.get(f"{URL}/v2/health/ready", timeout=10).status_code == 200
+    assert _replicas(app, "cold") == 0
+
+    async def burst() -> list[tuple[int, float, httpx.Response]]:
+        async with httpx.AsyncClient(base_url=URL, timeout=120) as client:
+            calls = [_timed_post(client, "cold", {**AUTH, "X-Priority": p}) for p in ("low", "high", "normal", "high")]
+            # One whose deadline ends long before a replica can start: refused in time, not held past it.
+            hurried = _timed_post(client, "cold", {**AUTH, "X-Request-Timeout-Ms": "300"})
+            return await asyncio.gather(*calls, hurried)
+
+    *answers, (hurried_status, hurried_s, _) = asyncio.run(burst())
+    # Held while the replica started, then answered: no 5xx for the first requests.
+    assert [status for status, _, _ in answers] == [200] * 4, [r.text for _, _, r in answers]
+    assert all(r.headers["X-Served-By"] == "cold" for _, _, r in answers)
+    assert hurried_status in (503, 504) and hurried_s < 5, (hurried_status, hurried_s)
+    assert _replicas(app, "cold") == 1
+    _wait_for(lambda: _replicas(app, "cold") == 0, 60, "the idle model never went back to zero")
 
 
 def test_router_metrics_are_scraped_from_ray_as_prometheus_text(app):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from serve_app.config import AppArgs
 from serve_app.errors import NotFound
 from serve_app.router.catalog import ModelCatalog
+from serve_app.router.replicas import DeploymentState, DeploymentStates, parse_details
 from tests.conftest import tiny_args
 
 
@@ -57,3 +59,88 @@ def test_names_routes_and_versions():
         c.deployment("bert-heavy", "2")
     with pytest.raises(NotFound, match="no version '2'"):
         c.deployment("text-classify", "2")
+
+
+class Controller:
+    """Serve's controller as the router asks it: each deployment's status and running replicas."""
+
+    def __init__(self, states: dict[str, DeploymentState]) -> None:
+        self.states = states
+        self.calls = 0
+        self.down = False
+
+    async def fetch(self) -> dict[str, DeploymentState]:
+        self.calls += 1
+        await asyncio.sleep(0)
+        if self.down:
+            raise RuntimeError("controller unreachable")
+        return self.states
+
+
+def test_a_model_scaled_to_zero_is_ready_without_being_asked_and_others_are_still_asked():
+    replicas = Replicas()
+    controller = Controller({"bert-heavy": DeploymentState("HEALTHY", 0, 0), "bert-light": DeploymentState("HEALTHY", 1, 1)})
+    c = ModelCatalog(
+        AppArgs.model_validate(tiny_args(Path("/nonexistent"))), replicas.fetch, DeploymentStates(controller.fetch, ttl_s=60)
+    )
+    assert asyncio.run(c.is_ready("bert-heavy")) and replicas.calls == 0  # a probe must not wake it
+    assert asyncio.run(c.is_ready("bert-light")) and replicas.calls == 1
+    replicas.up = False
+    assert not asyncio.run(c.is_ready("bert-light"))  # a running model is still asked every time
+    for status in ("UPDATING", "UNHEALTHY", "DEPLOY_FAILED"):  # deploying or broken at zero: not ready
+        controller.states["bert-heavy"] = DeploymentState(status, 0, 1)
+        c.states = DeploymentStates(controller.fetch)
+        assert not asyncio.run(c.is_ready("bert-heavy"))
+    controller.down = True  # the controller cannot say: the replicas are asked, as before
+    c.states = DeploymentStates(controller.fetch)
+    replicas.up = True
+    assert asyncio.run(c.is_ready("bert-heavy")) and replicas.calls > 2
+
+
+def test_the_controller_is_asked_once_per_ttl_however_many_probes_arrive_together():
+    controller = Controller({"m": DeploymentState("HEALTHY", 0, 0)})
+    now = [0.0]
+    states = DeploymentStates(controller.fetch, ttl_s=1.0, clock=lambda: now[0])
+
+    async def probes() -> list[bool]:
+        return await asyncio.gather(*(states.scaled_to_zero("m") for _ in range(20)))
+
+    assert asyncio.run(probes()) == [True] * 20 and controller.calls == 1
+    now[0] = 0.5
+    assert asyncio.run(states.scaled_to_zero("m")) and controller.calls == 1
+    now[0] = 1.5
+    assert asyncio.run(states.scaled_to_zero("m")) and controller.calls == 2
+    assert not asyncio.run(states.scaled_to_zero("unknown"))
+
+
+def test_serve_instance_details_are_read_with_statuses_as_strings_or_enums():
+    class Status(Enum):
+        HEALTHY = "HEALTHY"
+
+    details = {
+        "applications": {
+            "default": {
+                "deployments": {
+                    "cold": {"status": Status.HEALTHY, "target_num_replicas": 0, "replicas": []},
+                    "warm": {
+                        "status": "UPSCALING",
+                        "target_num_replicas": 3,
+                        "replicas": [{"state": "RUNNING"}, {"state": "STARTING"}, {"state": "RUNNING"}],
+                    },
+                }
+            }
+        }
+    }
+    states = parse_details(details, "default")
+    assert states["cold"] == DeploymentState("HEALTHY", 0, 0) and states["cold"].scaled_to_zero
+    assert states["warm"] == DeploymentState("UPSCALING", 2, 3) and not states["warm"].scaled_to_zero
+    assert parse_details(details, "other") == {}
+
+
+def test_a_manifest_on_this_node_is_read_from_disk_without_asking_a_replica(tiny_model_dir):
+    replicas = Replicas()
+    replicas.up = False
+    c = ModelCatalog(AppArgs.model_validate(tiny_args(tiny_model_dir)), replicas.fetch)
+    manifest = asyncio.run(c.manifest("bert-light"))
+    assert manifest.family == "bert" and replicas.calls == 0
+    assert c.batching["bert-light"]["max_batch_size"] >= 1

@@ -163,6 +163,24 @@ async def test_deadline_passing_in_the_queue_is_a_504_not_model_time():
 
 
 @virtual_time
+async def test_a_deadline_is_kept_while_the_model_is_slow_to_answer_as_when_its_replica_starts_from_zero():
+    model = FakeModel(base_s=5.0)  # the first batch waits on a replica that takes 5 s to start
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0)
+    first = asyncio.ensure_future(d.submit("first", 1, deadline=d.clock() + 0.3))
+    await asyncio.sleep(0)
+    started = d.clock()
+    with pytest.raises(DeadlineExceeded, match="queued"):
+        await d.submit("queued", 1, deadline=d.clock() + 0.2)
+    assert d.clock() - started == pytest.approx(0.2)  # at its deadline, not when the first batch returns
+    with pytest.raises(DeadlineExceeded, match="model ran"):
+        await first  # in a batch at the model when its deadline passed
+    assert d.clock() - started == pytest.approx(0.3)
+    assert d.stats.shed["expired"] == 2 and d.queued_items == 0
+    patient = await d.submit("patient", 1, deadline=d.clock() + 60)
+    assert patient == "PATIENT" and ["queued"] not in model.batches
+
+
+@virtual_time
 async def test_cancelled_request_costs_no_model_time():
     model = FakeModel(base_s=0.05)
     d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0)

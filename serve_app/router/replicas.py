@@ -1,0 +1,101 @@
+"""What Serve's controller says of this application's deployments: status, running replicas and
+target. The router asks it before it asks a model's replicas anything, so that a model scaled
+to zero (`min_replicas: 0`) is ready to take requests without being woken by a health probe.
+
+One answer serves every caller for `ttl_s`: readiness probes in a burst ask the controller once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Statuses in which a deployment at zero running replicas takes requests: its target is zero
+# (HEALTHY), or Serve is starting replicas for the requests that arrived (UPSCALING), or it is
+# on its way down. UPDATING (a deploy in progress), UNHEALTHY and DEPLOY_FAILED are not ready.
+TAKES_REQUESTS_AT_ZERO = frozenset({"HEALTHY", "UPSCALING", "DOWNSCALING"})
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    status: str
+    running: int  # replicas in state RUNNING
+    target: int
+
+    @property
+    def scaled_to_zero(self) -> bool:
+        return self.running == 0 and self.status in TAKES_REQUESTS_AT_ZERO
+
+
+FetchStates = Callable[[], Awaitable[dict[str, DeploymentState]]]
+
+
+class DeploymentStates:
+    def __init__(self, fetch: FetchStates, ttl_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.fetch = fetch
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._last: tuple[float, dict[str, DeploymentState]] | None = None
+        self._pending: asyncio.Future[dict[str, DeploymentState]] | None = None
+
+    async def get(self) -> dict[str, DeploymentState]:
+        if self._last is not None and self.clock() - self._last[0] < self.ttl_s:
+            return self._last[1]
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._refresh())
+        try:
+            return await asyncio.shield(self._pending)
+        finally:
+            if self._pending is not None and self._pending.done():
+                self._pending = None
+
+    async def _refresh(self) -> dict[str, DeploymentState]:
+        states = await self.fetch()
+        self._last = (self.clock(), states)
+        return states
+
+    async def scaled_to_zero(self, deployment: str) -> bool:
+        """True only when the controller says so; when it cannot be asked, the replicas are."""
+        try:
+            state = (await self.get()).get(deployment)
+        except Exception:
+            return False
+        return state is not None and state.scaled_to_zero
+
+
+def parse_details(details: dict[str, Any], app: str) -> dict[str, DeploymentState]:
+    """The controller's instance details (Serve's `ServeInstanceDetails` as a dict) for one app."""
+    deployments = details.get("applications", {}).get(app, {}).get("deployments", {})
+    return {
+        name: DeploymentState(
+            status=_name(d.get("status")),
+            running=sum(1 for r in d.get("replicas", []) if _name(r.get("state")) == "RUNNING"),
+            target=int(d.get("target_num_replicas") or 0),
+        )
+        for name, d in deployments.items()
+    }
+
+
+def _name(value: Any) -> str:
+    """An enum member or its string value, as Serve's dicts hold either."""
+    return str(getattr(value, "value", value))
+
+
+def controller_states(app: str) -> FetchStates:
+    """The states of `app`'s deployments, from Serve's controller actor (no blocking call on the loop)."""
+    controller: Any = None
+
+    async def fetch() -> dict[str, DeploymentState]:
+        nonlocal controller
+        if controller is None:
+            import ray
+            from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+            controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        details = await controller.get_serve_instance_details.remote()
+        return parse_details(details, app)
+
+    return fetch

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks.cluster import kill_orphan_haproxy, wait_for_ray_exit
+from benchmarks.cluster import ensure_auth_token, kill_orphan_haproxy, wait_for_ray_exit
 
 pytestmark = pytest.mark.integration
 PORT = 8125
@@ -152,6 +152,7 @@ def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=8", "--include-dashboard=true",
              f"--dashboard-port={DASHBOARD_PORT}", "--disable-usage-stats", f"--metrics-export-port={METRICS_PORT}"]  # fmt: skip
     wait_for_ray_exit()
+    ensure_auth_token(env)  # a fresh machine has none, and token mode will not start without one
     subprocess.run(start, check=True, env=env, capture_output=True)
     path = tmp_path_factory.mktemp("sched") / "config.yaml"
     path.write_text(yaml.safe_dump(_config(tiny_model_dir)))

@@ -7,7 +7,8 @@ the replica is warm; then how long the idle model takes to go back to zero.
 
 Spike: one classifier autoscaling between 1 and `max_replicas` replicas under open-loop load at
 its one-replica capacity C (measured first, closed loop), 10% high priority and the rest low;
-then 4C for `spike_s`, then C again. Reported: replicas over time (Serve's status), time to the
+then 4C for `spike_s`, then C again. Its batches take a fixed extra delay (see ScalingSettings),
+so that its replicas, not the node's two cores, bound its capacity. Reported: replicas over time (Serve's status), time to the
 first added replica and to the most, p50/p99 and refusals per priority in each phase, and the
 time back down to one replica.
 """
@@ -48,6 +49,13 @@ class ScalingSettings:
     spike_factor: float = 4.0
     upscale_delay_s: float = 2.0
     downscale_delay_s: float = 15.0
+    # The spike model's replicas: batches of `spike_batch` rows that take `spike_delay_s` more (the
+    # fault drill's delay, a sleep, not CPU) on `spike_cpus` logical CPUs each. On a 2-core node a
+    # demo model's capacity is the node's cores, which more replicas cannot add to; a model whose
+    # time is its own, as on an accelerator, is what autoscaling can follow.
+    spike_batch: int = 4
+    spike_delay_s: float = 0.1
+    spike_cpus: float = 0.05
 
     @classmethod
     def smoke(cls) -> ScalingSettings:
@@ -84,9 +92,13 @@ def cold_config(base: dict[str, Any], model_dir: Path, s: ScalingSettings) -> di
 
 def spike_config(base: dict[str, Any], model_dir: Path, s: ScalingSettings) -> dict[str, Any]:
     config = ours_config_from(copy.deepcopy(base), model_dir)
+    batching = {"max_batch_size": s.spike_batch, "batch_wait_timeout_s": 0.004}
+    model = config["applications"][0]["args"]["models"][s.spike_model]
+    model.update(batching=batching, faults={"delay_s": s.spike_delay_s})
     for d in config["applications"][0]["deployments"]:
         if d["name"] == s.spike_model:
             d.pop("num_replicas", None)
+            d["ray_actor_options"] = {**d.get("ray_actor_options", {}), "num_cpus": s.spike_cpus}
             d["autoscaling_config"] = {
                 **d.get("autoscaling_config", {}),
                 "min_replicas": 1,

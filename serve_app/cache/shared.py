@@ -76,6 +76,10 @@ class RedisTier:
         except Exception as e:
             self._failed("write", e)
 
+    async def written(self) -> None:
+        """Wait for the writes in flight to end (stored or failed): for an orderly close and tests."""
+        await asyncio.gather(*self._writes, return_exceptions=True)
+
     async def close(self) -> None:
         for task in list(self._writes):
             task.cancel()

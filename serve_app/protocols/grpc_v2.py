@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
@@ -126,3 +127,9 @@ def trailing_metadata(error: ServeAppError) -> list[tuple[str, str]]:
     """What HTTP says in headers: when to come back after an overload."""
     retry = error.retry_after_s
     return [("retry-after", str(max(1, round(retry))))] if retry else []
+
+
+def config_to_proto(config: dict[str, Any]) -> pb.ModelConfigResponse:
+    """Triton's model config (the dict HTTP's `/config` returns) as its protobuf message; an
+    unknown field or data type raises, so the two wire formats cannot drift apart silently."""
+    return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))

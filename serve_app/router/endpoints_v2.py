@@ -96,6 +96,11 @@ async def model_config(
     name: str, version: str | None = None, authorization: str | None = Header(None), parts: RouterParts = PARTS
 ) -> dict[str, Any]:
     parts.callers.authenticate(authorization)
+    return await config(parts, name, version)
+
+
+async def config(parts: RouterParts, name: str, version: str | None) -> dict[str, Any]:
+    """Triton's model config of a name (and version), as HTTP and gRPC both show it."""
     manifest = await _manifest(parts, name, version)
     max_batch_size = int(parts.catalog.batching[parts.catalog.deployment(name, version)]["max_batch_size"])
     return catalog.triton_config(name, manifest, max_batch_size, parts.catalog.platform(name))

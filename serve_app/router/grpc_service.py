@@ -31,7 +31,7 @@ from serve_app.models.sampling import GenerationParams
 from serve_app.observability import tracing
 from serve_app.protocols import grpc_v2, v2
 from serve_app.router import catalog, classify, generation
-from serve_app.router.endpoints_v2 import metadata, ready_members
+from serve_app.router.endpoints_v2 import config, metadata, ready_members
 from serve_app.router.infer_v2 import SAMPLING_PARAMS, InferHeaders, infer
 from serve_app.router.parts import RouterParts
 from serve_app.scheduling.dispatcher import RequestTiming
@@ -111,6 +111,10 @@ class GrpcInference:
             "outputs": [pb.ModelMetadataResponse.TensorMetadata(**t.model_dump()) for t in meta.outputs],
         }
         return pb.ModelMetadataResponse(name=meta.name, versions=meta.versions, platform=meta.platform, **tensors)
+
+    async def model_config(self, request: pb.ModelConfigRequest, context: RayServegRPCContext) -> pb.ModelConfigResponse:
+        self.parts.callers.authenticate(headers_of(context).authorization)
+        return grpc_v2.config_to_proto(await config(self.parts, request.name, request.version or None))
 
     async def model_infer(self, request: pb.ModelInferRequest, headers: InferHeaders) -> pb.ModelInferResponse:
         limit = self.parts.args.limits.max_request_bytes

@@ -92,6 +92,13 @@ class Router:
             fail(grpc_context, e)
             return pb.ModelMetadataResponse()
 
+    async def ModelConfig(self, request: pb.ModelConfigRequest, grpc_context: RayServegRPCContext) -> pb.ModelConfigResponse:
+        try:
+            return await self.grpc.model_config(request, grpc_context)
+        except Exception as e:
+            fail(grpc_context, e)
+            return pb.ModelConfigResponse()
+
     async def ModelInfer(self, request: pb.ModelInferRequest, grpc_context: RayServegRPCContext) -> pb.ModelInferResponse:
         headers = headers_of(grpc_context)
         with tracing.server_span(MODEL_INFER, headers.trace_context(), rpc_attributes(request)) as span:

@@ -209,6 +209,19 @@ def test_tritonclient_grpc_health_and_metadata(grpc_client):
         grpc_client.get_model_metadata("no-such-model")
 
 
+def test_tritonclient_grpc_model_config_is_the_http_config(grpc_client, client):
+    for name in ("bert-light", "image-classify", "gpt"):
+        got = grpc_client.get_model_config(name, as_json=True)["config"]
+        want = client.get_model_config(name)
+        assert got["name"] == want["name"] == name and int(got["max_batch_size"]) == want["max_batch_size"]
+        assert [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in got["input"]] == [
+            (t["name"], t["data_type"], t["dims"]) for t in want["input"]
+        ]
+        assert [t["name"] for t in got["output"]] == [t["name"] for t in want["output"]]
+    with pytest.raises(triton_grpc.InferenceServerException, match=r"StatusCode\.NOT_FOUND"):
+        grpc_client.get_model_config("bert-light", "2")
+
+
 @pytest.mark.parametrize("model", ["bert-light", "text-classify", "resnet-heavy", "image-classify"])
 def test_tritonclient_grpc_infer_matches_http(grpc_client, client, model):
     """Binary tensors over gRPC give what the same request over HTTP gives, with the same tiers."""

@@ -196,6 +196,12 @@ async def _timed_post(client: httpx.AsyncClient, model: str, headers: dict[str, 
     return resp.status_code, time.monotonic() - started, resp
 
 
+def _server_timing(resp: httpx.Response) -> dict[str, float]:
+    """The router's own account of a request (W3C Server-Timing), in milliseconds by phase."""
+    phases = (part.strip().split(";dur=") for part in resp.headers["Server-Timing"].split(","))
+    return {name: float(ms) for name, ms in phases}
+
+
 def _status() -> dict[str, Any]:
     return httpx.get(f"{URL}/router/status", headers=AUTH, timeout=10).json()
 
@@ -217,7 +223,10 @@ def test_high_priority_overtakes_a_low_flood_and_the_excess_is_shed(app):
     assert all(status == 200 for status, _, _ in high), [r.text for _, _, r in high]
     # The urgent lane runs beside the low batches: its own batch, never the queued low work
     # nor the low batch running when it arrived (a single lane would give up to 2 * BATCH_S).
-    assert max(latency for _, latency, _ in high) < 3 * BATCH_S, high
+    # Measured by the router (Server-Timing), not by the client: the HTTP round trip around
+    # it is the loaded machine's, not the policy's.
+    queued_ms = [_server_timing(r)["queue"] for _, _, r in high]
+    assert max(queued_ms) < BATCH_S * 1000, queued_ms
     served = sorted(latency for status, latency, _ in low if status == 200)
     shed = [r for status, _, r in low if status == 503]
     assert {status for status, _, _ in low} <= {200, 503}
@@ -259,10 +268,14 @@ def test_breaker_opens_on_a_failing_replica_falls_back_and_closes_when_it_heals(
     failures = [_post(f"{URL}/v2/models/flaky/infer", json=_body()) for _ in range(3)]
     assert [r.status_code for r in failures] == [500] * 3
     assert all("injected fault" in r.json()["error"] for r in failures)
-    started = time.monotonic()
+    before = _status()["models"]["flaky"]
     fast = _post(f"{URL}/v2/models/flaky/infer", json=_body())
     assert fast.status_code == 503 and "circuit open" in fast.json()["error"], fast.text
-    assert time.monotonic() - started < 0.5 and int(fast.headers["Retry-After"]) >= 1
+    assert int(fast.headers["Retry-After"]) >= 1
+    # Refused at admission, without a model call: counted as a breaker refusal, and the time
+    # the router spent on it holds no model round trip.
+    after = _status()["models"]["flaky"]
+    assert after["shed"].get("breaker_open", 0) == before["shed"].get("breaker_open", 0) + 1
     assert _status()["models"]["flaky"]["breaker"] in ("open", "half_open")
     # The route whose light tier is broken answers from its heavy tier, and says so.
     routed = _post(f"{URL}/v2/models/flaky-route/infer", json=_body())

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +15,7 @@ from serve_app.cache.local import ByteLRU
 from serve_app.cache.shared import RedisTier
 from serve_app.cache.tiered import ResponseCache, decode_logits, encode_logits
 from serve_app.config import CacheConfig
+from tests.unit.fakes import Clock
 
 
 def key(**change: object) -> str:
@@ -73,7 +74,8 @@ def test_two_routers_share_answers_through_redis(redis: RedisServer):
     async def main() -> None:
         a, b = ResponseCache.from_config(config(redis)), ResponseCache.from_config(config(redis))
         a.put("k1", b"answer")
-        await asyncio.sleep(0.2)  # the write goes in the background
+        assert a.shared is not None
+        await a.shared.written()  # the write goes in the background
         assert await b.get("k1") == (b"answer", "shared")
         assert await b.get("k1") == (b"answer", "local")  # kept locally after the shared hit
         assert await b.get("k2") is None
@@ -86,22 +88,29 @@ def test_two_routers_share_answers_through_redis(redis: RedisServer):
 
 def test_a_redis_outage_is_a_miss_never_an_error_and_the_tier_comes_back():
     async def main(server: RedisServer) -> None:
-        cache = ResponseCache.from_config(config(server, redis_retry_s=0.5, redis_timeout_s=0.2))
+        cache = ResponseCache.from_config(config(server, redis_retry_s=30, redis_timeout_s=2))
+        shared = cache.shared
+        assert shared is not None
+        clock = Clock()
+        shared.clock = clock  # the retry window moves by the test's hand, not the machine's speed
         cache.put("k", b"v")
-        await asyncio.sleep(0.2)
+        await shared.written()
         server.stop()
-        started = time.monotonic()
         assert await cache.get("other") is None  # the outage: a miss
-        assert cache.shared is not None and cache.shared.errors == 1 and not cache.shared.up
-        for _ in range(50):  # while it is down, no call waits on it
+        assert shared.errors == 1 and not shared.up
+        calls = Calls(shared.client)
+        shared.client = calls
+        for _ in range(50):  # while it is down, no call goes to it (so none waits on it)
             assert await cache.get("other") is None
         cache.put("k3", b"v3")
-        assert time.monotonic() - started < 1.0
+        assert calls.made == 0 and shared.skipped_writes == 1 and shared.errors == 1
         assert await cache.get("k") == (b"v", "local")  # the local tier still answers
         server.start()
-        await asyncio.sleep(0.6)
+        clock.now = 31.0  # past the retry window: the tier is tried again
+        shared.client = calls.client
         cache.put("k2", b"v2")
-        await asyncio.sleep(0.2)
+        await shared.written()
+        assert shared.up and shared.errors == 1
         other = ResponseCache.from_config(config(server))
         assert await other.get("k2") == (b"v2", "shared")
         await cache.close()
@@ -109,6 +118,22 @@ def test_a_redis_outage_is_a_miss_never_an_error_and_the_tier_comes_back():
 
     with RedisServer() as server:
         asyncio.run(main(server))
+
+
+class Calls:
+    """A Redis client wrapper that counts the calls made through it."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.made = 0
+
+    async def get(self, key: str) -> Any:
+        self.made += 1
+        return await self.client.get(key)
+
+    async def set(self, *args: Any, **kwargs: Any) -> Any:
+        self.made += 1
+        return await self.client.set(*args, **kwargs)
 
 
 def test_a_slow_redis_call_counts_as_a_miss():

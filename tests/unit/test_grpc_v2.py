@@ -8,6 +8,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
+from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 
 from serve_app.errors import InvalidInput, NotFound, Overloaded, RateLimited
@@ -102,3 +103,24 @@ def test_errors_map_to_status_codes_with_retry_after():
     assert grpc_v2.status_of(overloaded) == grpc.StatusCode.UNAVAILABLE
     assert grpc_v2.trailing_metadata(overloaded) == [("retry-after", "4")]
     assert grpc_v2.trailing_metadata(InvalidInput("x")) == []
+
+
+def test_the_triton_config_http_shows_is_the_model_config_message_tritonclient_reads():
+    from google.protobuf import json_format
+
+    from serve_app.manifest import Manifest
+    from serve_app.router.catalog import triton_config
+
+    manifest = Manifest.model_validate(
+        {"name": "m", "family": "resnet", "inputs": [], "outputs": [], "version": "1", "labels": ["a", "b"], "image_size": 8}
+    )
+    config = triton_config("m", manifest, 32)
+    proto = grpc_v2.config_to_proto(config).config
+    assert proto.name == "m" and proto.max_batch_size == 32 and proto.backend == "onnxruntime"
+    assert [(i.name, i.data_type, list(i.dims)) for i in proto.input] == [("image", model_config_pb2.TYPE_FP32, [3, 8, 8])]
+    assert [o.name for o in proto.output] == ["logits", "probabilities", "label"]
+    assert proto.output[2].data_type == model_config_pb2.TYPE_STRING
+    back = json_format.MessageToDict(proto, preserving_proto_field_name=True)
+    assert back["input"][0]["dims"] == ["3", "8", "8"]  # int64 dims, as Triton's own gRPC answer shows them
+    with pytest.raises(json_format.ParseError):
+        grpc_v2.config_to_proto({**config, "no_such_field": 1})

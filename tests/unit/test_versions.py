@@ -13,6 +13,7 @@ from serve_app.config import AppArgs, TrafficConfig
 from serve_app.contract import Priority
 from serve_app.errors import InvalidInput, ModelFailure, NotFound
 from serve_app.router.versions import VersionedModels
+from tests.unit.fakes import virtual_time
 
 
 def args(**traffic: Any) -> AppArgs:
@@ -87,7 +88,7 @@ def test_shadows_run_off_the_path_at_low_priority_and_their_failures_stay_there(
         await asyncio.sleep(0.01)
         assert stats.errors == 1 and v.calls[("m", "1", "ok")] == 2
 
-    asyncio.run(main())
+    virtual_time(main)()  # the sleeps let every mirror finish, whatever the machine's load
 
 
 def test_mirrors_past_the_in_flight_limit_are_skipped_and_counted():
@@ -100,7 +101,7 @@ def test_mirrors_past_the_in_flight_limit_are_skipped_and_counted():
         assert v.shadows[("m", "2")].skipped == 3
         await v.stop()
 
-    asyncio.run(main())
+    virtual_time(main)()  # the sleeps let every mirror finish, whatever the machine's load
 
 
 def test_version_failures_count_toward_rollback_and_client_errors_do_not():
@@ -120,7 +121,7 @@ def test_version_failures_count_toward_rollback_and_client_errors_do_not():
         assert event.version == "2" and v.serving("m") == ["m"]
         assert v.calls[("m", "2", "refused")] == 1 and v.calls[("m", "2", "error")] == 1
 
-    asyncio.run(main())
+    virtual_time(main)()  # the sleeps let every mirror finish, whatever the machine's load
 
 
 def test_a_live_update_is_checked_against_the_catalog():
@@ -145,4 +146,4 @@ def test_a_mirror_yields_while_client_requests_wait_in_the_router():
         await asyncio.sleep(0.01)
         assert [d for d, _ in models.calls] == ["m", "m", "m-v2"]
 
-    asyncio.run(main())
+    virtual_time(main)()  # the sleeps let every mirror finish, whatever the machine's load

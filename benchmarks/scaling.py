@@ -45,7 +45,7 @@ class ScalingSettings:
     capacity_s: float = 10.0  # closed-loop measurement of one replica's capacity
     base_s: float = 20.0  # open loop at C before the spike
     spike_s: float = 30.0  # at 4C
-    after_s: float = 60.0  # at C again: long enough to watch the replicas go back down
+    after_s: float = 120.0  # at C again: long enough to watch the replicas go back down
     spike_factor: float = 4.0
     upscale_delay_s: float = 2.0
     downscale_delay_s: float = 15.0
@@ -90,7 +90,8 @@ def cold_config(base: dict[str, Any], model_dir: Path, s: ScalingSettings) -> di
     return config
 
 
-def spike_config(base: dict[str, Any], model_dir: Path, s: ScalingSettings) -> dict[str, Any]:
+def spike_config(base: dict[str, Any], model_dir: Path, s: ScalingSettings, max_replicas: int | None = None) -> dict[str, Any]:
+    """The spike model autoscaling from one replica to `max_replicas` (default: the settings')."""
     config = ours_config_from(copy.deepcopy(base), model_dir)
     batching = {"max_batch_size": s.spike_batch, "batch_wait_timeout_s": 0.004}
     model = config["applications"][0]["args"]["models"][s.spike_model]
@@ -103,7 +104,7 @@ def spike_config(base: dict[str, Any], model_dir: Path, s: ScalingSettings) -> d
                 **d.get("autoscaling_config", {}),
                 "min_replicas": 1,
                 "initial_replicas": 1,
-                "max_replicas": s.max_replicas,
+                "max_replicas": max_replicas or s.max_replicas,
                 "upscale_delay_s": s.upscale_delay_s,
                 "downscale_delay_s": s.downscale_delay_s,
                 "look_back_period_s": 2.0,
@@ -236,11 +237,15 @@ def spike(
     bodies = workloads.bodies_for(model_dir / model, 64)
     path = f"/v2/models/{model}/infer"
     probe = Probe(path, bodies[0])
-    cluster.deploy(spike_config(base, model_dir, s), probe, timeout_s=300)
+    # One replica's capacity: measured with the model held at one replica, then autoscaling is
+    # turned on by a config change (the running replica stays).
+    cluster.deploy(spike_config(base, model_dir, s, max_replicas=1), probe, timeout_s=300)
     watch.wait_running(model, 1, 120)
     plain = workloads.write([workloads.StreamSpec(model, path, bodies)], tmp / "capacity.json")
     capacity = run_loadgen(BASE_URL, plain, {"concurrency": 16}, s.capacity_s, 1.0)
     c = float(capacity["goodput_rps"])
+    cluster.deploy(spike_config(base, model_dir, s), probe, timeout_s=300)
+    watch.wait_running(model, 1, 120)
     mixed = [workloads.StreamSpec(f"{model}/{p}", path, bodies, share, {"X-Priority": p}) for p, share in PRIORITY_SHARES.items()]
     workload = workloads.write(mixed, tmp / "mixed.json")
     total_s = s.base_s + s.spike_s + s.after_s
@@ -310,6 +315,7 @@ def scale_times(timeline: list[tuple[float, int]], spike_start: float, spike_end
         "first_replica_added_s": None if first_up is None else round(first_up, 1),
         "peak_reached_s": None if to_peak is None else round(to_peak, 1),
         "back_down_s": None if down is None else round(down, 1),
+        "replicas_at_end": timeline[-1][1] if timeline else base,
     }
 
 
@@ -336,7 +342,8 @@ def markdown(res: dict[str, Any]) -> str:
     lines += ["", f"## Spike ({sp['offered_rps']['base']} -> {sp['offered_rps']['spike']} req/s offered, capacity "
               f"{sp['capacity_rps']} req/s at one replica)", "",
               f"replicas {sp['replicas_before']} -> {sp['replicas_peak']}; first added after {sp['first_replica_added_s']} s, "
-              f"peak after {sp['peak_reached_s']} s; back down {sp['back_down_s']} s after the spike", "",
+              f"peak after {sp['peak_reached_s']} s; back down {sp['back_down_s']} s after the spike; "
+              f"{sp['replicas_at_end']} at the end", "",
               "| phase | priority | requests | ok | p50 ms | p99 ms | refused | refused w/o Retry-After | failed |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for phase, by_priority in sp["phases"].items():

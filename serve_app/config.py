@@ -274,6 +274,12 @@ class SchedulingConfig(BaseModel):
     max_queue_delay_s: float = Field(
         2.0, gt=0, description="refuse work predicted to wait longer than this (503 with Retry-After)"
     )
+    max_queued_s: float = Field(
+        10.0,
+        gt=0,
+        description="the longest any request waits in a router's queue, whatever its deadline: past it, a 503 with "
+        "Retry-After (higher classes arriving without end could otherwise hold lower ones until clients give up)",
+    )
     default_priority: Literal["high", "normal", "low"] = "normal"
     anonymous_max_priority: Literal["high", "normal", "low"] = Field(
         "normal",

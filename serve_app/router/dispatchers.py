@@ -50,6 +50,7 @@ class DispatcherPool:
             policy=sched.policy,
             max_queue_items=sched.max_queue_items,
             max_queue_delay_s=sched.max_queue_delay_s,
+            max_queued_s=sched.max_queued_s,
             max_batch_size=config.batching.max_batch_size,
             batch_wait_timeout_s=config.batching.batch_wait_timeout_s,
             batch_timeout_s=sched.batch_timeout_s,

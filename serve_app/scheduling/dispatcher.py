@@ -63,6 +63,7 @@ class DispatchSettings:
     policy: QueuePolicy = "priority"
     max_queue_items: int = 1024
     max_queue_delay_s: float = 2.0
+    max_queued_s: float = 10.0  # the longest a ticket stays queued, deadline or not: then a 503
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.004
     batch_timeout_s: float = 30.0  # a batch taking longer counts as a model failure
@@ -268,8 +269,8 @@ class Dispatcher:
             raise self._refuse(lane, "queue_full", priority, f"overloaded ({e})") from None
         loop = asyncio.get_running_loop()
         ticket.result = loop.create_future()
-        if ticket.deadline is not None:
-            self._expire_at_deadline(loop, lane, ticket)
+        if self.prioritized:  # the FIFO baseline keeps a plain queue's behaviour
+            self._bound_wait(loop, lane, ticket)
         for victim in evicted:
             self.stats.count_shed("evicted", victim.priority)
             victim.result.set_exception(
@@ -279,24 +280,40 @@ class Dispatcher:
         self._dispatch(lane)
         return ticket
 
-    def _expire_at_deadline(self, loop: asyncio.AbstractEventLoop, lane: Lane, ticket: Ticket) -> None:
-        """Answer the ticket with a 504 when its deadline passes, wherever it is then: in this
-        queue (it leaves it) or in a batch the model has not answered yet (a replica starting
-        from zero, a slow model), whose late answer is then dropped."""
-        assert ticket.deadline is not None
+    def _bound_wait(self, loop: asyncio.AbstractEventLoop, lane: Lane, ticket: Ticket) -> None:
+        """Answer the ticket when it has waited too long, wherever it is then.
+        - Its deadline passes: a 504, in this queue (it leaves it) or in a batch the model has not
+          answered yet (a replica starting from zero, a slow model), whose late answer is dropped.
+        - It is still queued `max_queued_s` after admission: a 503 with Retry-After. Admission
+          predicted a short wait, but higher classes kept arriving ahead of it; without the bound
+          it would wait until its client gave up, holding its memory all along."""
+        starve_at = ticket.enqueued + self.settings.max_queued_s
+        timer: asyncio.TimerHandle | None = None
 
-        def expire() -> None:
+        def check() -> None:
+            nonlocal timer
             if ticket.result.done():
                 return
-            queued = not ticket.done
-            if queued:
+            now, queued = self.clock(), not ticket.done
+            if ticket.deadline is not None and now >= ticket.deadline:
+                if queued:
+                    lane.queue.cancel(ticket)
+                self.stats.count_shed("expired", ticket.priority)
+                where = "queued" if queued else "the model ran"
+                ticket.result.set_exception(DeadlineExceeded(f"{self.model}: deadline passed while {where}"))
+            elif queued and now >= starve_at:
                 lane.queue.cancel(ticket)
-            self.stats.count_shed("expired", ticket.priority)
-            where = "queued" if queued else "the model ran"
-            ticket.result.set_exception(DeadlineExceeded(f"{self.model}: deadline passed while {where}"))
+                self.stats.count_shed("starved", ticket.priority)
+                waited = now - ticket.enqueued
+                ticket.result.set_exception(
+                    Overloaded(f"{self.model}: overloaded (queued {waited:.1f} s)", retry_after_s=self._retry_after(lane))
+                )
+            elif ticket.deadline is not None:  # in a batch now: only its deadline is left to keep
+                timer = loop.call_later(max(0.0, ticket.deadline - now), check)
 
-        timer = loop.call_later(max(0.0, ticket.deadline - self.clock()), expire)
-        ticket.result.add_done_callback(lambda _: timer.cancel())
+        first = starve_at if ticket.deadline is None else min(starve_at, ticket.deadline)
+        timer = loop.call_later(max(0.0, first - self.clock()), check)
+        ticket.result.add_done_callback(lambda _: timer.cancel() if timer is not None else None)
 
     async def submit(
         self,

@@ -28,6 +28,6 @@ def test_scale_up_and_down_times_are_read_from_the_replica_samples():
     timeline = [(0.0, 1), (9.5, 1), (10.5, 1), (13.0, 2), (16.0, 3), (21.0, 3), (30.0, 2), (36.0, 1), (40.0, 1)]
     t = scale_times(timeline, 10.0, 20.0)
     assert t == {"replicas_before": 1, "replicas_peak": 3, "first_replica_added_s": 3.0, "peak_reached_s": 6.0,
-                 "back_down_s": 16.0}  # fmt: skip
+                 "back_down_s": 16.0, "replicas_at_end": 1}  # fmt: skip
     flat = scale_times([(0.0, 1), (15.0, 1), (25.0, 1)], 10.0, 20.0)
     assert flat["replicas_peak"] == 1 and flat["first_replica_added_s"] is None and flat["back_down_s"] is None

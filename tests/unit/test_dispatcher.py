@@ -181,6 +181,32 @@ async def test_a_deadline_is_kept_while_the_model_is_slow_to_answer_as_when_its_
 
 
 @virtual_time
+async def test_low_work_overtaken_without_end_gets_a_503_at_the_queue_bound_not_a_hang():
+    model = FakeModel(base_s=0.1, per_item_s=0.0)
+    # Admission would let it wait: the bound is what ends it, with Retry-After.
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0, max_queue_delay_s=60, max_queued_s=1.0)
+
+    async def high_client() -> None:
+        while d.clock() < 3.0:
+            await d.submit("high", 1, Priority.HIGH)
+
+    # More clients than the model has slots: a high request always waits when a batch ends.
+    flood = asyncio.gather(*(high_client() for _ in range(8)))
+    await asyncio.sleep(0.01)
+    started = d.clock()
+    with pytest.raises(Overloaded, match=r"queued 1\.0 s") as refused:
+        await d.submit("low", 1, Priority.LOW)
+    assert d.clock() - started == pytest.approx(1.0) and (refused.value.retry_after_s or 0) >= 1
+    assert d.stats.shed["starved"] == 1 and d.items_by_priority()[Priority.LOW] == 0
+    await flood
+    assert ["low"] not in model.batches
+    # A request the model is running is not cut off by the bound: only its own deadline ends it.
+    slow = FakeModel(base_s=3.0)
+    d = dispatcher(slow, max_batch_size=1, batch_wait_timeout_s=0.0, max_queued_s=1.0)
+    assert await d.submit("long", 1, Priority.LOW) == "LONG" and d.stats.shed["starved"] == 0
+
+
+@virtual_time
 async def test_cancelled_request_costs_no_model_time():
     model = FakeModel(base_s=0.05)
     d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0)

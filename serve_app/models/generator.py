@@ -25,7 +25,7 @@ from serve_app.contract import Priority
 from serve_app.errors import InvalidInput, ModelFailure, Overloaded, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.continuous import ContinuousScheduler, QueueFull, SchedulerConfig
-from serve_app.models.health import StallWatch
+from serve_app.models.health import LoopProgress, StallWatch
 from serve_app.models.kv_cache import CacheShape, KVCache
 from serve_app.models.sampling import GenerationParams
 from serve_app.models.sequence import Sequence, TokenEvent
@@ -117,15 +117,26 @@ class TextGenerator(GeneratorBase):
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.Task[None] | None = None
         self._metrics = GenerationMetrics(self.name)
+        self.progress = LoopProgress()
         self.coalesce = cfg.coalesce_stream
         self.warm_up()
+
+    def check_health(self) -> None:
+        """Unhealthy while a decode step runs too long (the base check), or while sequences wait
+        and the loop is dead or takes no step: alive and stepping, or replaced."""
+        super().check_health()
+        alive = self._loop is not None and not self._loop.done()
+        stepping = len(self.steps) > 0
+        self.progress.check(self.scheduler.has_work, stepping, alive, self.config.stall_timeout_s, f"{self.name}: decode loop")
 
     async def generate(self, prompt: str, raw_params: dict[str, Any]) -> AsyncGenerator[TokenEvent, None]:
         """Stream TokenEvents for one prompt (call with `handle.options(stream=True)`)."""
         seq = self.new_sequence(prompt, raw_params)
         span = self._trace(seq, raw_params.get(tracing.TRACEPARENT))
+        had_work = self.scheduler.has_work
         try:
             self.scheduler.submit(seq)
+            self.progress.arrived(had_work)
         except QueueFull as e:
             error = Overloaded(f"{self.name}: {e}", retry_after_s=1.0)
             if span is not None:
@@ -207,6 +218,7 @@ class TextGenerator(GeneratorBase):
             try:
                 with self.steps.running():
                     events = await asyncio.to_thread(self.scheduler.step)
+                self.progress.stepped()
             except Exception as e:  # a failed step fails its sequences, not the replica
                 if not isinstance(e, ServeAppError):
                     logger.exception("%s: decode step failed", self.name)

@@ -52,3 +52,31 @@ class StallWatch:
     def check(self, limit_s: float, what: str) -> None:
         if (longest := self.longest_s()) > limit_s:
             raise Stalled(f"{what} has run for {longest:.0f} s (limit {limit_s:g} s)")
+
+
+class LoopProgress:
+    """Whether a loop that owes work is stepping: the other half of a decode loop's health.
+
+    `StallWatch` sees a step that never returns; this sees the loop that takes no step at all
+    while sequences wait (it died, or waits on a wake-up that never comes). Progress is the
+    end of a step, or work arriving at a loop that had none: an idle loop owes nothing."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.last = clock()
+
+    def arrived(self, had_work: bool) -> None:
+        """Work was submitted; `had_work`: whether the loop owed work before it."""
+        if not had_work:
+            self.last = self.clock()
+
+    def stepped(self) -> None:
+        self.last = self.clock()
+
+    def check(self, has_work: bool, stepping: bool, alive: bool, limit_s: float, what: str) -> None:
+        if not has_work or stepping:
+            return
+        if not alive:
+            raise Stalled(f"{what}: work is waiting and the loop is not running")
+        if (idle := self.clock() - self.last) > limit_s:
+            raise Stalled(f"{what}: work has waited {idle:.0f} s without a step (limit {limit_s:g} s)")

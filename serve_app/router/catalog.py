@@ -18,6 +18,7 @@ from serve_app.router.replicas import DeploymentStates
 
 logger = logging.getLogger("ray.serve")
 READY_TIMEOUT_S = 5.0
+READY_TTL_S = 1.0  # how long a readiness answer is reused
 STATS_TTL_S = 1.0  # how long /router/status reuses a generator's stats
 # A model's replica metadata: {"manifest": ..., "batching": ...} (serve_app.models.base.OnnxModel.metadata)
 FetchMetadata = Callable[[str], Awaitable[dict[str, Any]]]
@@ -85,10 +86,23 @@ class ModelCatalog:
     `states`, when given, says which deployments Serve holds at zero replicas: those are ready
     without asking a replica, since asking would start one (`min_replicas: 0`)."""
 
-    def __init__(self, args: AppArgs, fetch: FetchMetadata, states: DeploymentStates | None = None) -> None:
+    def __init__(
+        self,
+        args: AppArgs,
+        fetch: FetchMetadata,
+        states: DeploymentStates | None = None,
+        ready_ttl_s: float = READY_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.args = args
         self.fetch = fetch
         self.states = states
+        self.ready_ttl_s = ready_ttl_s
+        self.clock = clock
+        # Each model's last readiness answer, and the check in flight: probes in a burst (or a
+        # flood of them, the endpoint needs no key) ask each model at most once per `ready_ttl_s`.
+        self._ready: dict[str, tuple[float, bool]] = {}
+        self._checking: dict[str, asyncio.Future[bool]] = {}
         self.manifests: dict[str, Manifest] = {}
         self.batching: dict[str, dict[str, Any]] = {}
         self._answered: set[str] = set()  # deployments a replica has answered for
@@ -173,8 +187,27 @@ class ModelCatalog:
 
     async def is_ready(self, model: str) -> bool:
         """Whether a replica of the model answers now: asked every time, never from the cache,
-        so readiness falls when the model's replicas are gone. A model Serve holds at zero
+        so readiness falls when the model's replicas are gone (answers are reused for
+        `ready_ttl_s`, and one check serves the probes that arrive while it runs). A model Serve holds at zero
         replicas on purpose is ready: its requests wait in the router while one starts."""
+        when, ready = self._ready.get(model, (None, False))
+        if when is not None and self.clock() - when < self.ready_ttl_s:
+            return ready
+        if model not in self._checking:
+            self._checking[model] = asyncio.ensure_future(self._check(model))
+        check = self._checking[model]
+        try:
+            return await asyncio.shield(check)
+        finally:
+            if check.done() and self._checking.get(model) is check:
+                del self._checking[model]
+
+    async def _check(self, model: str) -> bool:
+        ready = await self._ask(model)
+        self._ready[model] = (self.clock(), ready)
+        return ready
+
+    async def _ask(self, model: str) -> bool:
         if self.states is not None and await self.states.scaled_to_zero(model):
             return True
         try:

@@ -31,8 +31,8 @@ class Replicas:
         return {"manifest": manifest, "batching": {"max_batch_size": 8}}
 
 
-def catalog(replicas: Replicas) -> ModelCatalog:
-    return ModelCatalog(AppArgs.model_validate(tiny_args(Path("/nonexistent"))), replicas.fetch)
+def catalog(replicas: Replicas, **kw: Any) -> ModelCatalog:
+    return ModelCatalog(AppArgs.model_validate(tiny_args(Path("/nonexistent"))), replicas.fetch, **{"ready_ttl_s": 0, **kw})
 
 
 def test_readiness_follows_the_replicas_and_not_the_cached_manifest():
@@ -81,7 +81,10 @@ def test_a_model_scaled_to_zero_is_ready_without_being_asked_and_others_are_stil
     replicas = Replicas()
     controller = Controller({"bert-heavy": DeploymentState("HEALTHY", 0, 0), "bert-light": DeploymentState("HEALTHY", 1, 1)})
     c = ModelCatalog(
-        AppArgs.model_validate(tiny_args(Path("/nonexistent"))), replicas.fetch, DeploymentStates(controller.fetch, ttl_s=60)
+        AppArgs.model_validate(tiny_args(Path("/nonexistent"))),
+        replicas.fetch,
+        DeploymentStates(controller.fetch, ttl_s=60),
+        ready_ttl_s=0,
     )
     assert asyncio.run(c.is_ready("bert-heavy")) and replicas.calls == 0  # a probe must not wake it
     assert asyncio.run(c.is_ready("bert-light")) and replicas.calls == 1
@@ -144,3 +147,19 @@ def test_a_manifest_on_this_node_is_read_from_disk_without_asking_a_replica(tiny
     manifest = asyncio.run(c.manifest("bert-light"))
     assert manifest.family == "bert" and replicas.calls == 0
     assert c.batching["bert-light"]["max_batch_size"] >= 1
+
+
+def test_readiness_answers_are_reused_for_a_second_and_a_burst_of_probes_asks_each_model_once():
+    replicas = Replicas()
+    now = [0.0]
+    c = catalog(replicas, ready_ttl_s=1.0, clock=lambda: now[0])
+
+    async def probes() -> list[bool]:
+        return await asyncio.gather(*(c.all_ready(["bert-heavy", "bert-light"]) for _ in range(50)))
+
+    assert asyncio.run(probes()) == [True] * 50 and replicas.calls == 2
+    replicas.up = False
+    now[0] = 0.5
+    assert asyncio.run(c.is_ready("bert-heavy")) and replicas.calls == 2  # within the second: the last answer
+    now[0] = 1.5
+    assert not asyncio.run(c.is_ready("bert-heavy")) and replicas.calls == 3  # then asked again

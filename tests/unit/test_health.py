@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from serve_app.models.executor import BatchExecutor
-from serve_app.models.health import Stalled, StallWatch
+from serve_app.models.health import LoopProgress, Stalled, StallWatch
 from tests.unit.fakes import Clock
 
 
@@ -51,3 +51,22 @@ def test_an_executor_batch_that_never_returns_is_seen_by_the_watch():
         ex.watch.check(120, "a bulk batch")
 
     asyncio.run(scenario())
+
+
+def test_a_loop_that_owes_work_and_takes_no_step_fails_the_check():
+    clock = Clock()
+    progress = LoopProgress(clock)
+    clock.now = 100
+    progress.check(has_work=False, stepping=False, alive=False, limit_s=10, what="idle")  # owes nothing
+    progress.arrived(had_work=False)  # work after a long idle: the wait starts now
+    clock.now = 105
+    progress.check(has_work=True, stepping=False, alive=True, limit_s=10, what="loop")
+    with pytest.raises(Stalled, match="loop is not running"):
+        progress.check(has_work=True, stepping=False, alive=False, limit_s=10, what="loop")
+    clock.now = 111
+    progress.arrived(had_work=True)  # more work does not reset a loop already owing some
+    with pytest.raises(Stalled, match="waited 11 s without a step"):
+        progress.check(has_work=True, stepping=False, alive=True, limit_s=10, what="loop")
+    progress.check(has_work=True, stepping=True, alive=True, limit_s=10, what="loop")  # a step is running: StallWatch's
+    progress.stepped()
+    progress.check(has_work=True, stepping=False, alive=True, limit_s=10, what="loop")

@@ -26,7 +26,7 @@ from ray.serve.grpc_util import RayServegRPCContext
 from tritonclient.grpc import service_pb2 as pb
 
 from serve_app import __version__
-from serve_app.errors import InvalidInput, NotFound, PayloadTooLarge, ServeAppError
+from serve_app.errors import InvalidInput, NotFound, Overloaded, PayloadTooLarge, ServeAppError
 from serve_app.models.sampling import GenerationParams
 from serve_app.observability import tracing
 from serve_app.protocols import grpc_v2, v2
@@ -117,15 +117,21 @@ class GrpcInference:
         return grpc_v2.config_to_proto(await config(self.parts, request.name, request.version or None))
 
     async def model_infer(self, request: pb.ModelInferRequest, headers: InferHeaders) -> pb.ModelInferResponse:
-        limit = self.parts.args.limits.max_request_bytes
-        if request.ByteSize() > limit:
-            raise PayloadTooLarge(f"the request has {request.ByteSize()} bytes; at most {limit} are accepted")
+        limit, size = self.parts.args.limits.max_request_bytes, request.ByteSize()
+        if size > limit:
+            raise PayloadTooLarge(f"the request has {size} bytes; at most {limit} are accepted")
         tenant = self.parts.callers.admit(headers.authorization)
         self.parts.catalog.known(request.model_name)
-        body = grpc_v2.request_from_proto(request)
-        version = request.model_version or None
-        response, _ = await infer(self.parts, request.model_name, version, body, headers, tenant, RequestTiming())
-        return grpc_v2.response_to_proto(response)
+        held = self.parts.inflight_bytes
+        if not held.take(size):  # the same budget as HTTP bodies: what the router holds at once
+            raise Overloaded(f"the router holds {held.held} bytes of requests, its limit is {held.limit}", retry_after_s=1.0)
+        try:
+            body = grpc_v2.request_from_proto(request)
+            version = request.model_version or None
+            response, _ = await infer(self.parts, request.model_name, version, body, headers, tenant, RequestTiming())
+            return grpc_v2.response_to_proto(response)
+        finally:
+            held.give_back(size)
 
     async def model_stream_infer(
         self, requests: AsyncIterator[pb.ModelInferRequest], headers: InferHeaders

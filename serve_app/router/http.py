@@ -22,7 +22,7 @@ from serve_app.errors import InvalidInput, ModelFailure, ServeAppError
 from serve_app.protocols import v2
 from serve_app.protocols.errors import error_response, from_http_exception
 from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
-from serve_app.router.edge import BodyLimit, InflightBytes, KeyGate
+from serve_app.router.edge import BodyLimit, KeyGate
 from serve_app.router.fastpath import InferFastPath
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import HeaderCheck, ShedGate
@@ -53,7 +53,7 @@ def build_http_app(
     # body limit; all before routing and the body parse. Innermost, v2 infer leaves FastAPI out.
     limits = parts.args.limits
     app.add_middleware(InferFastPath, parts=parts)
-    app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes, inflight=InflightBytes(limits.max_inflight_bytes))
+    app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes, inflight=parts.inflight_bytes)
     check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.loop_lag, parts.lag_shedding)
     app.add_middleware(ShedGate, check=check)
     app.add_middleware(KeyGate, authenticate=parts.callers.authenticate)

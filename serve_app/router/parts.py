@@ -17,6 +17,7 @@ from serve_app.router.callers import Callers, build_registry
 from serve_app.router.cascade import Cascade, route_policy
 from serve_app.router.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.dispatchers import DispatcherPool, SenderFor
+from serve_app.router.edge import InflightBytes
 from serve_app.router.gcwatch import GcPauses
 from serve_app.router.replicas import DeploymentStates
 from serve_app.router.versions import VersionedModels
@@ -37,6 +38,8 @@ class RouterParts:
     gc_pauses: GcPauses
     versions: VersionedModels  # which version answers, outcomes per version, shadows
     cache: ResponseCache
+    # Request bytes this router holds, over HTTP bodies and gRPC messages alike (limits.max_inflight_bytes).
+    inflight_bytes: InflightBytes
     # The router's own overload control: its event loop's lateness and who is refused past the target.
     loop_lag: LoopLag | None = None
     lag_shedding: LagShedding | None = None
@@ -89,6 +92,7 @@ def build_parts(
         gc_pauses=GcPauses(),
         versions=versions,
         cache=cache,
+        inflight_bytes=InflightBytes(args.limits.max_inflight_bytes),
         loop_lag=loop_lag,
         lag_shedding=LagShedding(target_ms / 1e3) if target_ms is not None else None,
         breakers={

@@ -124,3 +124,26 @@ def test_the_triton_config_http_shows_is_the_model_config_message_tritonclient_r
     assert back["input"][0]["dims"] == ["3", "8", "8"]  # int64 dims, as Triton's own gRPC answer shows them
     with pytest.raises(json_format.ParseError):
         grpc_v2.config_to_proto({**config, "no_such_field": 1})
+
+
+def test_grpc_requests_share_the_routers_in_flight_byte_budget_with_http_bodies(tiny_model_dir):
+    import asyncio
+
+    from serve_app.config import AppArgs
+    from serve_app.router.grpc_service import GrpcInference
+    from serve_app.router.infer_v2 import InferHeaders
+    from serve_app.router.parts import build_parts
+    from tests.conftest import tiny_args
+
+    parts = build_parts(AppArgs.model_validate(tiny_args(tiny_model_dir)), {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
+    service = GrpcInference(parts)
+    request = pb.ModelInferRequest(model_name="bert-heavy")
+    request.inputs.add(name="text", datatype="BYTES", shape=[1])  # no contents: malformed
+    parts.inflight_bytes.held = parts.inflight_bytes.limit - 1  # HTTP bodies hold all but a byte
+    with pytest.raises(Overloaded, match="bytes of requests") as refused:
+        asyncio.run(service.model_infer(request, InferHeaders()))
+    assert refused.value.retry_after_s == 1.0
+    parts.inflight_bytes.held = 0
+    with pytest.raises(InvalidInput):
+        asyncio.run(service.model_infer(request, InferHeaders()))
+    assert parts.inflight_bytes.held == 0  # given back after a refused parse

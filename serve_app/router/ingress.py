@@ -24,6 +24,8 @@ from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
 from serve_app.router.replicas import DeploymentStates, controller_states
 from serve_app.router.startup import prepare_process
+from serve_app.scheduling.autoscale import ROUTER_CPU
+from serve_app.scheduling.overload import CpuMeter
 
 
 @serve.deployment(max_ongoing_requests=256)
@@ -44,6 +46,7 @@ class Router:
             states=DeploymentStates(controller_states(context.app_name)),
         )
         self.grpc = GrpcInference(self.parts)
+        self.cpu = CpuMeter()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve asks for this replica's app after the constructor (late-bound `serve.ingress()`)."""
@@ -63,6 +66,10 @@ class Router:
     def check_health(self) -> None:
         """Serve's periodic probe: unhealthy when a background loop has died."""
         self.parts.loops.check()
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """The cores this replica used since Serve last asked: what `RouterLoadPolicy` scales on."""
+        return {ROUTER_CPU: self.cpu.sample()}
 
     # inference.GRPCInferenceService, through Serve's gRPC proxy (`grpc_options` in the configs):
     # each RPC is the method of its name; serve_app.router.grpc_service does the work.

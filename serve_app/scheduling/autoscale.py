@@ -1,4 +1,5 @@
-"""Autoscaling that sees the work routers hold, not only the requests at replicas.
+"""Autoscaling policies: model replicas on the work routers hold (not only the requests at
+replicas), and router replicas on their own CPU.
 
 The router keeps requests in its own queues and releases about one batch per
 replica plus one, so Serve's default policy (ongoing requests per replica)
@@ -39,3 +40,34 @@ def router_demand_policy(ctx: Any) -> tuple[int, dict[str, Any]]:
     state = dict(ctx.policy_state)
     state["router_queued_batches"] = router_batches
     return desired, state
+
+
+ROUTER_CPU = "router_cpu_cores"  # what each router replica reports (`Router.record_autoscaling_stats`)
+
+
+class RouterLoadPolicy:
+    """Router replicas that follow the routers' own load: the cores they use together over
+    `target_cores` per replica. A router is one event loop, so past about one core it queues
+    requests where no admission sees them; the target keeps each below that, with room for a
+    burst while Serve starts another. Queue lengths say nothing here: a router answers or refuses
+    what it is given, so its ongoing requests stay near the proxy's concurrency however busy it is.
+
+    Use in the Serve YAML, on the router deployment:
+        autoscaling_config:
+          policy: {policy_function: serve_app.scheduling.autoscale:RouterLoadPolicy,
+                   policy_kwargs: {target_cores: 0.6}}
+    Serve applies the config's min/max replicas and up/downscale delays to what it returns."""
+
+    def __init__(self, target_cores: float = 0.6) -> None:
+        if not 0.0 < target_cores <= 1.0:
+            raise ValueError(f"target_cores must be in (0, 1] (a router uses one core at most), got {target_cores}")
+        self.target_cores = target_cores
+
+    def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
+        reports = (ctx.aggregated_metrics or {}).get(ROUTER_CPU, {})
+        state = dict(ctx.policy_state)
+        if not reports:  # replicas starting, nothing measured yet: keep what runs
+            return ctx.current_num_replicas, state
+        cores = float(sum(reports.values()))
+        state["router_cpu_cores"] = round(cores, 3)
+        return max(1, math.ceil(cores / self.target_cores)), state

@@ -18,7 +18,9 @@ of priority and delay.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Callable
 
 from serve_app.contract import Priority
 
@@ -52,3 +54,23 @@ class LagShedding:
             return False
         self.refused[priority.name.lower()] += 1
         return True
+
+
+class CpuMeter:
+    """Cores a process used between two samples: what a router reports to its autoscaler.
+
+    A router's work is one event loop's (one core at most, under the GIL) plus its helper
+    threads; its CPU is the load that more router replicas divide. Clocks are injected, so
+    the meter is exact in tests."""
+
+    def __init__(self, cpu_clock: Callable[[], float] = time.process_time, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cpu_clock = cpu_clock
+        self.clock = clock
+        self._last = (clock(), cpu_clock())
+
+    def sample(self) -> float:
+        """Cores used since the last sample (0 when no time has passed)."""
+        now, cpu = self.clock(), self.cpu_clock()
+        then, cpu_then = self._last
+        self._last = (now, cpu)
+        return max(0.0, cpu - cpu_then) / (now - then) if now > then else 0.0

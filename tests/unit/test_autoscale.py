@@ -1,7 +1,16 @@
 from types import SimpleNamespace
 
+import pytest
+
 from serve_app.contract import RouterLoad
-from serve_app.scheduling.autoscale import desired_replicas, router_demand, router_demand_policy
+from serve_app.scheduling.autoscale import (
+    ROUTER_CPU,
+    RouterLoadPolicy,
+    desired_replicas,
+    router_demand,
+    router_demand_policy,
+)
+from serve_app.scheduling.overload import CpuMeter
 
 
 def ctx(ongoing: float, reports: dict[str, float], target: float = 2.0) -> SimpleNamespace:
@@ -43,3 +52,34 @@ def test_router_load_sums_routers_and_forgets_silent_ones():
     assert load.total(now=6) == 1.5
     load.report("r2", 0.0, now=7)
     assert load.total(now=7) == 0
+
+
+def router_ctx(replicas: int, cores: dict[str, float] | None) -> SimpleNamespace:
+    metrics = {ROUTER_CPU: cores} if cores is not None else {}
+    return SimpleNamespace(current_num_replicas=replicas, aggregated_metrics=metrics, policy_state={})
+
+
+def test_routers_scale_on_the_cores_they_use_together():
+    policy = RouterLoadPolicy(target_cores=0.5)
+    assert policy(router_ctx(1, {"a": 0.95}))[0] == 2  # one router near a whole core: add one
+    desired, state = policy(router_ctx(2, {"a": 0.7, "b": 0.75}))
+    assert desired == 3 and state["router_cpu_cores"] == 1.45
+    assert policy(router_ctx(3, {"a": 0.1, "b": 0.1, "c": 0.05}))[0] == 1  # quiet: back to one
+    assert policy(router_ctx(2, {"a": 0.0, "b": 0.0}))[0] == 1  # never below one
+    assert policy(router_ctx(2, None))[0] == 2  # nothing measured yet: keep what runs
+
+
+def test_a_router_cpu_target_beyond_one_core_is_refused():
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="one core at most"):
+            RouterLoadPolicy(target_cores=bad)
+
+
+def test_the_cpu_meter_reports_cores_used_between_samples():
+    wall, cpu = [0.0], [0.0]
+    meter = CpuMeter(cpu_clock=lambda: cpu[0], clock=lambda: wall[0])
+    wall[0], cpu[0] = 10.0, 6.0
+    assert meter.sample() == 0.6
+    wall[0], cpu[0] = 12.0, 8.0
+    assert meter.sample() == 1.0
+    assert meter.sample() == 0.0  # no time passed

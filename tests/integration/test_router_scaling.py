@@ -1,0 +1,142 @@
+"""Router replicas that follow their own load, on a real Serve app started as users start it
+(`ray start`, then `serve run CONFIG`): each router reports the cores it uses
+(`record_autoscaling_stats`), and `RouterLoadPolicy` adds a router under load and takes it
+away when the load ends. The CPU target is set low so that a 2-core machine's load shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from benchmarks.cluster import ensure_auth_token, kill_orphan_haproxy, wait_for_ray_exit
+
+pytestmark = pytest.mark.integration
+
+PORT = 8131
+RAY_PORT = 6395
+TARGET_CORES = 0.2  # an idle router uses a few hundredths of a core; one under load, several tenths
+POLICY = "serve_app.scheduling.autoscale:RouterLoadPolicy"
+REPLICAS_SCRIPT = """
+import sys, ray
+from ray import serve
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+states = serve.status().applications["default"].deployments[sys.argv[2]].replica_states
+print(states.get("RUNNING", 0))
+"""
+
+
+def _config(model_dir: Path) -> dict[str, Any]:
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": PORT},
+        "applications": [
+            {
+                "name": "default",
+                "route_prefix": "/",
+                "import_path": "serve_app.app:build_app",
+                "args": {"model_dir": str(model_dir), "models": {"bert-light": {"preset": "bert-tiny"}}},
+                "deployments": [
+                    {
+                        "name": "router",
+                        "ray_actor_options": {"num_cpus": 0.1},
+                        "autoscaling_config": {
+                            "min_replicas": 1,
+                            "initial_replicas": 1,
+                            "max_replicas": 2,
+                            "metrics_interval_s": 0.5,
+                            "look_back_period_s": 2,
+                            "upscale_delay_s": 1,
+                            "downscale_delay_s": 4,
+                            "policy": {"policy_function": POLICY, "policy_kwargs": {"target_cores": TARGET_CORES}},
+                        },
+                    },
+                    {"name": "bert-light", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
+                ],
+            }
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    wait_for_ray_exit()
+    ensure_auth_token(env)
+    start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=4", "--include-dashboard=false",
+             "--disable-usage-stats"]  # fmt: skip
+    subprocess.run(start, check=True, env=env, capture_output=True)
+    path = tmp_path_factory.mktemp("routers") / "config.yaml"
+    path.write_text(yaml.safe_dump(_config(tiny_model_dir)))
+    try:
+        run = ["serve", "run", f"--address=127.0.0.1:{RAY_PORT}", "--non-blocking", str(path)]
+        subprocess.run(run, check=True, env=env, capture_output=True, timeout=180)
+        _wait_for(lambda: _ready(), 120, "application never became ready")
+        yield env
+    finally:
+        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+        kill_orphan_haproxy()
+        wait_for_ray_exit()
+
+
+def _ready() -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{PORT}/v2/health/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float, message: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.5)
+
+
+def _routers(env: dict[str, str]) -> int:
+    """Running router replicas, from Serve's own status (in a child process, as Ray's client
+    wants the token-auth setting before it is imported)."""
+    args = [sys.executable, "-c", REPLICAS_SCRIPT, f"127.0.0.1:{RAY_PORT}", "router"]
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def test_routers_scale_out_on_their_own_cpu_and_back_in_when_it_falls(app):
+    assert _routers(app) == 1
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["the food was great"]}]}
+    statuses: list[int] = []
+
+    async def load() -> bool:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}", timeout=30) as client:
+            stop = asyncio.Event()
+
+            async def worker() -> None:
+                while not stop.is_set():
+                    statuses.append((await client.post("/v2/models/bert-light/infer", json=body)).status_code)
+
+            workers = [asyncio.ensure_future(worker()) for _ in range(12)]
+            deadline = time.monotonic() + 90
+            scaled = False
+            while time.monotonic() < deadline and not scaled:
+                await asyncio.sleep(1)
+                scaled = await asyncio.to_thread(_routers, app) == 2
+            stop.set()
+            await asyncio.gather(*workers)
+            return scaled
+
+    assert asyncio.run(load()), "a router under load never got a second replica"
+    # Serve may refuse while the new router starts (503 with Retry-After); never a 5xx of ours.
+    assert statuses and set(statuses) <= {200, 503}, sorted(set(statuses))
+    assert statuses.count(200) > 0.9 * len(statuses)
+    _wait_for(lambda: _routers(app) == 1, 90, "the routers never scaled back in once the load ended")

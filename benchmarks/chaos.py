@@ -58,7 +58,7 @@ class ChaosSettings:
     seconds: float = 40.0  # measured window of each phase
     fault_at_s: float = 10.0  # when in the window the fault strikes
     concurrency: int = 16
-    streams: int = 4  # SSE streams running through the decode-loop stall
+    streams: int = 4  # SSE streams running through the decode-loop stall and the node's loss
     head_cpus: int = 4
     worker_cpus: int = 3
     phases: tuple[str, ...] = ("replica", "router", "stall", "malformed", "node")
@@ -322,7 +322,7 @@ def _phase(
     striker = threading.Thread(target=strike)
     striker.start()
     stream_thread = None
-    if phase == "stall":
+    if phase in ("stall", "node"):  # streams through the wedged decode loop, and through the node's loss
         stream_thread = threading.Thread(target=lambda: streams.extend(run_streams(s.streams, warmup + s.seconds)))
         stream_thread.start()
     load = run_loadgen(BASE_URL, workload, {"concurrency": s.concurrency}, s.seconds, warmup, raw=True)
@@ -439,6 +439,6 @@ def markdown(res: dict[str, Any]) -> str:
     for name, p in r["phases"].items():
         lines += ["", f"**{name}**: fault `{json.dumps(p.get('fault'))}`; router after: `{json.dumps(p['router'])}`"]
         if "streams" in p:
-            lines.append(f"streams through the stall: `{json.dumps(p['streams'])}`")
+            lines.append(f"streams through the fault: `{json.dumps(p['streams'])}`")
         lines.append(f"goodput per second: {p['goodput_per_s']}")
     return "\n".join(lines)

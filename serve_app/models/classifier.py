@@ -14,6 +14,7 @@ at once instead of waiting for it (stopping an ORT run would throw its work away
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,7 @@ from serve_app.cpu_priority import lower_thread_priority
 from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.executor import BatchExecutor, RunBatch
+from serve_app.models.health import Stalled
 from serve_app.models.runtime import create_session
 from serve_app.observability import tracing
 from serve_app.padding import batch_buckets, length_buckets, pad_batch, pad_right
@@ -37,6 +39,10 @@ from serve_app.protocols.images import decode_images
 from serve_app.tokenization import TextTokenizer
 
 Result = np.ndarray | ServeAppError
+
+
+# A replica idle this long proves its session with a one-row probe at its next health check.
+PROBE_IDLE_S = 30.0
 
 
 def payload_items(payload: Any) -> int:
@@ -61,6 +67,7 @@ class Classifier(OnnxModel):
         super().__init__(name, model_path, config)
         self.lanes: dict[str, BatchExecutor] = {}
         self.router_load = RouterLoad()
+        self.last_answer = time.monotonic()  # when a batch or a health probe last ran on a session
         self.sessions = [self.session]  # every session a lane runs; warm_up runs each
         size = self.batching.max_batch_size
         # Intra-op threads of each session per lane, for runtime_info.
@@ -125,10 +132,19 @@ class Classifier(OnnxModel):
     async def runtime_info(self) -> dict[str, Any]:
         return {**await super().runtime_info(), "lane_sessions": self.lane_layout}
 
-    def check_health(self) -> None:
-        """Serve's periodic probe: unhealthy while any lane's batch has run past `stall_timeout_s`."""
+    async def check_health(self) -> None:
+        """Serve's periodic probe: unhealthy while any lane's batch has run past `stall_timeout_s`,
+        or when, idle for `PROBE_IDLE_S`, its session does not answer a one-row probe (a replica
+        nobody sends work to would otherwise look healthy whatever became of its session)."""
         for name, lane in self.lanes.items():
             lane.watch.check(self.config.stall_timeout_s, f"{self.name}: a {name} batch")
+        if time.monotonic() - self.last_answer < PROBE_IDLE_S or any(len(lane.watch) for lane in self.lanes.values()):
+            return
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._warm, self.session), self.config.stall_timeout_s)
+        except Exception as e:  # any failure of the probe: the session does not answer
+            raise Stalled(f"{self.name}: the session failed a probe ({type(e).__name__})") from e
+        self.last_answer = time.monotonic()
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Work the routers hold for this model, in batches: what the autoscaling policy adds to ongoing requests."""
@@ -149,6 +165,7 @@ class Classifier(OnnxModel):
             self.inject_faults()
             logits = self._forward_all(prepared, session)
             self.record_batch(len(logits), started)
+            self.last_answer = time.monotonic()
             bounds = np.cumsum([0, *(self._rows(p) for p in prepared)])
             parts = iter(logits[a:b] for a, b in itertools.pairwise(bounds))
             results = [next(parts) if r is None else r for r in results]

@@ -8,6 +8,7 @@ import base64
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -256,7 +257,8 @@ def test_the_router_sends_encoded_images_on_without_decoding_them(monkeypatch):
     assert payload == [base64.b64encode(png).decode(), "x"]
 
 
-def test_an_image_replica_decodes_encoded_images_and_a_bad_one_fails_its_request_alone(tiny_model_dir, monkeypatch):
+def image_replica(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An image model's replica outside Ray, as a one-CPU replica would see its runtime context."""
     from types import SimpleNamespace
 
     import ray
@@ -264,13 +266,15 @@ def test_an_image_replica_decodes_encoded_images_and_a_bad_one_fails_its_request
     from serve_app.config import ModelConfig
     from serve_app.models.classifier import ImageClassifier
 
-    # The replica outside Ray: what a one-CPU replica's runtime context would say.
     monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_assigned_resources=lambda: {"CPU": 1.0}))
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])
-
     config = ModelConfig.model_validate({"preset": "resnet-tiny"}).model_dump(mode="json")
     # Ray types @serve.deployment as returning the class; it is a Deployment wrapping it.
-    replica = ImageClassifier.func_or_class("resnet-heavy", str(tiny_model_dir / "resnet-heavy"), config)  # type: ignore[attr-defined]
+    return ImageClassifier.func_or_class("resnet-heavy", str(model_dir / "resnet-heavy"), config)  # type: ignore[attr-defined]
+
+
+def test_an_image_replica_decodes_encoded_images_and_a_bad_one_fails_its_request_alone(tiny_model_dir, monkeypatch):
+    replica = image_replica(tiny_model_dir, monkeypatch)
     s = replica.manifest.image_size
     rgb = np.random.default_rng(4).integers(0, 255, (s, s, 3), dtype=np.uint8)
     pixels = rgb.transpose(2, 0, 1)[None]
@@ -279,3 +283,24 @@ def test_an_image_replica_decodes_encoded_images_and_a_bad_one_fails_its_request
     assert results[0].shape == (2, len(replica.manifest.labels))
     assert isinstance(results[1], InvalidInput) and "image 0" in str(results[1])
     np.testing.assert_allclose(results[0][0], results[2][0], rtol=1e-5)  # as the same pixels sent decoded
+
+
+def test_an_idle_replica_whose_session_no_longer_answers_fails_its_health_check(tiny_model_dir, monkeypatch):
+    from serve_app.models import classifier
+    from serve_app.models.health import Stalled
+
+    replica = image_replica(tiny_model_dir, monkeypatch)
+    asyncio.run(replica.check_health())  # just answered (warm-up): no probe needed
+
+    class Broken:
+        def run(self, *args: object) -> None:
+            raise RuntimeError("device lost")
+
+    healthy_session, replica.session = replica.session, Broken()
+    asyncio.run(replica.check_health())  # recently busy: not probed, so not yet seen
+    replica.last_answer -= classifier.PROBE_IDLE_S + 1
+    with pytest.raises(Stalled, match="failed a probe"):
+        asyncio.run(replica.check_health())
+    replica.session = healthy_session
+    asyncio.run(replica.check_health())  # the probe answers again
+    asyncio.run(replica.check_health())

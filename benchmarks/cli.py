@@ -26,6 +26,9 @@ SCENARIOS = {
     "chaos": "a multi-node Ray cluster on this machine (head + worker node) under steady load: kill a classifier "
     "replica, a router replica, the worker node; wedge the decode loop; mix in malformed requests. Requests lost, "
     "streams' endings, time to recover",
+    "flood": "priority when the router is the bottleneck: one high-priority closed-loop client sending JSON images "
+    "to resnet-heavy, alone and then beside 64 low-priority closed-loop clients: high p50/p99 both ways, refusals, "
+    "low statuses",
     "soak": "the whole app at 3x its capacity for 10 minutes, mixed models and priorities: statuses (only 200, "
     "or 429/503 with Retry-After), every process's memory slope after warm-up, the router's task count",
     "images": "text requests alone, then beside a burst of large PNG images decoded by the same router: the text "
@@ -125,6 +128,13 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         if ns.seconds:
             cs.seconds = ns.seconds
         result = chaos.run(cs, model_dir, ns.config.resolve())
+    elif ns.scenario == "flood":
+        from benchmarks import flood
+
+        fs = flood.FloodSettings.smoke() if ns.smoke else flood.FloodSettings()
+        if ns.seconds:
+            fs.seconds = ns.seconds
+        result = flood.run(fs, model_dir, ns.config.resolve())
     elif ns.scenario == "soak":
         from benchmarks import soak
 

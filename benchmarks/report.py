@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import chaos, contention, cost, generation, images, lifecycle, precision, scaling, soak, wire
+from benchmarks import chaos, contention, cost, flood, generation, images, lifecycle, precision, scaling, soak, wire
 
 SETUPS = ("naive", "plain", "ours")
 SETUP_TITLES = {
@@ -440,6 +440,7 @@ MARKDOWN = {
     "images": images.markdown,
     "lifecycle": lifecycle.markdown,
     "scaling": scaling.markdown,
+    "flood": flood.markdown,
     "soak": soak.markdown,
     "generation": generation.markdown,
     "contention": contention.markdown,

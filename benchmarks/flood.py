@@ -1,0 +1,108 @@
+"""`python -m benchmarks flood`: priority when the router itself is the bottleneck.
+
+One high-priority closed-loop client sends JSON images to `resnet-heavy`, alone (unloaded), then
+beside `low_clients` low-priority closed-loop clients sending the same (loaded). On the demo
+model the router's CPU, not the model, saturates first: what stands in front of its priority
+queues (the proxy, the event loop, the body parse) is first come, first served, so only the
+router's own overload control (refusing low priority from its headers while its event loop runs
+late, serve_app/scheduling/overload.py) can keep the high client's latency.
+
+Reported per phase: the high client's p50/p99 and refusals; the low clients' statuses, refusals
+without Retry-After and answers lost (no answer within the client's timeout); the cores each
+process role used.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks import workloads
+from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, run_loadgen
+from benchmarks.scenarios import DEFAULT_INGRESS, pin_replicas, single_versions
+
+BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
+
+
+@dataclass
+class FloodSettings:
+    model: str = "resnet-heavy"
+    low_clients: int = 64
+    seconds: float = 30.0
+    warmup: float = 3.0
+
+    @classmethod
+    def smoke(cls) -> FloodSettings:
+        return cls(low_clients=8, seconds=4.0, warmup=1.0)
+
+
+def flood_config(base: dict[str, Any], model_dir: Path, model: str) -> dict[str, Any]:
+    """The user's config on these model files, the model at one replica; anonymous clients may
+    ask for high priority (the load generator sends no key)."""
+    config = pin_replicas(single_versions(base), [model])
+    args = config["applications"][0]["args"]
+    args["model_dir"] = str(model_dir)
+    args["scheduling"] = {**args.get("scheduling", {}), "anonymous_max_priority": "high"}
+    return config
+
+
+def client(load: dict[str, Any]) -> dict[str, Any]:
+    """What one phase's load generator saw, without its per-request records."""
+    keep = ("requests", "statuses", "p50_ms", "p99_ms", "goodput_rps", "refused_without_retry_after", "cpu_cores_by_role")
+    return {k: load[k] for k in keep if k in load}
+
+
+def run(s: FloodSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
+    base = yaml.safe_load(config_path.read_text())
+    out: dict[str, Any] = {"settings": asdict(s)}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        high = workloads.write([workloads.v2_infer(s.model, model_dir / s.model, "high")], tmp / "high.json")
+        low = workloads.write([workloads.v2_infer(s.model, model_dir / s.model, "low")], tmp / "low.json")
+        with RayCluster(DEFAULT_INGRESS, tmp, model_dir) as cluster:
+            body = workloads.bodies_for(model_dir / s.model, 1)[0]
+            cluster.deploy(flood_config(base, model_dir, s.model), Probe(f"/v2/models/{s.model}/infer", body))
+            out["unloaded"] = client(run_loadgen(BASE_URL, high, {"concurrency": 1}, s.seconds, s.warmup))
+            flood: dict[str, Any] = {}
+
+            def low_clients() -> None:
+                # Starts with the high client and outlasts it by its warm-up at each end.
+                flood.update(run_loadgen(BASE_URL, low, {"concurrency": s.low_clients}, s.seconds + s.warmup, s.warmup))
+
+            thread = threading.Thread(target=low_clients)
+            thread.start()
+            out["loaded"] = client(run_loadgen(BASE_URL, high, {"concurrency": 1}, s.seconds, s.warmup))
+            thread.join()
+            out["low"] = client(flood)
+    u, loaded = out["unloaded"], out["loaded"]
+    out["high_p99_ratio"] = round(loaded["p99_ms"] / u["p99_ms"], 2) if u.get("p99_ms") and loaded.get("p99_ms") else None
+    out["high_refused"] = sum(n for code, n in loaded["statuses"].items() if not code.startswith("2"))
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    r = res["result"]
+    s = r["settings"]
+    u, loaded, low = r["unloaded"], r["loaded"], r["low"]
+    return "\n".join(
+        [
+            f"`{s['model']}`, JSON images, closed loop: one high-priority client alone, then beside {s['low_clients']} "
+            f"low-priority clients; {s['seconds']:.0f} s each.",
+            "",
+            "| | high p50 ms | high p99 ms | high statuses | low statuses | low refused without Retry-After |",
+            "|---|---|---|---|---|---|",
+            f"| unloaded | {u['p50_ms']} | {u['p99_ms']} | {u['statuses']} | - | - |",
+            f"| flood | {loaded['p50_ms']} | {loaded['p99_ms']} | {loaded['statuses']} | {low['statuses']} "
+            f"| {low.get('refused_without_retry_after', '-')} |",
+            "",
+            f"High p99 loaded / unloaded: **{r['high_p99_ratio']}x**; high refused: **{r['high_refused']}**.",
+            "",
+            f"Cores by role under the flood (high client's window): `{loaded.get('cpu_cores_by_role')}`",
+            "",
+        ]
+    )

@@ -150,8 +150,12 @@ def memory_report(rss: dict[str, list[tuple[float, float]]], warmup_s: float) ->
         after = [(t, v) for t, v in samples if t >= warmup_s]
         if len(after) < 3:
             continue
+        # The last half too: a process whose memory climbs to a plateau after warm-up (a router
+        # filling with in-flight requests) shows a slope over the whole that its last half does not.
+        half = [(t, v) for t, v in samples if t >= samples[-1][0] / 2]
         report[key] = {"rss_mb_start": round(after[0][1], 1), "rss_mb_end": round(after[-1][1], 1),
-                       "slope_pct_per_min": slope_pct_per_min(after)}  # fmt: skip
+                       "slope_pct_per_min": slope_pct_per_min(after),
+                       "last_half_slope_pct_per_min": slope_pct_per_min(half)}  # fmt: skip
     return report
 
 
@@ -168,11 +172,14 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         f"Memory after the first {r['settings']['warmup_s']:.0f} s (least-squares slope, % of mean per minute):",
         "",
-        "| process | RSS MiB after warm-up | at the end | slope %/min |",
-        "|---|---|---|---|",
+        "| process | RSS MiB after warm-up | at the end | slope %/min | slope over the last half %/min |",
+        "|---|---|---|---|---|",
     ]
     for key, m in r["memory"].items():
-        lines.append(f"| {key} | {m['rss_mb_start']} | {m['rss_mb_end']} | {m['slope_pct_per_min']} |")
+        lines.append(
+            f"| {key} | {m['rss_mb_start']} | {m['rss_mb_end']} | {m['slope_pct_per_min']} "
+            f"| {m.get('last_half_slope_pct_per_min', '-')} |"
+        )
     if r.get("haproxy_servers"):
         lines += ["", "HAProxy's servers, sampled with the memory (`show stat`; the backup is Serve's Python proxy):", "",
                   "| server | backup | samples not UP | transitions to DOWN | observed failures | requests | last check |",

@@ -8,32 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from benchmarks.cluster import ensure_auth_token, kill_orphan_haproxy, wait_for_ray_exit
+from tests.integration.cli_serving import running_replicas, serve_run, wait_for
 
 pytestmark = pytest.mark.integration
 
 PORT = 8131
+URL = f"http://127.0.0.1:{PORT}"
 RAY_PORT = 6395
 TARGET_CORES = 0.2  # an idle router uses a few hundredths of a core; one under load, several tenths
 POLICY = "serve_app.scheduling.autoscale:RouterLoadPolicy"
-REPLICAS_SCRIPT = """
-import sys, ray
-from ray import serve
-ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
-states = serve.status().applications["default"].deployments[sys.argv[2]].replica_states
-print(states.get("RUNNING", 0))
-"""
 
 
 def _config(model_dir: Path) -> dict[str, Any]:
@@ -71,45 +61,14 @@ def _config(model_dir: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_SERVE_ENABLE_HA_PROXY": "0"}
-    wait_for_ray_exit()
-    ensure_auth_token(env)
-    start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=4", "--include-dashboard=false",
-             "--disable-usage-stats"]  # fmt: skip
-    subprocess.run(start, check=True, env=env, capture_output=True)
+    start = ["--num-cpus=4", "--include-dashboard=false", "--disable-usage-stats"]
     path = tmp_path_factory.mktemp("routers") / "config.yaml"
-    path.write_text(yaml.safe_dump(_config(tiny_model_dir)))
-    try:
-        run = ["serve", "run", f"--address=127.0.0.1:{RAY_PORT}", "--non-blocking", str(path)]
-        subprocess.run(run, check=True, env=env, capture_output=True, timeout=180)
-        _wait_for(lambda: _ready(), 120, "application never became ready")
+    for _ in serve_run(env, start, RAY_PORT, _config(tiny_model_dir), path, URL):
         yield env
-    finally:
-        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
-        kill_orphan_haproxy()
-        wait_for_ray_exit()
-
-
-def _ready() -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{PORT}/v2/health/ready", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float, message: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, message
-        time.sleep(0.5)
 
 
 def _routers(env: dict[str, str]) -> int:
-    """Running router replicas, from Serve's own status (in a child process, as Ray's client
-    wants the token-auth setting before it is imported)."""
-    args = [sys.executable, "-c", REPLICAS_SCRIPT, f"127.0.0.1:{RAY_PORT}", "router"]
-    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return int(out.stdout.strip().splitlines()[-1])
+    return running_replicas(env, RAY_PORT, "router")
 
 
 def test_routers_scale_out_on_their_own_cpu_and_back_in_when_it_falls(app):
@@ -118,7 +77,7 @@ def test_routers_scale_out_on_their_own_cpu_and_back_in_when_it_falls(app):
     statuses: list[int] = []
 
     async def load() -> bool:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}", timeout=30) as client:
+        async with httpx.AsyncClient(base_url=URL, timeout=30) as client:
             stop = asyncio.Event()
 
             async def worker() -> None:
@@ -139,4 +98,4 @@ def test_routers_scale_out_on_their_own_cpu_and_back_in_when_it_falls(app):
     # Serve may refuse while the new router starts (503 with Retry-After); never a 5xx of ours.
     assert statuses and set(statuses) <= {200, 503}, sorted(set(statuses))
     assert statuses.count(200) > 0.9 * len(statuses)
-    _wait_for(lambda: _routers(app) == 1, 90, "the routers never scaled back in once the load ended")
+    wait_for(lambda: _routers(app) == 1, 90, "the routers never scaled back in once the load ended")

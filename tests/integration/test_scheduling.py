@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks.cluster import ensure_auth_token, kill_orphan_haproxy, wait_for_ray_exit
+from tests.integration.cli_serving import ready, running_replicas, serve_run, wait_for
 
 pytestmark = pytest.mark.integration
 PORT = 8125
@@ -149,41 +149,18 @@ def app(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         if not link.exists():
             link.symlink_to(tiny_model_dir / "bert-light")
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_SERVE_ENABLE_HA_PROXY": "0", "SCHED_TEST_FREE_KEY": FREE_KEY}
-    start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=8", "--include-dashboard=true",
-             f"--dashboard-port={DASHBOARD_PORT}", "--disable-usage-stats", f"--metrics-export-port={METRICS_PORT}"]  # fmt: skip
-    wait_for_ray_exit()
-    ensure_auth_token(env)  # a fresh machine has none, and token mode will not start without one
-    subprocess.run(start, check=True, env=env, capture_output=True)
+    start = ["--num-cpus=8", "--include-dashboard=true", f"--dashboard-port={DASHBOARD_PORT}", "--disable-usage-stats",
+             f"--metrics-export-port={METRICS_PORT}"]  # fmt: skip
     path = tmp_path_factory.mktemp("sched") / "config.yaml"
-    path.write_text(yaml.safe_dump(_config(tiny_model_dir)))
-    try:
-        subprocess.run(
-            ["serve", "run", f"--address=127.0.0.1:{RAY_PORT}", "--non-blocking", str(path)],
-            check=True,
-            env=env,
-            capture_output=True,
-            timeout=180,
-        )
-        _wait_for(lambda: _ready(), 120, "application never became ready")
+    for _ in serve_run(env, start, RAY_PORT, _config(tiny_model_dir), path, URL):
         yield env
-    finally:
-        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
-        kill_orphan_haproxy()
-        wait_for_ray_exit()
 
 
 def _ready() -> bool:
-    try:
-        return httpx.get(f"{URL}/v2/health/ready", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return ready(URL)
 
 
-def _wait_for(condition: Callable[[], bool], timeout_s: float, message: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, message
-        time.sleep(0.5)
+_wait_for = wait_for
 
 
 def _body(text: str = "the food was great") -> dict[str, Any]:
@@ -255,15 +232,6 @@ def test_deadline_that_cannot_be_met_is_refused_before_the_model_runs(app):
     assert ok.status_code == 200
 
 
-REPLICAS_SCRIPT = """
-import sys, ray
-from ray import serve
-ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
-states = serve.status().applications["default"].deployments[sys.argv[2]].replica_states
-print(states.get("RUNNING", 0))
-"""
-
-
 def test_breaker_opens_on_a_failing_replica_falls_back_and_closes_when_it_heals(app):
     failures = [_post(f"{URL}/v2/models/flaky/infer", json=_body()) for _ in range(3)]
     assert [r.status_code for r in failures] == [500] * 3
@@ -315,17 +283,7 @@ def test_api_keys_tenants_priority_ceiling_and_rate_limit(app):
 
 
 def _replicas(env: dict[str, str], deployment: str) -> int:
-    """Running replicas, from Serve's own status. In a child process: a Ray client in this
-    process would need the token-auth setting before `import ray`, for every test module."""
-    out = subprocess.run(
-        [sys.executable, "-c", REPLICAS_SCRIPT, f"127.0.0.1:{RAY_PORT}", deployment],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return int(out.stdout.strip().splitlines()[-1])
+    return running_replicas(env, RAY_PORT, deployment)
 
 
 def test_router_held_load_scales_the_model_up_and_back_down(app):

@@ -71,11 +71,31 @@ class DispatcherPool:
         return iter(self.by_model.values())
 
 
+# Serve's calls between deployments travel over gRPC (RAY_SERVE_THROUGHPUT_OPTIMIZED), whose
+# replicas refuse a message over 4 MiB (RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH): a batch of
+# encoded images or large tensors past this goes by reference, through Ray's object store.
+BY_REFERENCE_BYTES = 3 * 2**20
+
+
+def payload_bytes(payloads: list[Any]) -> int:
+    """About what a batch's payloads weigh on the wire: tensors' bytes, texts' and images' lengths."""
+    total = 0
+    for p in payloads:
+        if hasattr(p, "nbytes"):
+            total += int(p.nbytes)
+        elif isinstance(p, list):
+            total += sum(len(item) for item in p)
+    return total
+
+
 def handle_sender(handle: Any, router_id: str) -> SendBatch:
-    """A batch as one call to a classifier deployment (`serve_app.models.classifier.Classifier.run`)."""
+    """A batch as one call to a classifier deployment (`serve_app.models.classifier.Classifier.run`);
+    a heavy one by reference (see BY_REFERENCE_BYTES)."""
+    by_reference = handle.options(_by_reference=True)
 
     async def send(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
-        reply: BatchReply = await handle.run.remote(payloads, router_id, queued, lane, traces)
+        target = by_reference if payload_bytes(payloads) > BY_REFERENCE_BYTES else handle
+        reply: BatchReply = await target.run.remote(payloads, router_id, queued, lane, traces)
         return reply
 
     return send

@@ -1,6 +1,7 @@
 import asyncio
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from serve_app.contract import BatchReply, Priority
@@ -497,3 +498,32 @@ def test_the_router_retries_on_rays_replica_death_errors_only():
 
     assert replica_died(ActorDiedError()) and replica_died(ActorUnavailableError("gone", None))
     assert not replica_died(InvalidInput("bad")) and not replica_died(TimeoutError())
+
+
+def test_a_batch_heavier_than_serves_grpc_message_limit_goes_by_reference():
+    from serve_app.router.dispatchers import BY_REFERENCE_BYTES, handle_sender, payload_bytes
+
+    class Handle:
+        def __init__(self, name: str, calls: list[str]) -> None:
+            self.name, self.calls = name, calls
+            self.run = self
+
+        def options(self, _by_reference: bool) -> "Handle":
+            return Handle("by-reference" if _by_reference else self.name, self.calls)
+
+        async def remote(self, *args: object) -> BatchReply:
+            self.calls.append(self.name)
+            return BatchReply([None], 0.0, 0.0)
+
+    calls: list[str] = []
+    send = handle_sender(Handle("grpc", calls), "r")
+    images = [b"x" * (BY_REFERENCE_BYTES // 2)] * 3  # encoded images: their lengths count
+
+    async def batches() -> None:
+        await send([images[:1]], 0, "bulk", None)
+        await send([images], 0, "bulk", None)
+        await send([np.zeros(BY_REFERENCE_BYTES, np.uint8), ["text"]], 0, "bulk", None)
+
+    asyncio.run(batches())
+    assert calls == ["grpc", "by-reference", "by-reference"]
+    assert payload_bytes([["ab", b"cde"], np.zeros((2, 3), np.float32)]) == 5 + 24

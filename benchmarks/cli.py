@@ -78,6 +78,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="generation: @serve.batch wait timeouts, one request-level setup each (default: the config's)",
     )
     p.add_argument(
+        "--router-delay-target-ms",
+        type=float,
+        help="flood: the router's own overload target (scheduling.router_delay_target_ms); default: the config's",
+    )
+    p.add_argument(
         "--rounds", type=int, default=2, help="generation: phases of each setup per concurrency (default: %(default)s)"
     )
 
@@ -134,6 +139,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         fs = flood.FloodSettings.smoke() if ns.smoke else flood.FloodSettings()
         if ns.seconds:
             fs.seconds = ns.seconds
+        fs.router_delay_target_ms = ns.router_delay_target_ms
         result = flood.run(fs, model_dir, ns.config.resolve())
     elif ns.scenario == "soak":
         from benchmarks import soak

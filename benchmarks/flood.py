@@ -35,19 +35,22 @@ class FloodSettings:
     low_clients: int = 64
     seconds: float = 30.0
     warmup: float = 3.0
+    router_delay_target_ms: float | None = None  # the router's own overload target; None: the config's
 
     @classmethod
     def smoke(cls) -> FloodSettings:
         return cls(low_clients=8, seconds=4.0, warmup=1.0)
 
 
-def flood_config(base: dict[str, Any], model_dir: Path, model: str) -> dict[str, Any]:
+def flood_config(base: dict[str, Any], model_dir: Path, model: str, delay_target_ms: float | None = None) -> dict[str, Any]:
     """The user's config on these model files, the model at one replica; anonymous clients may
     ask for high priority (the load generator sends no key)."""
     config = pin_replicas(single_versions(base), [model])
     args = config["applications"][0]["args"]
     args["model_dir"] = str(model_dir)
     args["scheduling"] = {**args.get("scheduling", {}), "anonymous_max_priority": "high"}
+    if delay_target_ms is not None:
+        args["scheduling"]["router_delay_target_ms"] = delay_target_ms
     return config
 
 
@@ -66,7 +69,9 @@ def run(s: FloodSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
         low = workloads.write([workloads.v2_infer(s.model, model_dir / s.model, "low")], tmp / "low.json")
         with RayCluster(DEFAULT_INGRESS, tmp, model_dir) as cluster:
             body = workloads.bodies_for(model_dir / s.model, 1)[0]
-            cluster.deploy(flood_config(base, model_dir, s.model), Probe(f"/v2/models/{s.model}/infer", body))
+            config = flood_config(base, model_dir, s.model, s.router_delay_target_ms)
+            out["router_delay_target_ms"] = config["applications"][0]["args"]["scheduling"].get("router_delay_target_ms")
+            cluster.deploy(config, Probe(f"/v2/models/{s.model}/infer", body))
             out["unloaded"] = client(run_loadgen(BASE_URL, high, {"concurrency": 1}, s.seconds, s.warmup))
             flood: dict[str, Any] = {}
 
@@ -92,7 +97,8 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"`{s['model']}`, JSON images, closed loop: one high-priority client alone, then beside {s['low_clients']} "
-            f"low-priority clients; {s['seconds']:.0f} s each.",
+            f"low-priority clients; {s['seconds']:.0f} s each. The router's delay target: "
+            f"{r.get('router_delay_target_ms')} ms.",
             "",
             "| | high p50 ms | high p99 ms | high statuses | low statuses | low refused without Retry-After |",
             "|---|---|---|---|---|---|",

@@ -137,7 +137,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"Text (`{TEXT_MODEL}`, v2 JSON) open loop at {r['text_rate_rps']} req/s ({s['text_share']:.0%} of its "
         f"closed-loop capacity, {r['text_capacity_rps']} req/s); the burst: {s['png_rate']} req/s to `{IMAGE_MODEL}`, "
         f"each {s['images_per_request']} PNGs of {s['image_px']}x{s['image_px']} pixels ({r['png_request_mb']} MB per "
-        f"request, binary extension), decoded and resized by the image model's replica. {s['seconds']:.0f} s per phase.",
+        f"request, binary extension), decoded and resized by the router. {s['seconds']:.0f} s per phase.",
         "",
         "| round | text p50 alone ms | text p99 alone ms | text p50 with burst ms | text p99 with burst ms | p99 ratio "
         "| PNG answered | PNG p99 ms | router cores with burst |",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-Payload = Sequence[str] | Sequence[bytes | str] | np.ndarray
+Payload = Sequence[str] | np.ndarray
 
 
 def _part(h: hashlib.blake2b, data: bytes) -> None:
@@ -42,6 +42,6 @@ def cache_key(
         h.update(data.data.cast("B"))
     else:
         _part(h, f"BYTES{len(payload)}".encode())
-        for item in payload:  # texts, or encoded images (bytes; base64 text from JSON)
-            _part(h, item if isinstance(item, bytes) else item.encode())
+        for item in payload:
+            _part(h, item.encode())
     return h.hexdigest()

@@ -35,7 +35,6 @@ from serve_app.models.health import Stalled
 from serve_app.models.runtime import create_session
 from serve_app.observability import tracing
 from serve_app.padding import batch_buckets, length_buckets, pad_batch, pad_right
-from serve_app.protocols.images import decode_images
 from serve_app.tokenization import TextTokenizer
 
 Result = np.ndarray | ServeAppError
@@ -233,13 +232,7 @@ class TextClassifier(Classifier):
 
 @serve.deployment(max_ongoing_requests=16)
 class ImageClassifier(Classifier):
-    """(N, 3, H, W) images in: float32 in [0, 1], or uint8 (4x less to send), or a list of encoded
-    PNG/JPEG images (bytes, or base64 text from JSON); out (N, C) logits.
-
-    Encoded images are decoded and resized here, in the lane's thread beside the model, rather
-    than in the router: the work then scales with this model's replicas, and a burst of large
-    images costs the router (one event loop and its GIL, shared by every model's traffic) nothing
-    but their bytes. A request whose image cannot be decoded fails alone with a 400."""
+    """(N, 3, H, W) images in: float32 in [0, 1], or uint8 (4x less to send), out (N, C) logits."""
 
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
         super().__init__(name, model_path, config)
@@ -259,10 +252,6 @@ class ImageClassifier(Classifier):
 
     def _prepare(self, images: Any) -> np.ndarray:
         s = self.manifest.image_size
-        if isinstance(images, list):  # encoded PNG/JPEG, one per row
-            if not images:
-                raise InvalidInput("empty batch: send at least one image")
-            images = decode_images(images, s or 0)
         if not isinstance(images, np.ndarray) or images.ndim != 4 or images.shape[1:] != (3, s, s):
             shape = getattr(images, "shape", None)
             raise InvalidInput(f"image must be a tensor of shape [N, 3, {s}, {s}], got {shape}")

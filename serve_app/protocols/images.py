@@ -1,23 +1,23 @@
-"""Encoded images (PNG/JPEG) in a BYTES tensor -> the uint8 pixel tensor an image model takes.
-
-Image replicas call this in their lanes' threads (serve_app.models.classifier.ImageClassifier),
-beside the model: never the router, whose one event loop serves every model's traffic."""
+"""Encoded images (PNG/JPEG) in a BYTES tensor -> the uint8 pixel tensor an image model takes."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from PIL import Image
 
+from serve_app.cpu_priority import lower_thread_priority
 from serve_app.errors import InvalidInput
 
 FORMATS = ("PNG", "JPEG")
 # A 16-megapixel image is far beyond any model input here; past it, a small file may be a
-# decompression bomb that would exhaust the replica's memory once decoded.
+# decompression bomb that would exhaust the router's memory once decoded.
 MAX_PIXELS = 4096 * 4096
 
 
@@ -54,3 +54,17 @@ def decode_image(value: bytes | str, size: int, index: int = 0) -> np.ndarray:
 
 def decode_images(values: list[bytes | str], size: int) -> np.ndarray:
     return np.stack([decode_image(v, size, i) for i, v in enumerate(values)])
+
+
+# Decoding and resizing run here, off the router's event loop: a request of large compressed
+# images would otherwise stall every other request on the router for as long as they decode.
+# Pillow releases the GIL while it decodes and resamples, so the loop keeps serving meanwhile;
+# two threads bound what one router spends on images at once, and they run as background
+# threads (SCHED_IDLE, serve_app.cpu_priority): on cores shared with the router's loop and the
+# model replicas, a burst of large images takes the cycles the requests around it leave, and
+# does not slow them down (python -m benchmarks images).
+DECODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="image-decode", initializer=lower_thread_priority)
+
+
+async def decode_images_off_loop(values: list[bytes | str], size: int) -> np.ndarray:
+    return await asyncio.get_running_loop().run_in_executor(DECODER, decode_images, values, size)

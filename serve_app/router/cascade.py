@@ -49,7 +49,7 @@ class CascadePolicy:
 
 
 # A classifier payload: texts, or images as an (N, 3, H, W) array.
-Payload = list[str] | list[bytes | str] | np.ndarray  # texts, encoded images, or image tensors
+Payload = list[str] | np.ndarray
 
 
 @dataclass

@@ -8,6 +8,7 @@ from serve_app.config import AppArgs
 from serve_app.errors import InvalidInput
 from serve_app.manifest import Manifest
 from serve_app.protocols import v2
+from serve_app.protocols.images import decode_images_off_loop
 from serve_app.router import catalog
 from serve_app.router.cascade import ClassifierResult, Payload, softmax
 
@@ -28,7 +29,7 @@ def check_count(args: AppArgs, model: str, n: int) -> None:
 
 
 async def decode_input(args: AppArgs, model: str, manifest: Manifest, body: v2.InferRequest) -> Payload:
-    """Texts for a text model; (N, 3, H, W) images, or encoded images, for an image model."""
+    """Texts for a text model; (N, 3, H, W) images for an image model."""
     if manifest.family == "bert":
         texts = v2.decode_bytes(single_input(body, catalog.TEXT_INPUT), args.limits.max_text_chars)
         check_count(args, model, len(texts))
@@ -36,12 +37,12 @@ async def decode_input(args: AppArgs, model: str, manifest: Manifest, body: v2.I
     tensor = single_input(body, catalog.IMAGE_INPUT)
     s = manifest.image_size or 0
     if tensor.datatype == "BYTES":
-        # Encoded PNG/JPEG, one per element: sent on as they came, and decoded by the model's
-        # replica (serve_app.models.classifier.ImageClassifier), where that work scales.
+        # Encoded PNG/JPEG, one per element: decoded and resized in the router's decoder threads,
+        # sent on as uint8 pixels.
         if len(tensor.shape) != 1:
             raise InvalidInput(f"input 'image' as BYTES (encoded PNG/JPEG) must have shape [N], got {tensor.shape}")
         check_count(args, model, tensor.element_count())
-        return list(v2.decode_raw_bytes(tensor))
+        return await decode_images_off_loop(v2.decode_raw_bytes(tensor), s)
     if tensor.datatype not in ("FP32", "UINT8"):
         raise InvalidInput(f"input 'image' must be FP32 in [0, 1], UINT8, or BYTES (encoded PNG/JPEG), got {tensor.datatype}")
     if len(tensor.shape) != 4 or tensor.shape[1:] != [3, s, s]:

@@ -7,6 +7,8 @@ import asyncio
 import base64
 import io
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +17,9 @@ import pytest
 from PIL import Image
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from serve_app.config import AppArgs
 from serve_app.errors import InvalidInput
-from serve_app.manifest import Manifest
 from serve_app.protocols import openai, v2
-from serve_app.protocols.images import decode_image
-from tests.conftest import tiny_args
+from serve_app.protocols.images import decode_image, decode_images_off_loop
 
 
 def _binary_body(tensors: list[tuple[str, str, np.ndarray, bytes]], **extra) -> tuple[bytes, str]:
@@ -236,25 +235,31 @@ def test_a_truncated_image_is_refused_without_the_decoders_own_words():
     assert "Error" not in str(refused.value)  # no exception class or library text reaches the client
 
 
-def test_the_router_sends_encoded_images_on_without_decoding_them(monkeypatch):
-    """Decoding is the model replica's: the router's loop and GIL never spend a large image's decode."""
-    from serve_app.protocols import images
-    from serve_app.router import classify
+def test_large_images_decode_off_the_event_loop():
+    """While a request's images decode, the router's loop keeps running other work."""
+    noisy = np.random.default_rng(2).integers(0, 255, (2048, 2048, 3), dtype=np.uint8)
+    values: list[bytes | str] = [_png(noisy)] * 2
 
-    def never(*args: object) -> None:
-        raise AssertionError("the router decoded an image")
+    async def go() -> tuple[int, np.ndarray]:
+        ticks = 0
+        decoding = asyncio.ensure_future(decode_images_off_loop(values, 32))
+        while not decoding.done():  # another request's work: it runs only while the loop is free
+            ticks += 1
+            await asyncio.sleep(0.001)
+        return ticks, await decoding
 
-    monkeypatch.setattr(images, "decode_image", never)
-    png = _png(np.random.default_rng(2).integers(0, 255, (64, 64, 3), dtype=np.uint8))
-    body = v2.InferRequest.model_validate(
-        {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [2], "data": [base64.b64encode(png).decode(), "x"]}]}
-    )
-    args = AppArgs.model_validate(tiny_args(Path("/nonexistent")))
-    manifest = Manifest.model_validate(
-        {"name": "m", "family": "resnet", "inputs": [], "outputs": [], "version": "1", "labels": ["a"], "image_size": 8}
-    )
-    payload = asyncio.run(classify.decode_input(args, "resnet-heavy", manifest, body))
-    assert payload == [base64.b64encode(png).decode(), "x"]
+    ticks, images = asyncio.run(go())
+    assert images.shape == (2, 3, 32, 32)
+    # Decoding on the loop itself would finish before the loop ran anything else (0 ticks).
+    assert ticks >= 3, ticks
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread scheduling classes are Linux's")
+def test_images_decode_on_background_threads() -> None:
+    """A burst of large images takes only the cycles the requests around it leave."""
+    from serve_app.protocols.images import DECODER
+
+    assert DECODER.submit(os.sched_getscheduler, 0).result() == os.SCHED_IDLE
 
 
 def image_replica(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -271,18 +276,6 @@ def image_replica(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     config = ModelConfig.model_validate({"preset": "resnet-tiny"}).model_dump(mode="json")
     # Ray types @serve.deployment as returning the class; it is a Deployment wrapping it.
     return ImageClassifier.func_or_class("resnet-heavy", str(model_dir / "resnet-heavy"), config)  # type: ignore[attr-defined]
-
-
-def test_an_image_replica_decodes_encoded_images_and_a_bad_one_fails_its_request_alone(tiny_model_dir, monkeypatch):
-    replica = image_replica(tiny_model_dir, monkeypatch)
-    s = replica.manifest.image_size
-    rgb = np.random.default_rng(4).integers(0, 255, (s, s, 3), dtype=np.uint8)
-    pixels = rgb.transpose(2, 0, 1)[None]
-    good, bad = [_png(rgb), base64.b64encode(_png(rgb, "JPEG")).decode()], [b"not an image"]
-    results = replica._run_payloads([good, bad, pixels], replica.session)
-    assert results[0].shape == (2, len(replica.manifest.labels))
-    assert isinstance(results[1], InvalidInput) and "image 0" in str(results[1])
-    np.testing.assert_allclose(results[0][0], results[2][0], rtol=1e-5)  # as the same pixels sent decoded
 
 
 def test_an_idle_replica_whose_session_no_longer_answers_fails_its_health_check(tiny_model_dir, monkeypatch):

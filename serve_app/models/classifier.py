@@ -31,7 +31,7 @@ from serve_app.cpu_priority import lower_thread_priority
 from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.executor import BatchExecutor, RunBatch
-from serve_app.models.health import Stalled
+from serve_app.models.health import Stalled, StallWatch
 from serve_app.models.runtime import create_session
 from serve_app.observability import tracing
 from serve_app.padding import batch_buckets, length_buckets, pad_batch, pad_right
@@ -67,6 +67,8 @@ class Classifier(OnnxModel):
         self.lanes: dict[str, BatchExecutor] = {}
         self.router_load = RouterLoad()
         self.last_answer = time.monotonic()  # when a batch or a health probe last ran on a session
+        self._probe: asyncio.Future[None] | None = None  # the health probe in flight
+        self._probe_watch = StallWatch()
         self.sessions = [self.session]  # every session a lane runs; warm_up runs each
         size = self.batching.max_batch_size
         # Intra-op threads of each session per lane, for runtime_info.
@@ -134,16 +136,35 @@ class Classifier(OnnxModel):
     async def check_health(self) -> None:
         """Serve's periodic probe: unhealthy while any lane's batch has run past `stall_timeout_s`,
         or when, idle for `PROBE_IDLE_S`, its session does not answer a one-row probe (a replica
-        nobody sends work to would otherwise look healthy whatever became of its session)."""
+        nobody sends work to would otherwise look healthy whatever became of its session). One
+        probe at a time: a probe that hangs is reported, not started again beside itself."""
+        limit = self.config.stall_timeout_s
         for name, lane in self.lanes.items():
-            lane.watch.check(self.config.stall_timeout_s, f"{self.name}: a {name} batch")
+            lane.watch.check(limit, f"{self.name}: a {name} batch")
+        if self._probe is not None:
+            self._probe_watch.check(limit, f"{self.name}: a health probe")
+            return
         if time.monotonic() - self.last_answer < PROBE_IDLE_S or any(len(lane.watch) for lane in self.lanes.values()):
             return
+        self._probe = probe = asyncio.ensure_future(asyncio.to_thread(self._run_probe))
         try:
-            await asyncio.wait_for(asyncio.to_thread(self._warm, self.session), self.config.stall_timeout_s)
+            await asyncio.wait_for(asyncio.shield(probe), limit)
+        except TimeoutError:
+            raise Stalled(f"{self.name}: a health probe has run for {limit:g} s") from None
         except Exception as e:  # any failure of the probe: the session does not answer
             raise Stalled(f"{self.name}: the session failed a probe ({type(e).__name__})") from e
         self.last_answer = time.monotonic()
+
+    def _run_probe(self) -> None:
+        try:
+            with self._probe_watch.running():
+                self._probe_one_row(self.session)
+        finally:
+            self._probe = None
+
+    def _probe_one_row(self, session: ort.InferenceSession) -> None:
+        """The smallest run of the model: one row."""
+        raise NotImplementedError
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Work the routers hold for this model, in batches: what the autoscaling policy adds to ongoing requests."""
@@ -194,6 +215,9 @@ class TextClassifier(Classifier):
         assert self.tokenizer is not None
         self._forward([[self.tokenizer.pad_id]], session)
 
+    def _probe_one_row(self, session: ort.InferenceSession) -> None:
+        self._warm(session)
+
     @property
     def max_len(self) -> int:
         return self.manifest.max_sequence_length or 512
@@ -242,6 +266,10 @@ class ImageClassifier(Classifier):
         s = self.manifest.image_size or 32
         for n in self._buckets() or [1]:
             session.run(None, {"image": np.zeros((n, 3, s, s), dtype=np.float32)})
+
+    def _probe_one_row(self, session: ort.InferenceSession) -> None:
+        s = self.manifest.image_size or 32
+        session.run(None, {"image": np.zeros((1, 3, s, s), dtype=np.float32)})
 
     def _buckets(self) -> list[int] | None:
         """On a GPU, the few batch sizes every batch is padded to (batching.batch_buckets); None on CPU,

@@ -164,6 +164,8 @@ class ModelCatalog:
         first = answered and model not in self._answered
         if answered:
             self._answered.add(model)
+        # Only once every model's replica has answered: an app with a model held at zero
+        # replicas never freezes its startup heap (a one-time saving, not a correctness matter).
         if first and len(self._answered) == len(self.args.served):
             # Every model has answered once (readiness, before traffic as a rule): the
             # handles' routing state is built, and lives as long as the router. Once.
@@ -194,13 +196,9 @@ class ModelCatalog:
         if when is not None and self.clock() - when < self.ready_ttl_s:
             return ready
         if model not in self._checking:
-            self._checking[model] = asyncio.ensure_future(self._check(model))
-        check = self._checking[model]
-        try:
-            return await asyncio.shield(check)
-        finally:
-            if check.done() and self._checking.get(model) is check:
-                del self._checking[model]
+            check = self._checking[model] = asyncio.ensure_future(self._check(model))
+            check.add_done_callback(lambda done: self._checking.pop(model, None) if self._checking.get(model) is done else None)
+        return await asyncio.shield(self._checking[model])
 
     async def _check(self, model: str) -> bool:
         ready = await self._ask(model)

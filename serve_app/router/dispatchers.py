@@ -83,8 +83,8 @@ def payload_bytes(payloads: list[Any]) -> int:
     for p in payloads:
         if hasattr(p, "nbytes"):
             total += int(p.nbytes)
-        elif isinstance(p, list):
-            total += sum(len(item) for item in p)
+        elif isinstance(p, list):  # texts count at UTF-8's widest, so as not to undercount
+            total += sum(len(item) if isinstance(item, bytes) else 4 * len(item) for item in p)
     return total
 
 

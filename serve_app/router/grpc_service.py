@@ -120,12 +120,13 @@ class GrpcInference:
         limit, size = self.parts.args.limits.max_request_bytes, request.ByteSize()
         if size > limit:
             raise PayloadTooLarge(f"the request has {size} bytes; at most {limit} are accepted")
-        tenant = self.parts.callers.admit(headers.authorization)
-        self.parts.catalog.known(request.model_name)
         held = self.parts.inflight_bytes
-        if not held.take(size):  # the same budget as HTTP bodies: what the router holds at once
+        # The same budget as HTTP bodies, checked before the rate limit charges (as over HTTP).
+        if not held.take(size):
             raise Overloaded(f"the router holds {held.held} bytes of requests, its limit is {held.limit}", retry_after_s=1.0)
         try:
+            tenant = self.parts.callers.admit(headers.authorization)
+            self.parts.catalog.known(request.model_name)
             body = grpc_v2.request_from_proto(request)
             version = request.model_version or None
             response, _ = await infer(self.parts, request.model_name, version, body, headers, tenant, RequestTiming())

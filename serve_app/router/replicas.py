@@ -34,10 +34,13 @@ FetchStates = Callable[[], Awaitable[dict[str, DeploymentState]]]
 
 
 class DeploymentStates:
-    def __init__(self, fetch: FetchStates, ttl_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, fetch: FetchStates, ttl_s: float = 1.0, clock: Callable[[], float] = time.monotonic, timeout_s: float = 5.0
+    ) -> None:
         self.fetch = fetch
         self.ttl_s = ttl_s
         self.clock = clock
+        self.timeout_s = timeout_s  # a controller slow to answer must not hold readiness probes
         self._last: tuple[float, dict[str, DeploymentState]] | None = None
         self._pending: asyncio.Future[dict[str, DeploymentState]] | None = None
 
@@ -45,15 +48,20 @@ class DeploymentStates:
         if self._last is not None and self.clock() - self._last[0] < self.ttl_s:
             return self._last[1]
         if self._pending is None:
-            self._pending = asyncio.ensure_future(self._refresh())
-        try:
-            return await asyncio.shield(self._pending)
-        finally:
-            if self._pending is not None and self._pending.done():
-                self._pending = None
+            pending = self._pending = asyncio.ensure_future(self._refresh())
+            pending.add_done_callback(self._forget)
+        return await asyncio.shield(self._pending)
+
+    def _forget(self, done: asyncio.Future[dict[str, DeploymentState]]) -> None:
+        """The finished refresh is never reused: the next one past the TTL asks again. Its
+        exception, if any, reached its callers; marked seen here for those that went away."""
+        if self._pending is done:
+            self._pending = None
+        if not done.cancelled():
+            done.exception()
 
     async def _refresh(self) -> dict[str, DeploymentState]:
-        states = await self.fetch()
+        states = await asyncio.wait_for(self.fetch(), self.timeout_s)
         self._last = (self.clock(), states)
         return states
 
@@ -94,7 +102,8 @@ def controller_states(app: str) -> FetchStates:
             import ray
             from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
-            controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+            # A blocking lookup (a GCS round trip): off the router's event loop.
+            controller = await asyncio.to_thread(ray.get_actor, SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
         details = await controller.get_serve_instance_details.remote()
         return parse_details(details, app)
 

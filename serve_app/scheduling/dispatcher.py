@@ -58,6 +58,9 @@ class RequestTiming:
 SendBatch = Callable[[list[Any], int, str, list[str | None] | None], Awaitable[BatchReply]]
 
 
+TIMER_SLACK_S = 0.002  # how early an event loop's timer may fire (uvloop: whole milliseconds)
+
+
 @dataclass
 class DispatchSettings:
     policy: QueuePolicy = "priority"
@@ -288,13 +291,14 @@ class Dispatcher:
           predicted a short wait, but higher classes kept arriving ahead of it; without the bound
           it would wait until its client gave up, holding its memory all along."""
         starve_at = ticket.enqueued + self.settings.max_queued_s
-        timer: asyncio.TimerHandle | None = None
+        timer: asyncio.Handle | None = None
 
         def check() -> None:
             nonlocal timer
             if ticket.result.done():
                 return
-            now, queued = self.clock(), not ticket.done
+            # uvloop rounds a timer to whole milliseconds and may fire it that much early.
+            now, queued = self.clock() + TIMER_SLACK_S, not ticket.done
             if ticket.deadline is not None and now >= ticket.deadline:
                 if queued:
                     lane.queue.cancel(ticket)
@@ -304,12 +308,14 @@ class Dispatcher:
             elif queued and now >= starve_at:
                 lane.queue.cancel(ticket)
                 self.stats.count_shed("starved", ticket.priority)
-                waited = now - ticket.enqueued
+                waited = self.clock() - ticket.enqueued
                 ticket.result.set_exception(
                     Overloaded(f"{self.model}: overloaded (queued {waited:.1f} s)", retry_after_s=self._retry_after(lane))
                 )
-            elif ticket.deadline is not None:  # in a batch now: only its deadline is left to keep
-                timer = loop.call_later(max(0.0, ticket.deadline - now), check)
+            else:  # early, or in a batch now: wait for the nearest limit still to keep
+                limits = [b for b in (starve_at if queued else None, ticket.deadline) if b is not None]
+                if limits:
+                    timer = loop.call_later(max(0.0, min(limits) - self.clock()), check)
 
         first = starve_at if ticket.deadline is None else min(starve_at, ticket.deadline)
         timer = loop.call_later(max(0.0, first - self.clock()), check)

@@ -66,11 +66,14 @@ class CpuMeter:
     def __init__(self, cpu_clock: Callable[[], float] = time.process_time, clock: Callable[[], float] = time.monotonic) -> None:
         self.cpu_clock = cpu_clock
         self.clock = clock
-        self._last = (clock(), cpu_clock())
+        self._last: tuple[float, float] | None = None
 
     def sample(self) -> float:
-        """Cores used since the last sample (0 when no time has passed)."""
+        """Cores used since the last sample (0 when no time has passed). The first sample only
+        sets the baseline: before it lies the process's start-up, which is no load."""
         now, cpu = self.clock(), self.cpu_clock()
-        then, cpu_then = self._last
-        self._last = (now, cpu)
+        last, self._last = self._last, (now, cpu)
+        if last is None:
+            return 0.0
+        then, cpu_then = last
         return max(0.0, cpu - cpu_then) / (now - then) if now > then else 0.0

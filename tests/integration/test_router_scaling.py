@@ -72,7 +72,7 @@ def _routers(env: dict[str, str]) -> int:
 
 
 def test_routers_scale_out_on_their_own_cpu_and_back_in_when_it_falls(app):
-    assert _routers(app) == 1
+    wait_for(lambda: _routers(app) == 1, 60, "an idle app kept more than one router")
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["the food was great"]}]}
     statuses: list[int] = []
 
@@ -82,7 +82,10 @@ def test_routers_scale_out_on_their_own_cpu_and_back_in_when_it_falls(app):
 
             async def worker() -> None:
                 while not stop.is_set():
-                    statuses.append((await client.post("/v2/models/bert-light/infer", json=body)).status_code)
+                    try:
+                        statuses.append((await client.post("/v2/models/bert-light/infer", json=body)).status_code)
+                    except httpx.HTTPError:  # counted as no answer
+                        statuses.append(0)
 
             workers = [asyncio.ensure_future(worker()) for _ in range(12)]
             deadline = time.monotonic() + 90
@@ -96,6 +99,7 @@ def test_routers_scale_out_on_their_own_cpu_and_back_in_when_it_falls(app):
 
     assert asyncio.run(load()), "a router under load never got a second replica"
     # Serve may refuse while the new router starts (503 with Retry-After); never a 5xx of ours.
-    assert statuses and set(statuses) <= {200, 503}, sorted(set(statuses))
+    assert statuses and set(statuses) <= {0, 200, 503}, sorted(set(statuses))
+    assert statuses.count(0) <= 0.01 * len(statuses), statuses.count(0)
     assert statuses.count(200) > 0.9 * len(statuses)
     wait_for(lambda: _routers(app) == 1, 90, "the routers never scaled back in once the load ended")

@@ -78,8 +78,10 @@ def test_a_router_cpu_target_beyond_one_core_is_refused():
 def test_the_cpu_meter_reports_cores_used_between_samples():
     wall, cpu = [0.0], [0.0]
     meter = CpuMeter(cpu_clock=lambda: cpu[0], clock=lambda: wall[0])
-    wall[0], cpu[0] = 10.0, 6.0
+    wall[0], cpu[0] = 5.0, 4.0  # start-up, before the first sample: not load
+    assert meter.sample() == 0.0
+    wall[0], cpu[0] = 15.0, 10.0
     assert meter.sample() == 0.6
-    wall[0], cpu[0] = 12.0, 8.0
+    wall[0], cpu[0] = 17.0, 12.0
     assert meter.sample() == 1.0
     assert meter.sample() == 0.0  # no time passed

@@ -1,5 +1,6 @@
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -526,4 +527,31 @@ def test_a_batch_heavier_than_serves_grpc_message_limit_goes_by_reference():
 
     asyncio.run(batches())
     assert calls == ["grpc", "by-reference", "by-reference"]
-    assert payload_bytes([["ab", b"cde"], np.zeros((2, 3), np.float32)]) == 5 + 24
+    assert payload_bytes([["ab", b"cde"], np.zeros((2, 3), np.float32)]) == 4 * 2 + 3 + 24
+
+
+def test_the_queue_bound_holds_when_timers_fire_early_as_uvloops_do():
+    from tests.unit.fakes import VirtualTimeLoop
+
+    class EarlyTimers(VirtualTimeLoop):
+        """Fires every timer 1.5 ms early, as uvloop's whole-millisecond timers may."""
+
+        def call_later(self, delay: float, callback: Any, *args: Any, context: Any = None) -> asyncio.TimerHandle:  # type: ignore[override]
+            return super().call_later(max(0.0, delay - 0.0015), callback, *args, context=context)
+
+    async def main() -> None:
+        model = FakeModel(base_s=0.5, per_item_s=0.0)
+        d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0, max_queue_delay_s=60, max_queued_s=1.0)
+        first = asyncio.ensure_future(d.submit("running", 1, Priority.HIGH))
+        await asyncio.sleep(0)
+        queued = [asyncio.ensure_future(d.submit(f"q{i}", 1, Priority.LOW)) for i in range(4)]
+        results = await asyncio.gather(first, *queued, return_exceptions=True)
+        assert results[0] == "RUNNING"
+        refused = [r for r in results if isinstance(r, Overloaded)]
+        assert refused and d.stats.shed["starved"] == len(refused)  # none left waiting past the bound
+
+    loop = EarlyTimers()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()

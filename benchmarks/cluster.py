@@ -31,6 +31,7 @@ INGRESS_ENVS = (
     "RAY_SERVE_THROUGHPUT_OPTIMIZED",
     "RAY_SERVE_HAPROXY_RETRY_ON",
     "RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL",
+    "RAY_SERVE_HAPROXY_TUNE_BUFSIZE",
 )
 # What the app's README and KubeRay pods give HAProxy: besides a refused connection, a request
 # that a router replica dropped without an answer (it died) is replayed on another router.
@@ -41,6 +42,10 @@ REPLAY_ON = "conn-failure empty-response"
 # Python proxy (which sends the same requests to the same router). A dead one refuses
 # connections and is out in about a second either way.
 CHECK_FALL = 5
+# Also theirs: HAProxy replays only a request that fits in one buffer (less its 1 KiB rewrite
+# reserve). At Ray's 16 KiB a demo image in JSON (13-15 KiB plus headers) sometimes did not, and
+# was lost with the router that died holding it (CI's chaos smoke, 1 request in thousands).
+BUFSIZE = 65536
 
 
 @dataclass
@@ -51,6 +56,7 @@ class Ingress:
     throughput_optimized: bool = False
     retry_on: str | None = None  # HAProxy's retry-on; None: Ray's default (conn-failure)
     check_fall: int | None = None  # failed health checks before a router is out; None: Ray's default (2)
+    bufsize: int | None = None  # HAProxy's tune.bufsize; None: Ray's default (16 KiB)
 
     @property
     def label(self) -> str:
@@ -66,6 +72,8 @@ class Ingress:
             env["RAY_SERVE_HAPROXY_RETRY_ON"] = self.retry_on
         if self.check_fall is not None:
             env["RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL"] = str(self.check_fall)
+        if self.bufsize is not None:
+            env["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"] = str(self.bufsize)
         return env
 
 

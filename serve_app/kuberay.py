@@ -58,6 +58,8 @@ def _container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]
             {"name": "RAY_SERVE_HAPROXY_RETRY_ON", "value": "conn-failure empty-response"},
             # A router busy for seconds under a flood stays in HAProxy (benchmarks/results/soak/).
             {"name": "RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL", "value": "5"},
+            # HAProxy replays only a request that fits its buffer: 64 KiB holds a JSON image.
+            {"name": "RAY_SERVE_HAPROXY_TUNE_BUFSIZE", "value": "65536"},
             # The routers' shared response cache (k8s/redis-cache.yaml); optional: without the
             # Secret the URL has no password, Redis refuses it, and each router caches alone.
             {

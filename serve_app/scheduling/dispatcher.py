@@ -34,6 +34,7 @@ from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
 from serve_app.scheduling.limit import AdaptiveLimit
 from serve_app.scheduling.queue import QueueFull, QueuePolicy, RequestQueue, Ticket, make_queue
+from serve_app.scheduling.waits import watch_wait
 
 
 @dataclass
@@ -56,9 +57,6 @@ class RequestTiming:
 # (payloads, rows still queued in this router for the model, lane name, each payload's
 # `traceparent` for the replica or None when no request in the batch is traced) -> reply
 SendBatch = Callable[[list[Any], int, str, list[str | None] | None], Awaitable[BatchReply]]
-
-
-TIMER_SLACK_S = 0.002  # how early an event loop's timer may fire (uvloop: whole milliseconds)
 
 
 @dataclass
@@ -290,36 +288,22 @@ class Dispatcher:
         - It is still queued `max_queued_s` after admission: a 503 with Retry-After. Admission
           predicted a short wait, but higher classes kept arriving ahead of it; without the bound
           it would wait until its client gave up, holding its memory all along."""
-        starve_at = ticket.enqueued + self.settings.max_queued_s
-        timer: asyncio.Handle | None = None
 
-        def check() -> None:
-            nonlocal timer
-            if ticket.result.done():
-                return
-            # uvloop rounds a timer to whole milliseconds and may fire it that much early.
-            now, queued = self.clock() + TIMER_SLACK_S, not ticket.done
-            if ticket.deadline is not None and now >= ticket.deadline:
-                if queued:
-                    lane.queue.cancel(ticket)
-                self.stats.count_shed("expired", ticket.priority)
-                where = "queued" if queued else "the model ran"
-                ticket.result.set_exception(DeadlineExceeded(f"{self.model}: deadline passed while {where}"))
-            elif queued and now >= starve_at:
+        def expire(queued: bool) -> None:
+            if queued:
                 lane.queue.cancel(ticket)
-                self.stats.count_shed("starved", ticket.priority)
-                waited = self.clock() - ticket.enqueued
-                ticket.result.set_exception(
-                    Overloaded(f"{self.model}: overloaded (queued {waited:.1f} s)", retry_after_s=self._retry_after(lane))
-                )
-            else:  # early, or in a batch now: wait for the nearest limit still to keep
-                limits = [b for b in (starve_at if queued else None, ticket.deadline) if b is not None]
-                if limits:
-                    timer = loop.call_later(max(0.0, min(limits) - self.clock()), check)
+            self.stats.count_shed("expired", ticket.priority)
+            where = "queued" if queued else "the model ran"
+            ticket.result.set_exception(DeadlineExceeded(f"{self.model}: deadline passed while {where}"))
 
-        first = starve_at if ticket.deadline is None else min(starve_at, ticket.deadline)
-        timer = loop.call_later(max(0.0, first - self.clock()), check)
-        ticket.result.add_done_callback(lambda _: timer.cancel() if timer is not None else None)
+        def starve() -> None:
+            lane.queue.cancel(ticket)
+            self.stats.count_shed("starved", ticket.priority)
+            waited = self.clock() - ticket.enqueued
+            error = Overloaded(f"{self.model}: overloaded (queued {waited:.1f} s)", retry_after_s=self._retry_after(lane))
+            ticket.result.set_exception(error)
+
+        watch_wait(loop, ticket, ticket.enqueued + self.settings.max_queued_s, self.clock, expire, starve)
 
     async def submit(
         self,

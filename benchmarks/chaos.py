@@ -223,6 +223,17 @@ def lost(records: list[list[Any]], good_streams: set[str]) -> dict[str, int]:
     return out
 
 
+def lost_requests(records: list[list[Any]], good_streams: set[str]) -> list[dict[str, Any]]:
+    """Each good request a client could not use, with when it was sent and how long it waited: a
+    status of 0 is a timeout, -1 a reset or refused connection."""
+    return [
+        {"sent_s": round(sent, 3), "latency_ms": round(lat, 1), "status": status, "served_by": by}
+        for stream, sent, lat, status, by, _ms, retry_after in records
+        if stream in good_streams
+        and (status <= 0 or (status >= 500 and status != 503) or (status in (429, 503) and not retry_after))
+    ]
+
+
 async def _one_stream(client: httpx.AsyncClient) -> dict[str, Any]:
     body = {"model": GENERATOR, "prompt": "the", "max_tokens": 96, "stream": True, "temperature": 0.0}
     seen: dict[str, Any] = {"status": None, "tokens": 0, "error_event": False, "done": False}
@@ -335,6 +346,7 @@ def _phase(
         statuses=load["statuses"],
         requests=load["requests"],
         lost=lost(records, good_streams),
+        lost_requests=lost_requests(records, good_streams),
         stale_connection_retries=load["stale_connection_retries"],
         goodput_per_s=per_s,
         recovery_s=recovery_s(per_s, s.fault_at_s) if phase != "malformed" else None,

@@ -82,6 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         help="flood: the router's own overload target (scheduling.router_delay_target_ms); default: the config's",
     )
+    p.add_argument("--phases", nargs="+", help="chaos: the phases to run, in order (default: all five)")
     p.add_argument(
         "--rounds", type=int, default=2, help="generation: phases of each setup per concurrency (default: %(default)s)"
     )
@@ -132,6 +133,8 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         cs = chaos.ChaosSettings.smoke() if ns.smoke else chaos.ChaosSettings()
         if ns.seconds:
             cs.seconds = ns.seconds
+        if ns.phases:
+            cs.phases = tuple(ns.phases)
         result = chaos.run(cs, model_dir, ns.config.resolve())
     elif ns.scenario == "flood":
         from benchmarks import flood

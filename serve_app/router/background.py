@@ -13,6 +13,7 @@ from serve_app.cache.tiered import ResponseCache
 from serve_app.router.cascade import Cascade
 from serve_app.router.dispatchers import DispatcherPool
 from serve_app.router.gcwatch import FullCollectionSchedule
+from serve_app.router.heaptrim import HeapTrim
 from serve_app.router.telemetry import RouterTelemetry
 from serve_app.router.versions import VersionedModels
 from serve_app.scheduling.overload import LoopLag
@@ -22,6 +23,7 @@ GC_POLL_S = 0.25
 ROUTER_COUNT_POLL_S = 5.0
 LAG_TICK_S = 0.01  # how often the loop measures its own lateness
 ROLLBACK_TICK_S = 1.0  # how often canaries are compared with their baselines
+TRIM_EVERY_S = 10.0  # how often freed heap pages go back to the OS (heaptrim.py)
 
 
 class BackgroundLoops:
@@ -47,6 +49,7 @@ class BackgroundLoops:
         self.router_count, self.on_router_count = router_count, on_router_count
         self.loop_lag = loop_lag  # fed by its own loop when the router's overload control is on
         self.versions, self.cache = versions, cache  # rollback checks, and their metrics
+        self.heap_trim = HeapTrim()
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -59,6 +62,8 @@ class BackgroundLoops:
             self._spawn(self._measure_lag(self.loop_lag))
         if self.versions is not None and self.cache is not None:
             self._spawn(self._lifecycle(self.versions, self.cache))
+        if self.heap_trim.available:
+            self._spawn(self._trim_heap(self.heap_trim))
         if self.full_gc_max_interval_s is not None:
             self._spawn(self._collect_garbage(FullCollectionSchedule(max_interval_s=self.full_gc_max_interval_s)))
 
@@ -126,6 +131,13 @@ class BackgroundLoops:
             asked = loop.time()
             await asyncio.sleep(LAG_TICK_S)
             lag.observe(loop.time() - asked - LAG_TICK_S)
+
+    @staticmethod
+    async def _trim_heap(heap: HeapTrim) -> None:
+        # In a thread: a trim walks every arena, and the loop goes on serving meanwhile.
+        while True:
+            await asyncio.sleep(TRIM_EVERY_S)
+            await asyncio.to_thread(heap.trim)
 
     async def _collect_garbage(self, schedule: FullCollectionSchedule) -> None:
         threshold = gc.get_threshold()

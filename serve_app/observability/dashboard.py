@@ -52,26 +52,11 @@ def _quantile(q: float, metric: str, by: str, where: str = MODEL) -> str:
     return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{{{where}}}[$__rate_interval])))"
 
 
-def build() -> dict[str, Any]:
-    """The dashboard as Grafana's JSON model."""
+def _traffic(board: gd.Dashboard) -> gd.Dashboard:
+    """Traffic and latency by model and priority."""
     lat = "ray_serve_app_request_latency_ms"
-    board = (
-        gd.Dashboard("serve-app: models, priorities, lifecycle")
-        .uid(UID)
-        .tags(["serve-app", "ray-serve"])
-        .refresh("10s")
-        .time("now-30m", "now")
-        .with_variable(gd.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
-        .with_variable(
-            gd.QueryVariable("model")
-            .label("Model")
-            .datasource(DS)
-            .query("label_values(ray_serve_app_admitted_total, model)")
-            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .multi(True)
-            .include_all(True)
-            .all_value(".*")
-        )
+    return (
+        board
         .with_row(gd.Row("Traffic and latency"))
         .with_panel(
             _series("Requests admitted by model and priority", "reqps",
@@ -91,6 +76,13 @@ def build() -> dict[str, Any]:
             _series("Shed by priority", "reqps",
                     _q(_rate("ray_serve_app_shed_by_priority_total", "model, priority"), "{{model}} {{priority}}"))
         )
+    )  # fmt: skip
+
+
+def _queues(board: gd.Dashboard) -> gd.Dashboard:
+    """Router queues, batch sizes, circuit breakers."""
+    return (
+        board
         .with_row(gd.Row("Queues, batches, breakers"))
         .with_panel(
             _series("Rows queued in the router", "short",
@@ -110,6 +102,13 @@ def build() -> dict[str, Any]:
             .description("0 closed, 1 half-open, 2 open.")
             .with_target(_q(f"max by (model) (ray_serve_app_breaker_state{{{MODEL}}})", "{{model}}"))
         )
+    )  # fmt: skip
+
+
+def _generation(board: gd.Dashboard) -> gd.Dashboard:
+    """Generation: tokens, TTFT/ITL, KV cache, sequences."""
+    return (
+        board
         .with_row(gd.Row("Generation"))
         .with_panel(
             _series("Tokens per second", "short", _q(_rate("ray_serve_app_gen_tokens_total", "model"), "{{model}}"))
@@ -128,6 +127,13 @@ def build() -> dict[str, Any]:
                     _q(f"sum by (model) (ray_serve_app_gen_running{{{MODEL}}})", "running {{model}}"),
                     _q(f"sum by (model) (ray_serve_app_gen_waiting{{{MODEL}}})", "waiting {{model}}"))
         )
+    )  # fmt: skip
+
+
+def _lifecycle(board: gd.Dashboard) -> gd.Dashboard:
+    """Versions, shadows, the response cache."""
+    return (
+        board
         .with_row(gd.Row("Versions, shadows, cache"))
         .with_panel(
             _series("Calls per version", "reqps",
@@ -150,12 +156,43 @@ def build() -> dict[str, Any]:
                        "{{tier}} {{outcome}}"),
                     _q("sum(rate(ray_serve_app_cache_evictions_total[$__rate_interval]))", "evictions"))
         )
+    )  # fmt: skip
+
+
+def _replicas(board: gd.Dashboard) -> gd.Dashboard:
+    """Replica health."""
+    return (
+        board
         .with_row(gd.Row("Replicas"))
         .with_panel(
             _series("Healthy replicas by deployment", "short",
                     _q("sum by (deployment) (ray_serve_deployment_replica_healthy)", "{{deployment}}"))
         )
     )  # fmt: skip
+
+
+def build() -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model."""
+    board = (
+        gd.Dashboard("serve-app: models, priorities, lifecycle")
+        .uid(UID)
+        .tags(["serve-app", "ray-serve"])
+        .refresh("10s")
+        .time("now-30m", "now")
+        .with_variable(gd.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
+        .with_variable(
+            gd.QueryVariable("model")
+            .label("Model")
+            .datasource(DS)
+            .query("label_values(ray_serve_app_admitted_total, model)")
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+        )
+    )  # fmt: skip
+    for section in (_traffic, _queues, _generation, _lifecycle, _replicas):
+        board = section(board)
     model: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
     # Grafana keys panels by id and a panel's queries by refId; the SDK leaves both to the caller.
     for i, panel in enumerate(model["panels"], 1):

@@ -95,6 +95,35 @@ class Lane:
     # Recent batches as (router queue s, round trip s, replica wait s, exec s): where latency goes.
     recent: deque[tuple[float, float, float, float]] = field(default_factory=lambda: deque(maxlen=512))
 
+    @property
+    def saturated(self) -> bool:
+        return self.inflight >= self.limit.slots
+
+    def wait_s(self, priority: Priority, max_batch_size: int) -> float:
+        """Predicted seconds before a request of this class would start its own batch."""
+        ahead = self.queue.items_ahead(priority)
+        if self.saturated:
+            # Every slot busy: the rows ahead and in flight leave at the rate the lane delivers.
+            drained = self.drain.seconds_for(ahead + self.inflight_items)
+            if drained is not None:
+                return drained
+        return self.estimator.wait_s(ahead, max_batch_size, self.limit.slots, self.inflight, self.inflight_items)
+
+    def retry_after_s(self, max_batch_size: int) -> float:
+        """When a refused client may try again: once what is queued and in flight has drained."""
+        drained = self.drain.seconds_for(self.queue.items + self.inflight_items)
+        if drained is None:
+            drained = self.estimator.drain_s(self.queue.items, max_batch_size, self.limit.slots)
+        return max(1.0, drained)
+
+    def learn(self, reply: BatchReply, items: int, rtt: float, queued_s: float, inflight: int, now: float) -> None:
+        """What an answered batch teaches: the limit, the latency model, the drain rate."""
+        self.limit.on_batch(reply.wait_s, reply.exec_s, inflight)
+        self.estimator.observe(items, rtt, reply.wait_s)
+        # `inflight` still counts this batch: the lane was full if it is at its limit now.
+        self.drain.on_completion(items, now, bool(self.queue.items) and self.saturated)
+        self.recent.append((queued_s, rtt, reply.wait_s, reply.exec_s))
+
     def snapshot(self, predicted_wait_s: float, max_batch_size: int) -> dict[str, Any]:
         return {
             "queued_items": self.queue.items,
@@ -206,26 +235,12 @@ class Dispatcher:
 
     # -- admission -------------------------------------------------------------
 
-    @staticmethod
-    def _saturated(lane: Lane) -> bool:
-        return lane.inflight >= lane.limit.slots
-
     def wait_s(self, priority: Priority) -> float:
         """Predicted seconds before a request of this class would start its own batch."""
-        s, lane = self.settings, self.lane_for(priority)
-        ahead = lane.queue.items_ahead(priority)
-        if self._saturated(lane):
-            # Every slot busy: the rows ahead and in flight leave at the rate the lane delivers.
-            drained = lane.drain.seconds_for(ahead + lane.inflight_items)
-            if drained is not None:
-                return drained
-        return lane.estimator.wait_s(ahead, s.max_batch_size, lane.limit.slots, lane.inflight, lane.inflight_items)
+        return self.lane_for(priority).wait_s(priority, self.settings.max_batch_size)
 
     def _retry_after(self, lane: Lane) -> float:
-        drained = lane.drain.seconds_for(lane.queue.items + lane.inflight_items)
-        if drained is None:
-            drained = lane.estimator.drain_s(lane.queue.items, self.settings.max_batch_size, lane.limit.slots)
-        return max(1.0, drained)
+        return lane.retry_after_s(self.settings.max_batch_size)
 
     def _refuse(self, lane: Lane, reason: str, priority: Priority, message: str) -> Overloaded:
         self.stats.count_shed(reason, priority)
@@ -282,12 +297,10 @@ class Dispatcher:
         return ticket
 
     def _bound_wait(self, loop: asyncio.AbstractEventLoop, lane: Lane, ticket: Ticket) -> None:
-        """Answer the ticket when it has waited too long, wherever it is then.
-        - Its deadline passes: a 504, in this queue (it leaves it) or in a batch the model has not
-          answered yet (a replica starting from zero, a slow model), whose late answer is dropped.
-        - It is still queued `max_queued_s` after admission: a 503 with Retry-After. Admission
-          predicted a short wait, but higher classes kept arriving ahead of it; without the bound
-          it would wait until its client gave up, holding its memory all along."""
+        """Answer the ticket when it has waited too long, wherever it is then: a 504 when its deadline
+        passes, queued or in a batch not answered yet (a replica starting from zero); a 503 with
+        Retry-After when still queued `max_queued_s` after admission (higher classes kept arriving
+        ahead of it), rather than holding its memory until its client gives up."""
 
         def expire(queued: bool) -> None:
             if queued:
@@ -394,33 +407,18 @@ class Dispatcher:
             if not (isinstance(e, ServeAppError) and e.status_code < 500):  # a client's bad input is no model failure
                 lane.limit.on_failure()
                 self.breaker.on_failure()
-            for ticket in batch:
-                if not ticket.result.done():
-                    ticket.result.set_exception(e)
+            _fail(batch, e)
         else:
             self.breaker.on_success()
             rtt = self.clock() - sent
             if spans is not None:
                 spans.end(sent + rtt, reply=reply)
             items = sum(t.items for t in batch)
-            lane.limit.on_batch(reply.wait_s, reply.exec_s, inflight)
-            lane.estimator.observe(items, rtt, reply.wait_s)
-            # `lane.inflight` still counts this batch: the lane was full if it is at its limit now.
-            lane.drain.on_completion(items, self.clock(), bool(lane.queue.items) and self._saturated(lane))
-            lane.recent.append((queued_s, rtt, reply.wait_s, reply.exec_s))
+            lane.learn(reply, items, rtt, queued_s, inflight, self.clock())
             self.settings.adopt(reply)
             self.stats.completed_items += items
             self.stats.batches += 1
-            answered = self.clock()
-            for ticket, result in zip(batch, reply.results, strict=True):
-                ticket.model_s = rtt
-                if ticket.result.done():
-                    continue
-                if isinstance(result, BaseException):
-                    ticket.result.set_exception(result)
-                else:
-                    ticket.result.set_result(result)
-                    self.stats.latency_s.append((ticket.priority.name.lower(), answered - ticket.enqueued))
+            _answer(batch, reply.results, rtt, self.clock(), self.stats)
         finally:
             lane.inflight -= 1
             lane.inflight_items -= sum(t.items for t in batch)
@@ -437,6 +435,25 @@ class Dispatcher:
                 raise
         self.stats.retried_batches += 1
         return await asyncio.wait_for(self.send(payloads, self.queued_items, lane.name, traces), timeout)
+
+
+def _fail(batch: list[Ticket], error: Exception) -> None:
+    for ticket in batch:
+        if not ticket.result.done():
+            ticket.result.set_exception(error)
+
+
+def _answer(batch: list[Ticket], results: list[Any], rtt: float, answered: float, stats: DispatchStats) -> None:
+    """Each request its own result (an error for its row alone, or its answer), unless already answered."""
+    for ticket, result in zip(batch, results, strict=True):
+        ticket.model_s = rtt
+        if ticket.result.done():
+            continue
+        if isinstance(result, BaseException):
+            ticket.result.set_exception(result)
+        else:
+            ticket.result.set_result(result)
+            stats.latency_s.append((ticket.priority.name.lower(), answered - ticket.enqueued))
 
 
 class BatchSpans:

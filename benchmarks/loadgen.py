@@ -48,6 +48,10 @@ STATUS_TIMEOUT = 0  # the request did not answer within --timeout
 STATUS_CONN_ERROR = -1  # connection refused / reset before an answer
 
 
+class TruncatedBody(Exception):
+    """The status line and headers arrived, then the connection closed before the whole body."""
+
+
 class StaleConnection(Exception):
     """A kept-alive connection that had answered before closed without a byte of this answer.
 
@@ -191,14 +195,17 @@ class Connection:
                 retry_after = True
             elif name == "x-cache":
                 cache = value.strip()
-        if chunked:
-            while True:
-                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                await reader.readexactly(size + 2)
-                if size == 0:
-                    break
-        elif length:
-            await reader.readexactly(length)
+        try:
+            if chunked:
+                while True:
+                    size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                    await reader.readexactly(size + 2)
+                    if size == 0:
+                        break
+            elif length:
+                await reader.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionResetError) as e:
+            raise TruncatedBody(f"status {status}") from e
         self.answered += 1
         if close:
             self.close()
@@ -233,9 +240,10 @@ class LoadGenerator:
         except asyncio.TimeoutError:
             conn.close()
             answer = STATUS_TIMEOUT, "", None, False
-        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError, TruncatedBody) as e:
             conn.close()
-            answer = STATUS_CONN_ERROR, "", None, False
+            # What the connection did, in place of X-Served-By: a cut body is not a refused connection.
+            answer = STATUS_CONN_ERROR, f"error:{type(e).__name__}", None, False
             await asyncio.sleep(0.05)  # don't spin on a refusing server
         status, served_by, server_ms, retry_after = answer
         done = time.perf_counter()
@@ -342,10 +350,12 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
         in_window = carried_in + sum(1 for r in records if 200 <= r.status < 300 and r.sent + r.latency_ms / 1000 <= seconds)
         statuses: dict[str, int] = {}
         served: dict[str, int] = {}
+        errors: dict[str, int] = {}  # requests without an answer, by what the connection did
         for r in records:
             statuses[str(r.status)] = statuses.get(str(r.status), 0) + 1
+            into = served if r.status > 0 else errors
             if r.served_by:
-                served[r.served_by] = served.get(r.served_by, 0) + 1
+                into[r.served_by] = into.get(r.served_by, 0) + 1
         refused = [r for r in records if r.status in (429, 503)]
         return {
             "requests": len(records),
@@ -356,6 +366,7 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
             **percentiles(ok),
             "statuses": statuses,
             "served_by": served,
+            "connection_errors": errors,
             **server_split(records),
         }
 

@@ -157,11 +157,19 @@ def test_chaos(tiny_model_dir: Path, tmp_path: Path) -> None:
     # A killed router replica costs no request either (HAProxy replays what it dropped), and the
     # app answers at its earlier rate again.
     assert phases["router"]["lost"] == nothing_lost and phases["router"]["recovery_s"] is not None, phases["router"]
-    # The worker node dies with a router and a classifier replica: no request is lost and the app
-    # goes on answering (back to full rate within 30 s is the benchmark's claim, not CI's).
+    # The worker node dies with a router and a classifier replica, and the app goes on answering
+    # (back to full rate within 30 s is the benchmark's claim, not CI's). No 5xx, no refusal
+    # without Retry-After. A request may be lost only if it was in flight when the node died
+    # (some runs cut one connection at that moment, about 1 request in 3,000-4,000: HAProxy
+    # replays a request only while nothing of its answer has reached the client); a request
+    # lost before or after that moment fails this. benchmarks/results/chaos/README.md has the runs.
     node = phases["node"]
-    after = node["goodput_per_s"][int(r["settings"]["fault_at_s"]) + 1 :]
-    assert node["lost"] == nothing_lost and sum(after) > 0, node
+    fault_at = r["settings"]["fault_at_s"]
+    after = node["goodput_per_s"][int(fault_at) + 1 :]
+    assert node["lost"]["server_error"] == node["lost"]["refused_without_retry_after"] == 0, node
+    assert sum(after) > 0, node
+    at_the_kill = [x for x in node["lost_requests"] if x["status"] <= 0 and fault_at - 1.5 <= x["sent_s"] <= fault_at + 1.5]
+    assert len(at_the_kill) == len(node["lost_requests"]) <= r["settings"]["concurrency"], node["lost_requests"]
 
 
 def test_soak(tiny_model_dir: Path, tmp_path: Path) -> None:

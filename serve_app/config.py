@@ -388,6 +388,9 @@ class AppArgs(BaseModel):
         if not self.models:
             raise ValueError("the catalog is empty: name at least one model under `models`")
         self._served = {s.deployment: s for name, m in self.models.items() for s in expand_versions(name, m)}
+        self._versions = {}
+        for s in self._served.values():
+            self._versions.setdefault(s.model, {})[s.version] = s.deployment
         if len(self.served) != sum(1 + len(m.versions) for m in self.models.values()):
             raise ValueError("two versions map to one deployment name; rename a model or a version")
         check_traffic(self, self.traffic)
@@ -406,6 +409,8 @@ class AppArgs(BaseModel):
         return self
 
     _served: dict[str, ServedVersion] = PrivateAttr(default_factory=dict)
+    # model -> version -> deployment, made with `_served`: the router asks for it on every call.
+    _versions: dict[str, dict[str, str]] = PrivateAttr(default_factory=dict)
 
     @property
     def served(self) -> dict[str, ServedVersion]:
@@ -416,8 +421,8 @@ class AppArgs(BaseModel):
         return name in self.models or name in self.routes
 
     def versions(self, model: str) -> dict[str, str]:
-        """A model's versions -> their deployments, the entry's own first."""
-        return {s.version: s.deployment for s in self.served.values() if s.model == model}
+        """A model's versions -> their deployments, the entry's own first (a copy: callers may edit it)."""
+        return dict(self._versions.get(model, {}))
 
     def deployment_config(self, deployment: str) -> ModelConfig:
         return self.served[deployment].config

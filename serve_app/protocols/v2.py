@@ -35,6 +35,8 @@ NUMPY_DTYPES: dict[str, Any] = {
     "FP32": np.float32,
     "FP64": np.float64,
 }
+# The reverse, looked up once per output tensor of every answer.
+DATATYPE_OF: dict[np.dtype[Any], str] = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}
 
 
 # Far above any tensor a request may carry (the body limit comes first); they keep shape
@@ -268,7 +270,7 @@ def decode_numeric(tensor: RequestInput) -> np.ndarray:
 def encode(name: str, value: np.ndarray | list[str]) -> ResponseOutput:
     if isinstance(value, list):
         return ResponseOutput(name=name, shape=[len(value)], datatype="BYTES", data=value)
-    datatype = next((k for k, v in NUMPY_DTYPES.items() if np.dtype(v) == value.dtype), None)
+    datatype = DATATYPE_OF.get(value.dtype)
     assert datatype is not None, f"no v2 datatype for {value.dtype}"
     return ResponseOutput(name=name, shape=list(value.shape), datatype=datatype, data=value.ravel().tolist())
 

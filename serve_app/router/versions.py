@@ -40,6 +40,7 @@ class VersionedModels:
         clients_waiting: Callable[[], bool] = lambda: False,
     ) -> None:
         self.args = args
+        self.served = args.served  # the dict itself: a pydantic private attribute is slow to reach per call
         self.raw_submit = submit
         # Whether client requests wait in the router's queues now: a mirror then yields its turn.
         self.clients_waiting = clients_waiting
@@ -57,7 +58,7 @@ class VersionedModels:
         self.policy.update(traffic)
 
     def version_of(self, deployment: str) -> str:
-        return self.args.served[deployment].version
+        return self.served[deployment].version
 
     def deployment(self, model: str, version: str | None, session: str | None = None, tenant: str | None = None) -> str:
         """The deployment that answers `model`: the version asked for, else the policy's choice."""
@@ -85,7 +86,7 @@ class VersionedModels:
         timing: RequestTiming | None,
     ) -> Any:
         """One call to a deployment's queue; its outcome recorded and, when the policy draws it, mirrored."""
-        served = self.args.served[deployment]
+        served = self.served[deployment]
         started = time.monotonic()
         try:
             logits = await self.raw_submit(deployment, payload, items, priority, deadline, timing)

@@ -300,6 +300,7 @@ def run_loadgen(
     watch: tuple[str, ...] = (),
     max_in_flight: int | None = None,
     raw: bool = False,
+    honor_retry_after: bool = False,
 ) -> dict[str, Any]:
     """One load generator process; returns its result JSON plus, over the measured
     window, the cores each process role used and the peak RSS of the watched deployments."""
@@ -310,6 +311,8 @@ def run_loadgen(
         mode += ["--max-in-flight", str(max_in_flight)]
     if raw:
         mode.append("--raw")  # every request's record, for timelines
+    if honor_retry_after:
+        mode.append("--honor-retry-after")
     cmd = [sys.executable, "-m", "benchmarks.loadgen", "--url", url, "--workload", str(workload), *mode,
            "--seconds", str(seconds), "--warmup", str(warmup), "--out", str(out)]  # fmt: skip
     return measured_client(cmd, out, seconds, warmup, watch)

@@ -160,8 +160,9 @@ class Connection:
             self.writer.close()
         self.reader = self.writer = None
 
-    async def request(self, raw: bytes) -> tuple[int, str, float | None, bool]:
-        """Send one request; return (status, X-Served-By, Server-Timing's `total` in ms, Retry-After sent).
+    async def request(self, raw: bytes) -> tuple[int, str, float | None, float | None]:
+        """Send one request; return (status, X-Served-By, Server-Timing's `total` in ms, Retry-After's
+        seconds or None when none came).
         A response cache's X-Cache joins X-Served-By after a "|" (`bert-heavy|hit-local`)."""
         reader, writer = await self._ensure()
         try:
@@ -177,7 +178,8 @@ class Connection:
             raise
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
-        length, chunked, served_by, close, server_ms, retry_after, cache = 0, False, "", False, None, False, ""
+        length, chunked, served_by, close, server_ms, cache = 0, False, "", False, None, ""
+        retry_after: float | None = None
         for line in lines[1:]:
             name, _, value = line.partition(":")
             name = name.lower()
@@ -192,7 +194,7 @@ class Connection:
             elif name == "connection" and "close" in value.lower():
                 close = True
             elif name == "retry-after":
-                retry_after = True
+                retry_after = retry_after_s(value)
             elif name == "x-cache":
                 cache = value.strip()
         try:
@@ -212,14 +214,25 @@ class Connection:
         return status, f"{served_by}|{cache}" if cache else served_by, server_ms, retry_after
 
 
+def retry_after_s(value: str) -> float:
+    """Retry-After's delta-seconds; an HTTP date (which none of ours sends) counts as one second."""
+    try:
+        return max(0.0, float(value.strip()))
+    except ValueError:
+        return 1.0
+
+
 class LoadGenerator:
-    def __init__(self, url: str, streams: list[Stream], seed: int, timeout_s: float) -> None:
+    def __init__(self, url: str, streams: list[Stream], seed: int, timeout_s: float, honor_retry_after: bool = False) -> None:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.streams = streams
         self.weights = [s.weight for s in streams]
         self.rng = random.Random(seed)
         self.timeout_s = timeout_s
+        # Closed loop: a client told to come back later (429/503 with Retry-After) waits that long
+        # before its next request, as well-behaved clients do; off, it sends again at once.
+        self.honor_retry_after = honor_retry_after
         self.run = Run()
         self.measure_from = 0.0
         self.stop_at = 0.0
@@ -227,7 +240,8 @@ class LoadGenerator:
     def _pick(self) -> Stream:
         return self.rng.choices(self.streams, self.weights)[0] if len(self.streams) > 1 else self.streams[0]
 
-    async def _one(self, conn: Connection, stream: Stream, scheduled: float) -> None:
+    async def _one(self, conn: Connection, stream: Stream, scheduled: float) -> float:
+        """One request and its record; returns the seconds the server asked the client to wait."""
         raw = stream.next_request()
         try:
             try:
@@ -239,11 +253,11 @@ class LoadGenerator:
                 answer = await asyncio.wait_for(conn.request(raw), max(left, 0.001))
         except asyncio.TimeoutError:
             conn.close()
-            answer = STATUS_TIMEOUT, "", None, False
+            answer = STATUS_TIMEOUT, "", None, None
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError, TruncatedBody) as e:
             conn.close()
             # What the connection did, in place of X-Served-By: a cut body is not a refused connection.
-            answer = STATUS_CONN_ERROR, f"error:{type(e).__name__}", None, False
+            answer = STATUS_CONN_ERROR, f"error:{type(e).__name__}", None, None
             await asyncio.sleep(0.05)  # don't spin on a refusing server
         status, served_by, server_ms, retry_after = answer
         done = time.perf_counter()
@@ -258,9 +272,10 @@ class LoadGenerator:
                     status,
                     served_by,
                     server_ms,
-                    retry_after,
+                    retry_after is not None,
                 )
             )
+        return retry_after if retry_after is not None and status in (429, 503) else 0.0
 
     async def closed(self, concurrency: int, warmup_s: float, seconds: float) -> Run:
         start = time.perf_counter()
@@ -269,7 +284,9 @@ class LoadGenerator:
         async def client() -> None:
             conn = Connection(self.host, self.port)
             while (t := time.perf_counter()) < self.stop_at:
-                await self._one(conn, self._pick(), t)
+                wait = await self._one(conn, self._pick(), t)
+                if wait and self.honor_retry_after:
+                    await asyncio.sleep(min(wait, max(0.0, self.stop_at - time.perf_counter())))
             conn.close()
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -400,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-in-flight", type=int, default=512, help="open loop: cap on outstanding requests, per stream")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--raw", action="store_true", help="also write every request's record")
+    p.add_argument(
+        "--honor-retry-after",
+        action="store_true",
+        help="closed loop: wait what a 429/503's Retry-After asks before sending again",
+    )
     p.add_argument("--out", type=Path, help="result JSON (default: stdout)")
     ns = p.parse_args(argv)
 
@@ -414,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = urlsplit(ns.url)
     workload = json.loads(ns.workload.read_text())
     streams = load_streams(workload, parts.netloc)
-    gen = LoadGenerator(ns.url, streams, ns.seed, ns.timeout)
+    gen = LoadGenerator(ns.url, streams, ns.seed, ns.timeout, ns.honor_retry_after)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         if ns.concurrency is not None:

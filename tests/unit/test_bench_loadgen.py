@@ -188,3 +188,24 @@ def test_a_request_crossing_a_kept_alive_close_is_sent_again_once(server_url: st
     assert reset["statuses"] == {str(loadgen.STATUS_CONN_ERROR): reset["requests"]} and reset["requests"] > 0
     # Only requests on a connection that had answered before are sent again, each once at most.
     assert 0 < res["stale_connection_retries"] <= res["requests"]
+
+
+def test_retry_after_is_read_as_seconds() -> None:
+    assert loadgen.retry_after_s(" 2 ") == 2.0 and loadgen.retry_after_s("1.5") == 1.5
+    assert loadgen.retry_after_s("Wed, 21 Oct 2026 07:28:00 GMT") == 1.0  # a date: one second
+
+
+def test_clients_that_honor_retry_after_wait_before_sending_again(server_url: str, tmp_path: Path) -> None:
+    # `/busy` refuses every request with Retry-After: 1. Four clients for 1.5 s: waiting, each sends
+    # twice (at 0 and after 1 s); sending again at once, they send as fast as the server answers.
+    wl = workloads.write([workloads.StreamSpec("busy", "/busy", [{"x": 1}])], tmp_path / "w.json")
+    sent = {}
+    for honor in (True, False):
+        out = tmp_path / f"{honor}.json"
+        argv = ["--url", server_url, "--workload", str(wl), "--concurrency", "4", "--seconds", "1.5", "--warmup", "0",
+                "--out", str(out), *(["--honor-retry-after"] if honor else [])]  # fmt: skip
+        assert loadgen.main(argv) == 0
+        result = json.loads(out.read_text())
+        assert set(result["statuses"]) == {"503"}
+        sent[honor] = result["requests"]
+    assert sent[True] == 8 and sent[False] > 40, sent

@@ -56,7 +56,8 @@ def flood_config(base: dict[str, Any], model_dir: Path, model: str, delay_target
 
 def client(load: dict[str, Any]) -> dict[str, Any]:
     """What one phase's load generator saw, without its per-request records."""
-    keep = ("requests", "statuses", "p50_ms", "p99_ms", "goodput_rps", "refused_without_retry_after", "cpu_cores_by_role")
+    keep = ("requests", "statuses", "p50_ms", "p99_ms", "goodput_rps", "refused_without_retry_after", "cpu_cores_by_role",
+            "server_ms", "outside_server_ms")  # fmt: skip
     return {k: load[k] for k in keep if k in load}
 
 

@@ -347,6 +347,11 @@ def _phase(
         requests=load["requests"],
         lost=lost(records, good_streams),
         lost_requests=lost_requests(records, good_streams),
+        # When the fault struck, in the seconds the records' `sent` counts (the load generator is
+        # a process of its own, so its window starts a little after the striker's clock).
+        fault_in_window_s=round(result["fault"]["at"] - load["window_start_unix"], 3)
+        if "at" in result.get("fault", {})
+        else None,
         stale_connection_retries=load["stale_connection_retries"],
         goodput_per_s=per_s,
         recovery_s=recovery_s(per_s, s.fault_at_s) if phase != "malformed" else None,

@@ -82,7 +82,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         help="flood: the router's own overload target (scheduling.router_delay_target_ms); default: the config's",
     )
-    p.add_argument("--phases", nargs="+", help="chaos: the phases to run, in order (default: all five)")
+    p.add_argument(
+        "--phases",
+        nargs="+",
+        choices=("replica", "router", "stall", "malformed", "node"),
+        help="chaos: the phases to run, in order (default: all five)",
+    )
     p.add_argument(
         "--rounds", type=int, default=2, help="generation: phases of each setup per concurrency (default: %(default)s)"
     )

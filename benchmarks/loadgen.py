@@ -99,6 +99,7 @@ class Run:
     # part of what the server delivered in the window (see `summarize`).
     carried_in: dict[str, int] = field(default_factory=dict)
     stale_connection_retries: int = 0
+    window_start_unix: float = 0.0  # wall-clock time of the measured window's start: records' `sent` counts from it
 
 
 def encode_request(host: str, method: str, path: str, headers: dict[str, str], body: bytes) -> bytes:
@@ -280,6 +281,7 @@ class LoadGenerator:
     async def closed(self, concurrency: int, warmup_s: float, seconds: float) -> Run:
         start = time.perf_counter()
         self.measure_from, self.stop_at = start + warmup_s, start + warmup_s + seconds
+        self.run.window_start_unix = time.time() + warmup_s
 
         async def client() -> None:
             conn = Connection(self.host, self.port)
@@ -295,6 +297,7 @@ class LoadGenerator:
     async def open(self, rate: float, warmup_s: float, seconds: float, max_in_flight: int) -> Run:
         start = time.perf_counter()
         self.measure_from, self.stop_at = start + warmup_s, start + warmup_s + seconds
+        self.run.window_start_unix = time.time() + warmup_s
         idle: list[Connection] = []
         in_flight: dict[str, set[asyncio.Task[None]]] = {st.name: set() for st in self.streams}
 
@@ -402,7 +405,7 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.loadgen", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -423,7 +426,14 @@ def main(argv: list[str] | None = None) -> int:
         help="closed loop: wait what a 429/503's Retry-After asks before sending again",
     )
     p.add_argument("--out", type=Path, help="result JSON (default: stdout)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     ns = p.parse_args(argv)
+    if ns.honor_retry_after and ns.concurrency is None:
+        p.error("--honor-retry-after is for the closed loop (--concurrency): an open loop's arrivals do not wait")
 
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
@@ -451,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         **load,
         "seconds": ns.seconds,
         "warmup_s": ns.warmup,
+        "window_start_unix": round(run.window_start_unix, 3),
         **summarize(run, ns.seconds),
         # What the client itself cost: share of one core over the whole run, and per request.
         "loadgen_cpu": {"core_share": round(cpu / wall, 3), "cpu_us_per_request": round(cpu / sent * 1e6 * ns.seconds / wall, 1)},

@@ -134,7 +134,8 @@ class BackgroundLoops:
 
     @staticmethod
     async def _trim_heap(heap: HeapTrim) -> None:
-        # In a thread: a trim walks every arena, and the loop goes on serving meanwhile.
+        # In a thread, so the GIL is free while glibc walks the arenas; an allocation that needs
+        # the arena being trimmed waits for it.
         while True:
             await asyncio.sleep(TRIM_EVERY_S)
             await asyncio.to_thread(heap.trim)

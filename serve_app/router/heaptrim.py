@@ -10,16 +10,12 @@ Elsewhere than glibc (musl, macOS) there is no such call and this does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from collections.abc import Callable
 
 
 def _glibc_malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        fn = ctypes.CDLL(name).malloc_trim
+    try:  # the C library this process already runs on: no search for it on disk
+        fn = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
     fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int

@@ -120,7 +120,7 @@ class Lane:
         """What an answered batch teaches: the limit, the latency model, the drain rate."""
         self.limit.on_batch(reply.wait_s, reply.exec_s, inflight)
         self.estimator.observe(items, rtt, reply.wait_s)
-        # `inflight` still counts this batch: the lane was full if it is at its limit now.
+        # `self.inflight` still counts this batch: the lane was full if it is at its limit now.
         self.drain.on_completion(items, now, bool(self.queue.items) and self.saturated)
         self.recent.append((queued_s, rtt, reply.wait_s, reply.exec_s))
 

@@ -164,7 +164,7 @@ def test_chaos(tiny_model_dir: Path, tmp_path: Path) -> None:
     # replays a request only while nothing of its answer has reached the client); a request
     # lost before or after that moment fails this. benchmarks/results/chaos/README.md has the runs.
     node = phases["node"]
-    fault_at = r["settings"]["fault_at_s"]
+    fault_at = node["fault_in_window_s"]
     after = node["goodput_per_s"][int(fault_at) + 1 :]
     assert node["lost"]["server_error"] == node["lost"]["refused_without_retry_after"] == 0, node
     assert sum(after) > 0, node

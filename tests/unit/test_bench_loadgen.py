@@ -196,16 +196,17 @@ def test_retry_after_is_read_as_seconds() -> None:
 
 
 def test_clients_that_honor_retry_after_wait_before_sending_again(server_url: str, tmp_path: Path) -> None:
-    # `/busy` refuses every request with Retry-After: 1. Four clients for 1.5 s: waiting, each sends
-    # twice (at 0 and after 1 s); sending again at once, they send as fast as the server answers.
+    # `/busy` refuses every request with Retry-After: 1. Four clients for 2.5 s: waiting, each sends
+    # three times (at 0, 1 and 2 s; twice if the machine stalls); sending again at once, they send
+    # as fast as the server answers.
     wl = workloads.write([workloads.StreamSpec("busy", "/busy", [{"x": 1}])], tmp_path / "w.json")
     sent = {}
     for honor in (True, False):
         out = tmp_path / f"{honor}.json"
-        argv = ["--url", server_url, "--workload", str(wl), "--concurrency", "4", "--seconds", "1.5", "--warmup", "0",
+        argv = ["--url", server_url, "--workload", str(wl), "--concurrency", "4", "--seconds", "2.5", "--warmup", "0",
                 "--out", str(out), *(["--honor-retry-after"] if honor else [])]  # fmt: skip
         assert loadgen.main(argv) == 0
         result = json.loads(out.read_text())
         assert set(result["statuses"]) == {"503"}
         sent[honor] = result["requests"]
-    assert sent[True] == 8 and sent[False] > 40, sent
+    assert 8 <= sent[True] <= 12 and sent[False] > 100, sent

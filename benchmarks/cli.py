@@ -5,9 +5,13 @@ Run from the repository root; the harness is not installed with the serving pack
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SCENARIOS = {
     "compare": "limit (ONNX Runtime in-process at its best batch size), naive (FastAPI + ORT, one session.run per "
@@ -93,14 +97,130 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass
+class Invocation:
+    """What every scenario runner gets: the parsed command line and what it resolved to."""
+
+    ns: argparse.Namespace
+    config: dict[str, Any]
+    model_dir: Path
+    settings: Any  # benchmarks.scenarios.Settings
+    out_dir: Path
+
+    def catalog(self) -> dict[str, Any]:
+        models: dict[str, Any] = self.config["applications"][0]["args"]["models"]
+        return models
+
+    def batch_sizes(self) -> dict[str, int]:
+        return {m: int(self.catalog()[m].get("batching", {}).get("max_batch_size", 16)) for m in self.settings.models}
+
+
+def _with_settings(
+    module_name: str,
+    settings_class: str,
+    seconds_field: str = "seconds",
+    options: Callable[[Any, argparse.Namespace], None] = lambda settings, ns: None,
+) -> Callable[[Invocation], Any]:
+    """A scenario module with a settings dataclass (its `smoke()` for --smoke) and
+    `run(settings, model_dir, config_path)`; --seconds sets `seconds_field`, `options` the rest."""
+
+    def runner(inv: Invocation) -> Any:
+        module = importlib.import_module(f"benchmarks.{module_name}")
+        cls = getattr(module, settings_class)
+        settings = cls.smoke() if inv.ns.smoke else cls()
+        if inv.ns.seconds:
+            setattr(settings, seconds_field, inv.ns.seconds)
+        options(settings, inv.ns)
+        return module.run(settings, inv.model_dir, inv.ns.config.resolve())
+
+    return runner
+
+
+def _chaos_options(settings: Any, ns: argparse.Namespace) -> None:
+    if ns.phases:
+        settings.phases = tuple(ns.phases)
+
+
+def _flood_options(settings: Any, ns: argparse.Namespace) -> None:
+    settings.router_delay_target_ms = ns.router_delay_target_ms
+
+
+def _generation(inv: Invocation) -> Any:
+    from benchmarks import generation, scenarios
+
+    ns = inv.ns
+    gpt_batching = inv.catalog()["gpt"].get("batching", {})
+    waits = ns.request_waits or [gpt_batching.get("batch_wait_timeout_s", 0.01)]
+    gen_config = generation.generation_config(inv.config, inv.model_dir, ns.batch, waits)
+    concurrencies = ns.concurrency or ([4] if ns.smoke else [8, 32])
+    seconds = ns.seconds or (2.0 if ns.smoke else 20.0)
+    warmup, rounds = (0.5, 1) if ns.smoke else (3.0, ns.rounds)
+    return generation.run(gen_config, inv.model_dir, concurrencies, seconds, warmup, rounds, scenarios.DEFAULT_INGRESS)
+
+
+def _contention(inv: Invocation) -> Any:
+    from benchmarks import contention
+
+    ns, models = inv.ns, inv.settings.models
+    threads = max(int(inv.catalog()[m].get("intra_op_threads") or 1) for m in models)
+    return contention.run(
+        {m: inv.model_dir / m for m in models}, inv.batch_sizes(), max(2, threads), [0.0, 0.1, 0.2],
+        2.0 if ns.smoke else (ns.seconds or 6.0), 1 if ns.smoke else 2,
+    )  # fmt: skip
+
+
+def _wire(inv: Invocation) -> Any:
+    from benchmarks import wire
+
+    ns = inv.ns
+    ws = wire.WireSettings.smoke() if ns.smoke else wire.WireSettings()
+    if ns.seconds:
+        ws.seconds = ns.seconds
+    if ns.concurrency:
+        ws.concurrency = ns.concurrency[0]
+    ws.rounds = 1 if ns.smoke else ns.rounds
+    return wire.run(ws, inv.settings.models, inv.model_dir, ns.config.resolve())
+
+
+def _precision(inv: Invocation) -> Any:
+    from benchmarks import precision
+
+    ns = inv.ns
+    return precision.run(
+        {m: inv.model_dir / m for m in inv.settings.models}, inv.batch_sizes(), 2, 1.0 if ns.smoke else (ns.seconds or 5.0),
+        1 if ns.smoke else ns.rounds, 200 if ns.smoke else 2000,
+    )  # fmt: skip
+
+
+def _profile(inv: Invocation) -> Any:
+    from benchmarks import scenarios
+
+    return scenarios.profile(inv.settings, inv.out_dir)
+
+
+# Scenarios with a runner of their own; the rest are benchmarks.scenarios.SCENARIOS, run on Settings.
+RUNNERS: dict[str, Callable[[Invocation], Any]] = {
+    "profile": _profile,
+    "generation": _generation,
+    "chaos": _with_settings("chaos", "ChaosSettings", options=_chaos_options),
+    "flood": _with_settings("flood", "FloodSettings", options=_flood_options),
+    "soak": _with_settings("soak", "SoakSettings"),
+    "images": _with_settings("images", "ImageSettings"),
+    "lifecycle": _with_settings("lifecycle", "LifecycleSettings"),
+    "scaling": _with_settings("scaling", "ScalingSettings", seconds_field="spike_s"),
+    "contention": _contention,
+    "wire": _wire,
+    "precision": _precision,
+}
+
+
 def run(ns: argparse.Namespace, argv: list[str]) -> int:
     import yaml
 
     from benchmarks import report, scenarios
 
     config = yaml.safe_load(ns.config.read_text())
-    model_dir = ns.model_dir or Path(config["applications"][0]["args"]["model_dir"])
-    model_dir = model_dir.resolve()
+    model_dir = (ns.model_dir or Path(config["applications"][0]["args"]["model_dir"])).resolve()
     make = scenarios.Settings.smoke if ns.smoke else scenarios.Settings
     if ns.scenario == "generation":
         ns.models = ["gpt"]
@@ -119,95 +239,8 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     out_dir = ns.out or Path("benchmarks/results") / ns.scenario / ns.config.stem
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"bench {ns.scenario}: models {s.models} from {model_dir}; writing {out_dir}", flush=True)
-    if ns.scenario == "profile":
-        result = scenarios.profile(s, out_dir)
-    elif ns.scenario == "generation":
-        from benchmarks import generation
-
-        warmup = 0.5 if ns.smoke else 3.0
-        gpt_batching = config["applications"][0]["args"]["models"]["gpt"].get("batching", {})
-        waits = ns.request_waits or [gpt_batching.get("batch_wait_timeout_s", 0.01)]
-        gen_config = generation.generation_config(config, model_dir, ns.batch, waits)
-        concurrencies = ns.concurrency or ([4] if ns.smoke else [8, 32])
-        seconds = ns.seconds or (2.0 if ns.smoke else 20.0)
-        rounds = 1 if ns.smoke else ns.rounds
-        result = generation.run(gen_config, model_dir, concurrencies, seconds, warmup, rounds, scenarios.DEFAULT_INGRESS)
-    elif ns.scenario == "chaos":
-        from benchmarks import chaos
-
-        cs = chaos.ChaosSettings.smoke() if ns.smoke else chaos.ChaosSettings()
-        if ns.seconds:
-            cs.seconds = ns.seconds
-        if ns.phases:
-            cs.phases = tuple(ns.phases)
-        result = chaos.run(cs, model_dir, ns.config.resolve())
-    elif ns.scenario == "flood":
-        from benchmarks import flood
-
-        fs = flood.FloodSettings.smoke() if ns.smoke else flood.FloodSettings()
-        if ns.seconds:
-            fs.seconds = ns.seconds
-        fs.router_delay_target_ms = ns.router_delay_target_ms
-        result = flood.run(fs, model_dir, ns.config.resolve())
-    elif ns.scenario == "soak":
-        from benchmarks import soak
-
-        ss = soak.SoakSettings.smoke() if ns.smoke else soak.SoakSettings()
-        if ns.seconds:
-            ss.seconds = ns.seconds
-        result = soak.run(ss, model_dir, ns.config.resolve())
-    elif ns.scenario == "images":
-        from benchmarks import images
-
-        ims = images.ImageSettings.smoke() if ns.smoke else images.ImageSettings()
-        if ns.seconds:
-            ims.seconds = ns.seconds
-        result = images.run(ims, model_dir, ns.config.resolve())
-    elif ns.scenario == "lifecycle":
-        from benchmarks import lifecycle
-
-        ls = lifecycle.LifecycleSettings.smoke() if ns.smoke else lifecycle.LifecycleSettings()
-        if ns.seconds:
-            ls.seconds = ns.seconds
-        result = lifecycle.run(ls, model_dir, ns.config.resolve())
-    elif ns.scenario == "scaling":
-        from benchmarks import scaling
-
-        sc = scaling.ScalingSettings.smoke() if ns.smoke else scaling.ScalingSettings()
-        if ns.seconds:
-            sc.spike_s = ns.seconds
-        result = scaling.run(sc, model_dir, ns.config.resolve())
-    elif ns.scenario == "contention":
-        from benchmarks import contention
-
-        models = config["applications"][0]["args"]["models"]
-        threads = max(int(models[m].get("intra_op_threads") or 1) for m in s.models)
-        batch = {m: int(models[m].get("batching", {}).get("max_batch_size", 16)) for m in s.models}
-        result = contention.run(
-            {m: model_dir / m for m in s.models}, batch, max(2, threads), [0.0, 0.1, 0.2],
-            2.0 if ns.smoke else (ns.seconds or 6.0), 1 if ns.smoke else 2,
-        )  # fmt: skip
-    elif ns.scenario == "wire":
-        from benchmarks import wire
-
-        ws = wire.WireSettings.smoke() if ns.smoke else wire.WireSettings()
-        if ns.seconds:
-            ws.seconds = ns.seconds
-        if ns.concurrency:
-            ws.concurrency = ns.concurrency[0]
-        ws.rounds = 1 if ns.smoke else ns.rounds
-        result = wire.run(ws, s.models, model_dir, ns.config.resolve())
-    elif ns.scenario == "precision":
-        from benchmarks import precision
-
-        models = config["applications"][0]["args"]["models"]
-        batch = {m: int(models[m].get("batching", {}).get("max_batch_size", 16)) for m in s.models}
-        result = precision.run(
-            {m: model_dir / m for m in s.models}, batch, 2, 1.0 if ns.smoke else (ns.seconds or 5.0),
-            1 if ns.smoke else ns.rounds, 200 if ns.smoke else 2000,
-        )  # fmt: skip
-    else:
-        result = scenarios.SCENARIOS[ns.scenario](s)
+    runner = RUNNERS.get(ns.scenario)
+    result = runner(Invocation(ns, config, model_dir, s, out_dir)) if runner else scenarios.SCENARIOS[ns.scenario](s)
     res = {
         "scenario": ns.scenario,
         "command": "python -m benchmarks " + shlex.join(argv),

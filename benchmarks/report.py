@@ -177,20 +177,27 @@ def compare_markdown(res: dict[str, Any]) -> str:
             "| setup | answered req/s | p50 ms | p90 ms | p99 ms | errors | client-dropped |",
             "|---|---|---|---|---|---|---|",
         ]
-        for setup in SETUPS:
-            o = r[setup]["open"]
-            errors = sum(v for k, v in o["statuses"].items() if not k.startswith("2"))
-            lines.append(
-                f"| {setup} | {o['goodput_rps']} | {_fmt(o['p50_ms'])} | {_fmt(o['p90_ms'])} | {_fmt(o['p99_ms'])} | "
-                f"{errors} | {o['client_dropped']} |"
-            )
-        lines += ["", f"Where the CPU went at concurrency {c} (cores, 2 = the whole machine):", ""]
-        for setup in SETUPS:
-            roles = _at(r[setup]["closed"], c).get("cpu_cores_by_role", {})
-            lines.append(f"- {setup}: " + ", ".join(f"{k} {v}" for k, v in roles.items()))
+        lines += _open_loop_and_cpu(r, c)
         lines += ["", *cost_table(r, m, c)]
         lines += ["", f"![latency vs throughput]({plot_name('curve', m)})", ""]
     return "\n".join(lines)
+
+
+def _open_loop_and_cpu(r: dict[str, Any], c: int) -> list[str]:
+    """compare: the open-loop rows of each setup, then the cores each process role used at `c`."""
+    lines = []
+    for setup in SETUPS:
+        o = r[setup]["open"]
+        errors = sum(v for k, v in o["statuses"].items() if not k.startswith("2"))
+        lines.append(
+            f"| {setup} | {o['goodput_rps']} | {_fmt(o['p50_ms'])} | {_fmt(o['p90_ms'])} | {_fmt(o['p99_ms'])} | "
+            f"{errors} | {o['client_dropped']} |"
+        )
+    lines += ["", f"Where the CPU went at concurrency {c} (cores, 2 = the whole machine):", ""]
+    for setup in SETUPS:
+        roles = _at(r[setup]["closed"], c).get("cpu_cores_by_role", {})
+        lines.append(f"- {setup}: " + ", ".join(f"{k} {v}" for k, v in roles.items()))
+    return lines
 
 
 def cost_table(r: dict[str, Any], model: str, c: int) -> list[str]:
@@ -310,27 +317,35 @@ def priority_markdown(res: dict[str, Any]) -> str:
                 f"{_ratio(goodput, cap)} | {_ratio(goodput, best)} | {_fmt(model_cores, 2)} |"
             )
         lines.append("")
-        for policy in ("priority", "fifo"):
-            split = [(phase, e[policy][phase]["streams"][f"{m}/high"]) for phase in ("unloaded", "loaded")]
-            if all("server_ms" in h for _, h in split):
-                # Server-Timing: the router's handling vs everything before and after it.
-                parts = [
-                    f"{phase}: in the router p50/p99 {h['server_ms']['p50']}/{h['server_ms']['p99']} ms, "
-                    f"outside it {h['outside_server_ms']['p50']}/{h['outside_server_ms']['p99']} ms"
-                    for phase, h in split
-                ]
-                lines.append(f"- {policy}, high priority, {'; '.join(parts)}")
-        for policy in ("priority", "fifo"):
-            gen2 = (e[policy].get("router_gc") or {}).get("gen2", {})
-            if "last_30s" in gen2:
-                # Read right after the flood: the last 30 s are its measured window.
-                window, frozen = gen2["last_30s"], e[policy]["router_gc"].get("frozen_objects", 0)
-                lines.append(
-                    f"- {policy}, router garbage collection during the flood (last 30 s): {window['collections']} full "
-                    f"collections, longest {window['max_ms']} ms; {frozen} objects frozen"
-                )
+        lines += _priority_notes(m, e)
         lines.append("")
     return "\n".join(lines)
+
+
+def _priority_notes(m: str, e: dict[str, Any]) -> list[str]:
+    """Per policy: where the high-priority request's time went (Server-Timing), and the router's
+    full garbage collections during the flood."""
+    lines: list[str] = []
+    for policy in ("priority", "fifo"):
+        split = [(phase, e[policy][phase]["streams"][f"{m}/high"]) for phase in ("unloaded", "loaded")]
+        if all("server_ms" in h for _, h in split):
+            # Server-Timing: the router's handling vs everything before and after it.
+            parts = [
+                f"{phase}: in the router p50/p99 {h['server_ms']['p50']}/{h['server_ms']['p99']} ms, "
+                f"outside it {h['outside_server_ms']['p50']}/{h['outside_server_ms']['p99']} ms"
+                for phase, h in split
+            ]
+            lines.append(f"- {policy}, high priority, {'; '.join(parts)}")
+    for policy in ("priority", "fifo"):
+        gen2 = (e[policy].get("router_gc") or {}).get("gen2", {})
+        if "last_30s" in gen2:
+            # Read right after the flood: the last 30 s are its measured window.
+            window, frozen = gen2["last_30s"], e[policy]["router_gc"].get("frozen_objects", 0)
+            lines.append(
+                f"- {policy}, router garbage collection during the flood (last 30 s): {window['collections']} full "
+                f"collections, longest {window['max_ms']} ms; {frozen} objects frozen"
+            )
+    return lines
 
 
 def cascade_markdown(res: dict[str, Any]) -> str:

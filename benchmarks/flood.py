@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from benchmarks import workloads
@@ -75,6 +76,7 @@ def run(s: FloodSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
             cluster.deploy(config, Probe(f"/v2/models/{s.model}/infer", body))
             out["unloaded"] = client(run_loadgen(BASE_URL, high, {"concurrency": 1}, s.seconds, s.warmup))
             out["loaded"], out["low"] = _flood(s, high, low, honor_retry_after=False)
+            out["lanes_after_flood"] = lanes(s.model)
             out["loaded_polite"], out["low_polite"] = _flood(s, high, low, honor_retry_after=True)
     u = out["unloaded"]
     for suffix in ("", "_polite"):
@@ -83,6 +85,16 @@ def run(s: FloodSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
         out["high_p99_ratio" + suffix] = ratio
         out["high_refused" + suffix] = sum(n for code, n in loaded["statuses"].items() if not code.startswith("2"))
     return out
+
+
+def lanes(model: str) -> dict[str, Any]:
+    """Per lane, the router's recent batches split into its queue, the round trip, the replica's
+    wait and the run (p50/p99 ms): where a high-priority request's model time went."""
+    try:
+        status = httpx.get(f"{BASE_URL}/router/status", timeout=10).json()
+        return {name: lane["recent_ms"] for name, lane in status["models"][model]["lanes"].items()}
+    except (httpx.HTTPError, ValueError, KeyError) as e:
+        return {"error": type(e).__name__}
 
 
 def _flood(s: FloodSettings, high: Path, low: Path, honor_retry_after: bool) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -45,6 +45,19 @@ def serve_run(
         wait_for_ray_exit()
 
 
+def app_config(port: int, args: dict[str, Any], deployments: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Serve config of this app as users write one: one application, the router behind the
+    proxy on the head node, on 127.0.0.1:`port`."""
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [
+            {"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app", "args": args,
+             "deployments": deployments}
+        ],
+    }  # fmt: skip
+
+
 def ready(url: str) -> bool:
     try:
         return httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200

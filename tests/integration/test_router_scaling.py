@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.cli_serving import running_replicas, serve_run, wait_for
+from tests.integration.cli_serving import app_config, running_replicas, serve_run, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -27,35 +27,24 @@ POLICY = "serve_app.scheduling.autoscale:RouterLoadPolicy"
 
 
 def _config(model_dir: Path) -> dict[str, Any]:
-    return {
-        "proxy_location": "HeadOnly",
-        "http_options": {"host": "127.0.0.1", "port": PORT},
-        "applications": [
-            {
-                "name": "default",
-                "route_prefix": "/",
-                "import_path": "serve_app.app:build_app",
-                "args": {"model_dir": str(model_dir), "models": {"bert-light": {"preset": "bert-tiny"}}},
-                "deployments": [
-                    {
-                        "name": "router",
-                        "ray_actor_options": {"num_cpus": 0.1},
-                        "autoscaling_config": {
-                            "min_replicas": 1,
-                            "initial_replicas": 1,
-                            "max_replicas": 2,
-                            "metrics_interval_s": 0.5,
-                            "look_back_period_s": 2,
-                            "upscale_delay_s": 1,
-                            "downscale_delay_s": 4,
-                            "policy": {"policy_function": POLICY, "policy_kwargs": {"target_cores": TARGET_CORES}},
-                        },
-                    },
-                    {"name": "bert-light", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
-                ],
-            }
-        ],
+    router_scaling = {
+        "min_replicas": 1,
+        "initial_replicas": 1,
+        "max_replicas": 2,
+        "metrics_interval_s": 0.5,
+        "look_back_period_s": 2,
+        "upscale_delay_s": 1,
+        "downscale_delay_s": 4,
+        "policy": {"policy_function": POLICY, "policy_kwargs": {"target_cores": TARGET_CORES}},
     }
+    return app_config(
+        PORT,
+        {"model_dir": str(model_dir), "models": {"bert-light": {"preset": "bert-tiny"}}},
+        [
+            {"name": "router", "ray_actor_options": {"num_cpus": 0.1}, "autoscaling_config": router_scaling},
+            {"name": "bert-light", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
+        ],
+    )
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.cli_serving import ready, running_replicas, serve_run, wait_for
+from tests.integration.cli_serving import app_config, ready, running_replicas, serve_run, wait_for
 
 pytestmark = pytest.mark.integration
 PORT = 8125
@@ -59,87 +59,77 @@ COLD_IDLE_S = 3.0
 
 def _config(model_dir: Path, traffic: dict[str, float] | None = None) -> dict[str, Any]:
     slow = {"preset": "bert-tiny", "batching": {"max_batch_size": 2, "batch_wait_timeout_s": 0.0}, "faults": {"delay_s": BATCH_S}}
-    return {
-        "proxy_location": "HeadOnly",
-        "http_options": {"host": "127.0.0.1", "port": PORT},
-        "applications": [
-            {
-                "name": "default",
-                "route_prefix": "/",
-                "import_path": "serve_app.app:build_app",
-                "args": {
-                    "model_dir": str(model_dir),
-                    "models": {
-                        "slow": slow,
-                        "autoscaled": {**slow, "faults": {"delay_s": BATCH_S / 2}},
-                        # An outage drill: every batch fails for OUTAGE_S from the first one, then heals.
-                        "flaky": {"preset": "bert-tiny", "faults": {"error_rate": 1.0, "duration_s": OUTAGE_S}},
-                        "steady": {"preset": "bert-tiny", "versions": {"2": {}}},
-                        # Three versions of one model; the third fails every batch (a broken canary).
-                        "canaried": {"preset": "bert-tiny", "versions": {"2": {}, "3": {"faults": {"error_rate": 1.0}}}},
-                        # Rarely used: no replica until a request comes, none again once idle.
-                        "cold": {"preset": "bert-tiny"},
-                        # A generator, so the scrape holds the decode loop's metrics the dashboard shows.
-                        "gpt": {"preset": "gpt-tiny", "generation": {"default_max_tokens": 8, "kv_slots": 4}},
-                    },
-                    # Small enough that the steady loads below evict (the dashboard shows evictions).
-                    "cache": {"enabled": True, "models": ["canaried"], "per_tenant": True, "max_bytes": 16384},
-                    "routes": {"flaky-route": {"light": "flaky", "heavy": "steady", "threshold": 0.0}},
-                    "tenants": [
-                        {"name": "gold", "key_sha256": hashlib.sha256(GOLD_KEY.encode()).hexdigest(), "operator": True},
-                        # Read from the replicas' environment, as a Kubernetes secret would be.
-                        {"name": "free", "key_env": "SCHED_TEST_FREE_KEY", "max_priority": "low", "rate_per_s": 0.2, "burst": 3},
-                        {"name": "silver", "key_sha256": hashlib.sha256(SILVER_KEY.encode()).hexdigest()},
-                    ],
-                    "scheduling": {
-                        "max_queue_items": 12,
-                        "max_queue_delay_s": 5.0,
-                        "breaker_failures": 3,
-                        "breaker_open_s": 1.0,
-                    },
-                },
-                "deployments": [
-                    {
-                        "name": "router",
-                        "num_replicas": 1,
-                        "ray_actor_options": {"num_cpus": 0.5},
-                        "user_config": _traffic(traffic or {"1": 90, "2": 10}),
-                    },
-                    *(
-                        {"name": d, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.25}}
-                        for d in ("canaried", "canaried-v2", "canaried-v3", "steady-v2", "gpt")
-                    ),
-                    {"name": "slow", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
-                    {
-                        "name": "cold",
-                        "ray_actor_options": {"num_cpus": 0.25},
-                        "autoscaling_config": {
-                            "min_replicas": 0,
-                            "initial_replicas": 0,
-                            "max_replicas": 1,
-                            "downscale_to_zero_delay_s": COLD_IDLE_S,
-                            "downscale_delay_s": COLD_IDLE_S,
-                            "look_back_period_s": 1,
-                            "metrics_interval_s": 0.5,
-                        },
-                    },
-                    {
-                        "name": "autoscaled",
-                        "ray_actor_options": {"num_cpus": 0.5},
-                        "autoscaling_config": {
-                            "min_replicas": 1,
-                            "max_replicas": 2,
-                            "target_ongoing_requests": 2,
-                            "upscale_delay_s": 2,
-                            "downscale_delay_s": 4,
-                            "look_back_period_s": 2,
-                            "policy": {"policy_function": POLICY},
-                        },
-                    },
-                ],
-            }
+    args = {
+        "model_dir": str(model_dir),
+        "models": {
+            "slow": slow,
+            "autoscaled": {**slow, "faults": {"delay_s": BATCH_S / 2}},
+            # An outage drill: every batch fails for OUTAGE_S from the first one, then heals.
+            "flaky": {"preset": "bert-tiny", "faults": {"error_rate": 1.0, "duration_s": OUTAGE_S}},
+            "steady": {"preset": "bert-tiny", "versions": {"2": {}}},
+            # Three versions of one model; the third fails every batch (a broken canary).
+            "canaried": {"preset": "bert-tiny", "versions": {"2": {}, "3": {"faults": {"error_rate": 1.0}}}},
+            # Rarely used: no replica until a request comes, none again once idle.
+            "cold": {"preset": "bert-tiny"},
+            # A generator, so the scrape holds the decode loop's metrics the dashboard shows.
+            "gpt": {"preset": "gpt-tiny", "generation": {"default_max_tokens": 8, "kv_slots": 4}},
+        },
+        # Small enough that the steady loads below evict (the dashboard shows evictions).
+        "cache": {"enabled": True, "models": ["canaried"], "per_tenant": True, "max_bytes": 16384},
+        "routes": {"flaky-route": {"light": "flaky", "heavy": "steady", "threshold": 0.0}},
+        "tenants": [
+            {"name": "gold", "key_sha256": hashlib.sha256(GOLD_KEY.encode()).hexdigest(), "operator": True},
+            # Read from the replicas' environment, as a Kubernetes secret would be.
+            {"name": "free", "key_env": "SCHED_TEST_FREE_KEY", "max_priority": "low", "rate_per_s": 0.2, "burst": 3},
+            {"name": "silver", "key_sha256": hashlib.sha256(SILVER_KEY.encode()).hexdigest()},
         ],
+        "scheduling": {
+            "max_queue_items": 12,
+            "max_queue_delay_s": 5.0,
+            "breaker_failures": 3,
+            "breaker_open_s": 1.0,
+        },
     }
+    deployments: list[dict[str, Any]] = [
+        {
+            "name": "router",
+            "num_replicas": 1,
+            "ray_actor_options": {"num_cpus": 0.5},
+            "user_config": _traffic(traffic or {"1": 90, "2": 10}),
+        },
+        *(
+            {"name": d, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.25}}
+            for d in ("canaried", "canaried-v2", "canaried-v3", "steady-v2", "gpt")
+        ),
+        {"name": "slow", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
+        {
+            "name": "cold",
+            "ray_actor_options": {"num_cpus": 0.25},
+            "autoscaling_config": {
+                "min_replicas": 0,
+                "initial_replicas": 0,
+                "max_replicas": 1,
+                "downscale_to_zero_delay_s": COLD_IDLE_S,
+                "downscale_delay_s": COLD_IDLE_S,
+                "look_back_period_s": 1,
+                "metrics_interval_s": 0.5,
+            },
+        },
+        {
+            "name": "autoscaled",
+            "ray_actor_options": {"num_cpus": 0.5},
+            "autoscaling_config": {
+                "min_replicas": 1,
+                "max_replicas": 2,
+                "target_ongoing_requests": 2,
+                "upscale_delay_s": 2,
+                "downscale_delay_s": 4,
+                "look_back_period_s": 2,
+                "policy": {"policy_function": POLICY},
+            },
+        },
+    ]
+    return app_config(PORT, args, deployments)
 
 
 @pytest.fixture(scope="module")

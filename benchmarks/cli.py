@@ -33,6 +33,8 @@ SCENARIOS = {
     "flood": "priority when the router is the bottleneck: one high-priority closed-loop client sending JSON images "
     "to resnet-heavy, alone and then beside 64 low-priority closed-loop clients: high p50/p99 both ways, refusals, "
     "low statuses",
+    "routers": "one model replica behind one router, then two, under the same closed-loop load: throughput, the "
+    "rows per batch each router sent and the rows per batch the replica ran (does its executor merge the routers' calls?)",
     "soak": "the whole app at 3x its capacity for 10 minutes, mixed models and priorities: statuses (only 200, "
     "or 429/503 with Retry-After), every process's memory slope after warm-up, the router's task count",
     "images": "text requests alone, then beside a burst of large PNG images decoded by the same router: the text "
@@ -205,6 +207,7 @@ RUNNERS: dict[str, Callable[[Invocation], Any]] = {
     "chaos": _with_settings("chaos", "ChaosSettings", options=_chaos_options),
     "flood": _with_settings("flood", "FloodSettings", options=_flood_options),
     "soak": _with_settings("soak", "SoakSettings"),
+    "routers": _with_settings("routers", "RoutersSettings"),
     "images": _with_settings("images", "ImageSettings"),
     "lifecycle": _with_settings("lifecycle", "LifecycleSettings"),
     "scaling": _with_settings("scaling", "ScalingSettings", seconds_field="spike_s"),

@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import chaos, contention, cost, flood, generation, images, lifecycle, precision, scaling, soak, wire
+from benchmarks import chaos, contention, cost, flood, generation, images, lifecycle, precision, routers, scaling, soak, wire
 
 SETUPS = ("naive", "plain", "ours")
 SETUP_TITLES = {
@@ -456,6 +456,7 @@ MARKDOWN = {
     "lifecycle": lifecycle.markdown,
     "scaling": scaling.markdown,
     "flood": flood.markdown,
+    "routers": routers.markdown,
     "soak": soak.markdown,
     "generation": generation.markdown,
     "contention": contention.markdown,

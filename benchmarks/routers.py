@@ -32,10 +32,17 @@ from benchmarks.scenarios import DEFAULT_INGRESS, pin_replicas, single_versions
 
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
 BATCH_SIZES = """
-import json, sys, ray
+import asyncio, json, sys, ray
 from ray import serve
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
-print(json.dumps(serve.get_deployment_handle(sys.argv[2], "default").runtime_info.remote().result()["batch_sizes"]))
+
+
+async def batch_sizes():  # the cluster's throughput-optimized handles run on the caller's event loop
+    info = await serve.get_deployment_handle(sys.argv[2], "default").runtime_info.remote()
+    return info["batch_sizes"]
+
+
+print(json.dumps(asyncio.run(batch_sizes())))
 """
 
 
@@ -70,8 +77,10 @@ def replica_batches(env: dict[str, str], model: str) -> Counter[int]:
     """The model replica's executed batches so far, by rows."""
     done = subprocess.run(
         [sys.executable, "-c", BATCH_SIZES, f"127.0.0.1:{RAY_PORT}", model],
-        env=env, capture_output=True, text=True, timeout=120, check=True,
+        env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+    if done.returncode:
+        raise RuntimeError(f"reading {model}'s batch sizes failed: {done.stderr[-2000:]}")
     return Counter({int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()})
 
 

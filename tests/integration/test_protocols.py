@@ -274,8 +274,10 @@ def test_a_callers_trace_follows_a_request_through_the_router_and_the_replicas_o
     assert r.status_code == 200, r.text
     tiers = r.headers["X-Served-By"].split(",")
 
+    # Router and replicas export on their own schedules: wait for every span the test reads.
     def complete(spans: list[ReceivedSpan]) -> bool:
-        return len(_named(spans, "model.run")) >= len(_named(spans, "model.batch")) >= 1
+        served = bool(_named(spans, "POST /v2/models/{model}/infer"))
+        return served and len(_named(spans, "model.run")) >= len(_named(spans, "model.batch")) >= 1
 
     spans = otlp.wait_for(trace_id, complete)
     (server,) = _named(spans, "POST /v2/models/{model}/infer")
@@ -294,7 +296,11 @@ def test_a_generation_is_traced_through_its_prefill_and_decode_steps(app_url, ot
     body = {"model": "gpt", "prompt": "the food", "max_tokens": 4, "ignore_eos": True, "temperature": 0}
     r = httpx.post(f"{URL}/v1/completions", json=body, headers=headers, timeout=30)
     assert r.status_code == 200, r.text
-    spans = otlp.wait_for(trace_id, lambda s: bool(_named(s, "generate")) and len(_named(s, "decode")) >= 3)
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        served = bool(_named(spans, "POST /v1/completions"))
+        return served and bool(_named(spans, "generate")) and len(_named(spans, "decode")) >= 3
+
+    spans = otlp.wait_for(trace_id, complete)
     (server,) = _named(spans, "POST /v1/completions")
     (generate,) = _named(spans, "generate")
     assert server.parent_span_id == span_id and generate.parent_span_id == server.span_id
@@ -307,8 +313,9 @@ def test_grpc_metadata_carries_the_trace_context_too(grpc_client, otlp):
     trace_id, span_id = _new_trace()
     headers = {"traceparent": traceparent(trace_id, span_id), "cache-control": "no-cache"}
     grpc_client.infer("bert-light", [_grpc_input("bert-light")], headers=headers)
-    spans = otlp.wait_for(trace_id, lambda s: bool(_named(s, "model.run")))
-    (server,) = _named(spans, "inference.GRPCInferenceService/ModelInfer")
+    server_span = "inference.GRPCInferenceService/ModelInfer"
+    spans = otlp.wait_for(trace_id, lambda s: bool(_named(s, "model.run")) and bool(_named(s, server_span)))
+    (server,) = _named(spans, server_span)
     assert server.parent_span_id == span_id and server.attributes["rpc.system"] == "grpc"
     assert _named(spans, "model.run")[0].service == "serve-app.bert-light"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from serve_app.config import AppArgs
@@ -59,13 +59,10 @@ class DispatcherPool:
             urgent_lane=config.urgent_lane,
         )
 
-    def clients_waiting(self) -> bool:
-        """Rows queued for any model: the router holds more work than the models take now."""
-        return any(d.queued_items for d in self.by_model.values())
-
-    def busy(self) -> bool:
-        """Any work queued or in flight: what the full-collection schedule avoids."""
-        return any(d.queued_items or d.inflight for d in self.by_model.values())
+    def busy(self, ignored: Collection[str] = ()) -> bool:
+        """Any work queued or in flight for a deployment not in `ignored`: what the full-collection
+        schedule avoids, and what shadows wait out."""
+        return any((d.queued_items or d.inflight) and name not in ignored for name, d in self.by_model.items())
 
     def __iter__(self) -> Iterator[Dispatcher]:
         return iter(self.by_model.values())

@@ -66,7 +66,7 @@ def build_parts(
     dispatchers = DispatcherPool(args, send_for)
     target_ms = args.scheduling.router_delay_target_ms
     loop_lag = LoopLag() if target_ms is not None else None
-    versions = VersionedModels(args, dispatchers.submit, clients_waiting=dispatchers.clients_waiting)
+    versions = VersionedModels(args, dispatchers.submit, client_work=dispatchers.busy)
     cache = ResponseCache.from_config(args.cache)
     callers = Callers(
         build_registry(args.tenants, args.scheduling.anonymous_max_priority), Priority.parse(args.scheduling.default_priority)

@@ -43,8 +43,8 @@ class LifecycleTelemetry:
         )
         self.shadow_calls = metrics.Counter(
             "serve_app_shadow_calls",
-            description="Mirrored calls that failed (error), or were not sent: too many in flight (skipped), client "
-            "requests waiting in the router (yielded).",
+            description="Mirrored calls that failed (error), or were not sent: too many in flight (skipped), dropped "
+            "while they waited for the router's idle time (yielded).",
             tag_keys=tags("model", "version", "outcome"),
         )
         self.shadow_agreement = metrics.Gauge(

@@ -7,7 +7,8 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,9 +18,23 @@ from serve_app.contract import Priority
 from serve_app.errors import DeadlineExceeded, NotFound, Overloaded, ServeAppError
 from serve_app.router.cascade import Payload, Submit, softmax
 from serve_app.scheduling.dispatcher import RequestTiming
+from serve_app.scheduling.shadows import IdleRelease
 from serve_app.scheduling.traffic import ShadowStats, TrafficPolicy
 
 logger = logging.getLogger("ray.serve")
+IDLE_POLL_S = 0.002  # how often waiting mirrors look for the router's idle time
+
+
+@dataclass
+class Mirror:
+    """One answered request to send to a candidate version, with the primary's answer to compare."""
+
+    stats: ShadowStats
+    model: str
+    version: str
+    payload: Payload
+    items: int
+    primary: np.ndarray
 
 
 def counts_against_version(error: Exception) -> bool:
@@ -37,15 +52,18 @@ class VersionedModels:
         args: AppArgs,
         submit: Submit,
         policy: TrafficPolicy | None = None,
-        clients_waiting: Callable[[], bool] = lambda: False,
+        client_work: Callable[[Collection[str]], bool] = lambda ignored: False,
     ) -> None:
         self.args = args
         self.served = args.served  # the dict itself: a pydantic private attribute is slow to reach per call
         self.raw_submit = submit
-        # Whether client requests wait in the router's queues now: a mirror then yields its turn.
-        self.clients_waiting = clients_waiting
         self.policy = policy or TrafficPolicy({m: cfg.version for m, cfg in args.models.items()})
         self.policy.update(args.traffic)
+        # Whether the router holds client work (rows queued, batches in flight) for any deployment
+        # but the shadows' candidates: mirrors wait for the moments it holds none.
+        self.candidates = self._candidates()
+        self.mirrors: IdleRelease[Mirror] = IdleRelease(lambda: client_work(self.candidates))
+        self._drain: asyncio.Task[None] | None = None
         self.shadows: dict[tuple[str, str], ShadowStats] = {}
         # Per (model, version): calls by outcome, and latencies not yet exported (telemetry drains them).
         self.calls: Counter[tuple[str, str, str]] = Counter()
@@ -56,6 +74,15 @@ class VersionedModels:
         """A new traffic configuration (the router's user_config), checked against the catalog."""
         check_traffic(self.args, traffic)
         self.policy.update(traffic)
+        self.candidates = self._candidates()
+
+    def _candidates(self) -> frozenset[str]:
+        """The deployments that shadows are mirrored to now."""
+        return frozenset(
+            self.args.versions(model)[p.config.shadow.version]
+            for model, p in self.policy.models.items()
+            if p.config.shadow is not None
+        )
 
     def version_of(self, deployment: str) -> str:
         return self.served[deployment].version
@@ -108,27 +135,41 @@ class VersionedModels:
 
     def _mirror(self, model: str, version: str, payload: Payload, items: int, primary: np.ndarray) -> None:
         stats = self.shadows.setdefault((model, version), ShadowStats())
-        if len(self._shadow_tasks) >= self.policy.shadow_limit(model):
+        offer = self.mirrors.offer(Mirror(stats, model, version, payload, items, primary), self.policy.shadow_limit(model))
+        if offer.refused:
             stats.skipped += 1
             return
-        if self.clients_waiting():  # shadows take spare capacity only, never a client's
-            stats.yielded += 1
-            return
-        task = asyncio.get_running_loop().create_task(self._shadow(stats, model, version, payload, items, primary))
-        self._shadow_tasks.add(task)
-        task.add_done_callback(self._shadow_tasks.discard)
+        if offer.dropped is not None:
+            offer.dropped.stats.yielded += 1
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.get_running_loop().create_task(self._send_when_idle())
 
-    async def _shadow(
-        self, stats: ShadowStats, model: str, version: str, payload: Payload, items: int, primary: np.ndarray
-    ) -> None:
+    async def _send_when_idle(self) -> None:
+        """Send waiting mirrors whenever the router has no client work, until none waits."""
+        loop = asyncio.get_running_loop()
+        while True:
+            for mirror in self.mirrors.release():
+                task = loop.create_task(self._shadow(mirror))
+                self._shadow_tasks.add(task)
+                task.add_done_callback(self._shadow_done)
+            if not self.mirrors.waiting:
+                return
+            await asyncio.sleep(IDLE_POLL_S)
+
+    def _shadow_done(self, task: asyncio.Task[None]) -> None:
+        self._shadow_tasks.discard(task)
+        self.mirrors.done()
+
+    async def _shadow(self, m: Mirror) -> None:
         """The candidate's answer, compared with the primary's and dropped. Low priority, so that it
         never takes a place a client's request could have; whatever it does, no client sees it."""
-        deployment = self.args.versions(model)[version]
+        deployment = self.args.versions(m.model)[m.version]
         try:
-            logits = await self.raw_submit(deployment, payload, items, Priority.LOW, None, None)
-            stats.compare(softmax(np.asarray(primary, dtype=np.float64)), softmax(np.asarray(logits, dtype=np.float64)))
+            logits = await self.raw_submit(deployment, m.payload, m.items, Priority.LOW, None, None)
+            primary = softmax(np.asarray(m.primary, dtype=np.float64))
+            m.stats.compare(primary, softmax(np.asarray(logits, dtype=np.float64)))
         except Exception:  # a shadow's failure is counted and goes no further
-            stats.errors += 1
+            m.stats.errors += 1
 
     def snapshot(self) -> dict[str, Any]:
         """Weights in effect, rollbacks, calls per version and what shadows found: for /router/status."""
@@ -148,6 +189,8 @@ class VersionedModels:
         }
 
     async def stop(self) -> None:
-        for task in list(self._shadow_tasks):
+        self.mirrors.waiting.clear()
+        tasks = [*self._shadow_tasks, *([self._drain] if self._drain is not None else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._shadow_tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -194,8 +194,8 @@ class ShadowStats:
     rows: int = 0
     agreed: int = 0
     errors: int = 0
-    skipped: int = 0  # mirrors not sent: too many in flight
-    yielded: int = 0  # mirrors not sent: client requests were waiting in the router
+    skipped: int = 0  # mirrors not taken: too many in flight
+    yielded: int = 0  # mirrors dropped while they waited for the router's idle time (the wait is bounded)
     prob_diffs: list[float] = field(default_factory=list)
 
     def compare(self, p: np.ndarray, q: np.ndarray) -> None:

@@ -296,6 +296,7 @@ def test_a_generation_is_traced_through_its_prefill_and_decode_steps(app_url, ot
     body = {"model": "gpt", "prompt": "the food", "max_tokens": 4, "ignore_eos": True, "temperature": 0}
     r = httpx.post(f"{URL}/v1/completions", json=body, headers=headers, timeout=30)
     assert r.status_code == 200, r.text
+
     def complete(spans: list[ReceivedSpan]) -> bool:
         served = bool(_named(spans, "POST /v1/completions"))
         return served and bool(_named(spans, "generate")) and len(_named(spans, "decode")) >= 3

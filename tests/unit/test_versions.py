@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -98,6 +99,7 @@ def test_mirrors_past_the_in_flight_limit_are_skipped_and_counted():
         models.hold.add("m-v2")
         for _ in range(5):
             await v.submit("m", ["a"], 1, Priority.NORMAL, None, None)
+            await asyncio.sleep(0.01)  # the idle router sends each mirror at once
         assert v.shadows[("m", "2")].skipped == 3
         await v.stop()
 
@@ -132,18 +134,27 @@ def test_a_live_update_is_checked_against_the_catalog():
     assert v.deployment("m", None) == "m-v2"
 
 
-def test_a_mirror_yields_while_client_requests_wait_in_the_router():
+def test_mirrors_wait_for_the_routers_idle_time_and_the_wait_is_bounded():
     async def main() -> None:
         models = Models()
-        waiting = [True]
-        v = VersionedModels(
-            args(m={"weights": {"1": 1}, "shadow": {"version": "2"}}), models.submit, clients_waiting=lambda: waiting[0]
-        )
-        await v.submit("m", ["a"], 1, Priority.NORMAL, None, None)
-        assert v.shadows[("m", "2")].yielded == 1 and [d for d, _ in models.calls] == ["m"]
-        waiting[0] = False
-        await v.submit("m", ["a"], 1, Priority.NORMAL, None, None)
+        busy: list[Collection[str]] = []
+        clients = [True]
+
+        def client_work(ignored: Collection[str]) -> bool:
+            busy.append(ignored)
+            return clients[0]
+
+        shadow = {"version": "2", "max_inflight": 2}
+        v = VersionedModels(args(m={"weights": {"1": 1}, "shadow": shadow}), models.submit, client_work=client_work)
+        for _ in range(3):
+            await v.submit("m", ["a"], 1, Priority.NORMAL, None, None)
+        await asyncio.sleep(0.05)
+        assert [d for d, _ in models.calls] == ["m", "m", "m"]  # nothing mirrored while clients are served
+        assert v.shadows[("m", "2")].yielded == 1 and len(v.mirrors.waiting) == 2  # the oldest made room
+        assert busy[-1] == {"m-v2"}  # client work at the candidate itself is not waited for
+        clients[0] = False
         await asyncio.sleep(0.01)
-        assert [d for d, _ in models.calls] == ["m", "m", "m-v2"]
+        assert [d for d, _ in models.calls] == ["m", "m", "m", "m-v2", "m-v2"]
+        assert v.shadows[("m", "2")].rows == 2 and v.mirrors.inflight == 0
 
     virtual_time(main)()  # the sleeps let every mirror finish, whatever the machine's load

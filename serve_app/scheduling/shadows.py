@@ -1,0 +1,57 @@
+"""When a mirrored (shadow) call may run: only in the router's idle time.
+
+A shadow doubles the model work of every request it mirrors, on the same cores and router as
+the clients. Sent at once, it competes with the client requests that arrive while it runs; so
+mirrors wait here, oldest first, and go out only while the router holds no client work (no
+rows queued and no batch in flight to any deployment but the candidates). What waits is
+bounded: past `capacity` the oldest waiting mirror is dropped (counted as `yielded`), and when
+nothing waits but `capacity` mirrors are already in flight, the new one is not taken
+(`skipped`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class Offer:
+    """What taking a mirror cost: the mirror dropped to make room, or whether the new one was refused."""
+
+    dropped: Any = None
+    refused: bool = False
+
+
+class IdleRelease(Generic[T]):
+    """Mirrors held until `busy()` says the router has no client work, then released together."""
+
+    def __init__(self, busy: Callable[[], bool]) -> None:
+        self.busy = busy
+        self.waiting: deque[T] = deque()
+        self.inflight = 0
+
+    def offer(self, mirror: T, capacity: int) -> Offer:
+        """Hold `mirror`; waiting and in-flight mirrors together stay within `capacity`."""
+        if self.inflight >= capacity:
+            return Offer(refused=True)
+        dropped = self.waiting.popleft() if len(self.waiting) + self.inflight >= capacity else None
+        self.waiting.append(mirror)
+        return Offer(dropped=dropped)
+
+    def release(self) -> list[T]:
+        """The mirrors that may go now (all that wait, if the router is idle), counted in flight."""
+        if not self.waiting or self.busy():
+            return []
+        out = list(self.waiting)
+        self.waiting.clear()
+        self.inflight += len(out)
+        return out
+
+    def done(self) -> None:
+        """A released mirror finished, however it ended."""
+        self.inflight -= 1

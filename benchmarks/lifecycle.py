@@ -30,7 +30,7 @@ import yaml
 from benchmarks import workloads
 from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, run_loadgen
 from benchmarks.redis_server import RedisServer
-from benchmarks.scenarios import DEFAULT_INGRESS
+from benchmarks.scenarios import DEFAULT_INGRESS, pin_replicas
 from serve_app.zoo.data import sentiment_dataset, shapes_dataset
 
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
@@ -316,6 +316,10 @@ def run(s: LifecycleSettings, model_dir: Path, config_path: Path) -> dict[str, A
     # the catalog fills to its last tenth of a CPU, and the replacement could wait for room.
     router = _router(shipped)
     router["ray_actor_options"] = {**router.get("ray_actor_options", {}), "num_cpus": 0.1}
+    # Every model at one replica throughout: each phase compares runs on the same deployment, and a
+    # replica the autoscaler starts in one of them (seconds of CPU on a small node) is not what
+    # either run measures.
+    pin_replicas(shipped, [d["name"] for d in shipped["applications"][0]["deployments"] if d["name"] != "router"])
     out: dict[str, Any] = {"settings": asdict(s)}
     with tempfile.TemporaryDirectory() as tmp_name, RedisServer() as redis:
         tmp = Path(tmp_name)

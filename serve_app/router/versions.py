@@ -148,13 +148,18 @@ class VersionedModels:
         """Send waiting mirrors whenever the router has no client work, until none waits."""
         loop = asyncio.get_running_loop()
         while True:
-            for mirror in self.mirrors.release():
+            for mirror in self.mirrors.release(self._batch_of_next()):
                 task = loop.create_task(self._shadow(mirror))
                 self._shadow_tasks.add(task)
                 task.add_done_callback(self._shadow_done)
             if not self.mirrors.waiting:
                 return
             await asyncio.sleep(IDLE_POLL_S)
+
+    def _batch_of_next(self) -> int:
+        """How many mirrors go out together: one batch of the next waiting mirror's candidate."""
+        m = self.mirrors.waiting[0]
+        return self.args.deployment_config(self.args.versions(m.model)[m.version]).batching.max_batch_size
 
     def _shadow_done(self, task: asyncio.Task[None]) -> None:
         self._shadow_tasks.discard(task)

@@ -3,10 +3,11 @@
 A shadow doubles the model work of every request it mirrors, on the same cores and router as
 the clients. Sent at once, it competes with the client requests that arrive while it runs; so
 mirrors wait here, oldest first, and go out only while the router holds no client work (no
-rows queued and no batch in flight to any deployment but the candidates). What waits is
-bounded: past `capacity` the oldest waiting mirror is dropped (counted as `yielded`), and when
-nothing waits but `capacity` mirrors are already in flight, the new one is not taken
-(`skipped`).
+rows queued and no batch in flight to any deployment but the candidates), one batch's worth at
+a time: a client request that arrives while a shadow runs then finds at most one batch of
+shadow work beside it. What waits is bounded: past `capacity` the oldest waiting mirror is
+dropped (counted as `yielded`), and when nothing waits but `capacity` mirrors are already in
+flight, the new one is not taken (`skipped`).
 """
 
 from __future__ import annotations
@@ -43,12 +44,12 @@ class IdleRelease(Generic[T]):
         self.waiting.append(mirror)
         return Offer(dropped=dropped)
 
-    def release(self) -> list[T]:
-        """The mirrors that may go now (all that wait, if the router is idle), counted in flight."""
-        if not self.waiting or self.busy():
+    def release(self, batch: int) -> list[T]:
+        """The mirrors that may go now, counted in flight: up to `batch` of the oldest, when the
+        router is idle and no mirror is still out."""
+        if not self.waiting or self.inflight or self.busy():
             return []
-        out = list(self.waiting)
-        self.waiting.clear()
+        out = [self.waiting.popleft() for _ in range(min(batch, len(self.waiting)))]
         self.inflight += len(out)
         return out
 

@@ -571,6 +571,9 @@ def test_malformed_openai_requests_get_4xx_in_openai_shape(app_url):
         assert unparseable.status_code == 400 and "malformed request body" in unparseable.json()["error"]["message"]
         assert http.get("/v2/nothing-here").json() == {"error": "Not Found"}
         assert http.delete("/v2").json() == {"error": "Method Not Allowed"}
+        # The body limit holds on /v1 as on v2, in the OpenAI shape.
+        big = http.post("/v1/completions", json={"model": "gpt", "prompt": "x" * MAX_BODY})
+        assert big.status_code == 413 and f"at most {MAX_BODY}" in big.json()["error"]["message"], big.text
 
 
 def test_bad_requests_mixed_into_a_burst_never_fail_the_good_ones(app_url):

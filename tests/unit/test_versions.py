@@ -92,15 +92,17 @@ def test_shadows_run_off_the_path_at_low_priority_and_their_failures_stay_there(
     virtual_time(main)()  # the sleeps let every mirror finish, whatever the machine's load
 
 
-def test_mirrors_past_the_in_flight_limit_are_skipped_and_counted():
+def test_mirrors_past_the_bound_are_dropped_oldest_first_and_counted():
     async def main() -> None:
         models = Models()
         v = VersionedModels(args(m={"weights": {"1": 1}, "shadow": {"version": "2", "max_inflight": 2}}), models.submit)
         models.hold.add("m-v2")
         for _ in range(5):
             await v.submit("m", ["a"], 1, Priority.NORMAL, None, None)
-            await asyncio.sleep(0.01)  # the idle router sends each mirror at once
-        assert v.shadows[("m", "2")].skipped == 3
+            await asyncio.sleep(0.01)  # the idle router sends a mirror as soon as none is out
+        # One out (held), one waiting: the bound of 2 dropped the three waiting before it.
+        assert v.mirrors.inflight == 1 and len(v.mirrors.waiting) == 1
+        assert v.shadows[("m", "2")].yielded == 3 and v.shadows[("m", "2")].skipped == 0
         await v.stop()
 
     virtual_time(main)()  # the sleeps let every mirror finish, whatever the machine's load

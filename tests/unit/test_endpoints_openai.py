@@ -1,0 +1,43 @@
+"""The generation endpoints' admission, without Ray: the caller's deadline (or the configured
+generation timeout) and one rate-limit token per generation, however many prompts and choices."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from serve_app.config import AppArgs
+from serve_app.errors import RateLimited
+from serve_app.protocols.openai import SamplingFields
+from serve_app.router import endpoints_openai
+from serve_app.router.endpoints_openai import CallerHeaders
+from serve_app.router.parts import RouterParts, build_parts
+from serve_app.scheduling.tenants import Tenant, TokenBucket
+from tests.conftest import tiny_args
+
+
+@pytest.fixture
+def parts(tiny_model_dir: Path) -> RouterParts:
+    args = AppArgs.model_validate({**tiny_args(tiny_model_dir), "limits": {"generation_timeout_s": 40}})
+    return build_parts(args, {"gpt": object()}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
+
+
+def test_a_generation_takes_the_callers_deadline_or_the_configured_timeout(parts: RouterParts):
+    before = time.monotonic()
+    _, _, deadline = endpoints_openai._admit(parts, CallerHeaders(None, None, "250"))
+    assert before + 0.25 <= deadline <= time.monotonic() + 0.25
+    _, _, deadline = endpoints_openai._admit(parts, CallerHeaders(None, None, None))
+    assert before + 40 <= deadline <= time.monotonic() + 40
+
+
+def test_every_prompt_and_choice_is_charged_to_the_tenant(parts: RouterParts):
+    now = [0.0]
+    tenant = Tenant("t", bucket=TokenBucket(rate_per_s=1, burst=10, clock=lambda: now[0]))
+    tenant.admit()  # the token every request pays on arrival
+    endpoints_openai._generator_for(parts, tenant, SamplingFields(model="gpt", n=4), ["a", "b"])  # 8 in all
+    tenant.admit()  # 9 of 10 taken
+    tenant.admit()
+    with pytest.raises(RateLimited):
+        endpoints_openai._generator_for(parts, tenant, SamplingFields(model="gpt", n=2), ["a"])

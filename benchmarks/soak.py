@@ -41,7 +41,7 @@ class SoakSettings:
 
     @classmethod
     def smoke(cls) -> SoakSettings:
-        return cls(seconds=10.0, warmup_s=2.0, sample_every_s=2.0, capacity_seconds=3.0)
+        return cls(seconds=10.0, warmup_s=2.0, sample_every_s=1.0, capacity_seconds=3.0)
 
 
 def mixed_streams(model_dir: Path) -> list[workloads.StreamSpec]:
@@ -92,7 +92,9 @@ class Sampler(threading.Thread):
                     self.rss.setdefault(f"{role}#{p.pid}", []).append((t, p.memory_info().rss / 2**20))
             self.haproxy.append(haproxy_stats.servers())
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                status = httpx.get(f"{BASE_URL}/router/status", timeout=10).json()
+                # Bounded by the sampling period: a router slow to answer under the overload must not
+                # thin out the memory samples taken in the same loop.
+                status = httpx.get(f"{BASE_URL}/router/status", timeout=max(2.0, self.every_s)).json()
                 queued = sum(sum(m["queued_items"].values()) for m in status["models"].values())
                 delay = (status.get("router_delay") or {}).get("lag_ms")
                 self.router.append({"t": round(t, 1), "tasks": status["tasks"], "queued_items": queued, "lag_ms": delay})

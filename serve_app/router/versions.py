@@ -30,8 +30,7 @@ class Mirror:
     """One answered request to send to a candidate version, with the primary's answer to compare."""
 
     stats: ShadowStats
-    model: str
-    version: str
+    deployment: str  # the candidate version's
     payload: Payload
     items: int
     primary: np.ndarray
@@ -60,9 +59,9 @@ class VersionedModels:
         self.policy = policy or TrafficPolicy({m: cfg.version for m, cfg in args.models.items()})
         self.policy.update(args.traffic)
         # Whether the router holds client work (rows queued, batches in flight) for any deployment
-        # but the shadows' candidates: mirrors wait for the moments it holds none.
+        # but the shadows' candidates (deployment -> its batch size): mirrors wait for the moments it holds none.
         self.candidates = self._candidates()
-        self.mirrors: IdleRelease[Mirror] = IdleRelease(lambda: client_work(self.candidates))
+        self.mirrors: IdleRelease[Mirror] = IdleRelease(lambda: client_work(self.candidates.keys()))
         self._drain: asyncio.Task[None] | None = None
         self.shadows: dict[tuple[str, str], ShadowStats] = {}
         # Per (model, version): calls by outcome, and latencies not yet exported (telemetry drains them).
@@ -76,13 +75,14 @@ class VersionedModels:
         self.policy.update(traffic)
         self.candidates = self._candidates()
 
-    def _candidates(self) -> frozenset[str]:
-        """The deployments that shadows are mirrored to now."""
-        return frozenset(
+    def _candidates(self) -> dict[str, int]:
+        """The deployments that shadows are mirrored to now, with the batch size of each."""
+        deployments = [
             self.args.versions(model)[p.config.shadow.version]
             for model, p in self.policy.models.items()
             if p.config.shadow is not None
-        )
+        ]
+        return {d: self.args.deployment_config(d).batching.max_batch_size for d in deployments}
 
     def version_of(self, deployment: str) -> str:
         return self.served[deployment].version
@@ -135,7 +135,8 @@ class VersionedModels:
 
     def _mirror(self, model: str, version: str, payload: Payload, items: int, primary: np.ndarray) -> None:
         stats = self.shadows.setdefault((model, version), ShadowStats())
-        offer = self.mirrors.offer(Mirror(stats, model, version, payload, items, primary), self.policy.shadow_limit(model))
+        mirror = Mirror(stats, self.args.versions(model)[version], payload, items, primary)
+        offer = self.mirrors.offer(mirror, self.policy.shadow_limit(model))
         if offer.refused:
             stats.skipped += 1
             return
@@ -148,18 +149,14 @@ class VersionedModels:
         """Send waiting mirrors whenever the router has no client work, until none waits."""
         loop = asyncio.get_running_loop()
         while True:
-            for mirror in self.mirrors.release(self._batch_of_next()):
+            # One batch of the oldest waiting mirror's candidate (1 if the policy dropped it since).
+            for mirror in self.mirrors.release(self.candidates.get(self.mirrors.waiting[0].deployment, 1)):
                 task = loop.create_task(self._shadow(mirror))
                 self._shadow_tasks.add(task)
                 task.add_done_callback(self._shadow_done)
             if not self.mirrors.waiting:
                 return
             await asyncio.sleep(IDLE_POLL_S)
-
-    def _batch_of_next(self) -> int:
-        """How many mirrors go out together: one batch of the next waiting mirror's candidate."""
-        m = self.mirrors.waiting[0]
-        return self.args.deployment_config(self.args.versions(m.model)[m.version]).batching.max_batch_size
 
     def _shadow_done(self, task: asyncio.Task[None]) -> None:
         self._shadow_tasks.discard(task)
@@ -168,9 +165,8 @@ class VersionedModels:
     async def _shadow(self, m: Mirror) -> None:
         """The candidate's answer, compared with the primary's and dropped. Low priority, so that it
         never takes a place a client's request could have; whatever it does, no client sees it."""
-        deployment = self.args.versions(m.model)[m.version]
         try:
-            logits = await self.raw_submit(deployment, m.payload, m.items, Priority.LOW, None, None)
+            logits = await self.raw_submit(m.deployment, m.payload, m.items, Priority.LOW, None, None)
             primary = softmax(np.asarray(m.primary, dtype=np.float64))
             m.stats.compare(primary, softmax(np.asarray(logits, dtype=np.float64)))
         except Exception:  # a shadow's failure is counted and goes no further

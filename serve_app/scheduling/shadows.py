@@ -15,28 +15,28 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 
 @dataclass
-class Offer:
+class Offer(Generic[T]):
     """What taking a mirror cost: the mirror dropped to make room, or whether the new one was refused."""
 
-    dropped: Any = None
+    dropped: T | None = None
     refused: bool = False
 
 
 class IdleRelease(Generic[T]):
-    """Mirrors held until `busy()` says the router has no client work, then released together."""
+    """Mirrors held until `busy()` says the router has no client work, then released a batch at a time."""
 
     def __init__(self, busy: Callable[[], bool]) -> None:
         self.busy = busy
         self.waiting: deque[T] = deque()
         self.inflight = 0
 
-    def offer(self, mirror: T, capacity: int) -> Offer:
+    def offer(self, mirror: T, capacity: int) -> Offer[T]:
         """Hold `mirror`; waiting and in-flight mirrors together stay within `capacity`."""
         if self.inflight >= capacity:
             return Offer(refused=True)

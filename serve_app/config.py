@@ -189,6 +189,12 @@ class ShadowConfig(BaseModel):
     max_inflight: int = Field(
         32, ge=1, description="shadow calls one router holds at once; past it a mirror is skipped (and counted)"
     )
+    batch: int = Field(
+        1,
+        ge=1,
+        description="mirrors sent together when the router turns idle: a client request that arrives meanwhile "
+        "finds at most this much shadow work running beside it; larger drains waiting mirrors faster",
+    )
 
 
 class RollbackConfig(BaseModel):

@@ -59,7 +59,7 @@ class VersionedModels:
         self.policy = policy or TrafficPolicy({m: cfg.version for m, cfg in args.models.items()})
         self.policy.update(args.traffic)
         # Whether the router holds client work (rows queued, batches in flight) for any deployment
-        # but the shadows' candidates (deployment -> its batch size): mirrors wait for the moments it holds none.
+        # but the shadows' candidates (deployment -> mirrors sent at once): mirrors wait for the moments it holds none.
         self.candidates = self._candidates()
         self.mirrors: IdleRelease[Mirror] = IdleRelease(lambda: client_work(self.candidates.keys()))
         self._drain: asyncio.Task[None] | None = None
@@ -76,13 +76,13 @@ class VersionedModels:
         self.candidates = self._candidates()
 
     def _candidates(self) -> dict[str, int]:
-        """The deployments that shadows are mirrored to now, with the batch size of each."""
-        deployments = [
-            self.args.versions(model)[p.config.shadow.version]
-            for model, p in self.policy.models.items()
-            if p.config.shadow is not None
-        ]
-        return {d: self.args.deployment_config(d).batching.max_batch_size for d in deployments}
+        """The deployments that shadows are mirrored to now, with the mirrors sent to each at once."""
+        out: dict[str, int] = {}
+        for model, p in self.policy.models.items():
+            if p.config.shadow is not None:
+                deployment = self.args.versions(model)[p.config.shadow.version]
+                out[deployment] = min(p.config.shadow.batch, out.get(deployment, p.config.shadow.batch))
+        return out
 
     def version_of(self, deployment: str) -> str:
         return self.served[deployment].version
@@ -149,7 +149,7 @@ class VersionedModels:
         """Send waiting mirrors whenever the router has no client work, until none waits."""
         loop = asyncio.get_running_loop()
         while True:
-            # One batch of the oldest waiting mirror's candidate (1 if the policy dropped it since).
+            # The oldest waiting mirror's candidate's share (1 if the policy dropped it since).
             for mirror in self.mirrors.release(self.candidates.get(self.mirrors.waiting[0].deployment, 1)):
                 task = loop.create_task(self._shadow(mirror))
                 self._shadow_tasks.add(task)

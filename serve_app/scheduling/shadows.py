@@ -3,11 +3,12 @@
 A shadow doubles the model work of every request it mirrors, on the same cores and router as
 the clients. Sent at once, it competes with the client requests that arrive while it runs; so
 mirrors wait here, oldest first, and go out only while the router holds no client work (no
-rows queued and no batch in flight to any deployment but the candidates), one batch's worth at
-a time: a client request that arrives while a shadow runs then finds at most one batch of
-shadow work beside it. What waits is bounded: past `capacity` the oldest waiting mirror is
-dropped (counted as `yielded`), and when nothing waits but `capacity` mirrors are already in
-flight, the new one is not taken (`skipped`).
+rows queued and no batch in flight to any deployment but the candidates), a few at a time (the
+shadow's `batch`, one mirror by default): a client request that arrives while a shadow runs
+then finds at most that much shadow work beside it, on cores it shares at the same CPU
+priority. What waits is bounded: past `capacity` the oldest waiting mirror is dropped (counted
+as `yielded`), and when nothing waits but `capacity` mirrors are already in flight, the new one
+is not taken (`skipped`).
 """
 
 from __future__ import annotations

@@ -160,3 +160,22 @@ def test_mirrors_wait_for_the_routers_idle_time_and_the_wait_is_bounded():
         assert v.shadows[("m", "2")].rows == 2 and v.mirrors.inflight == 0
 
     virtual_time(main)()  # the sleeps let every mirror finish, whatever the machine's load
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_an_idle_router_sends_the_shadows_batch_of_mirrors_at_once(batch: int):
+    async def main() -> None:
+        models = Models()
+        clients = [True]
+        shadow = {"version": "2", "max_inflight": 8, "batch": batch}
+        v = VersionedModels(args(m={"weights": {"1": 1}, "shadow": shadow}), models.submit, client_work=lambda _: clients[0])
+        models.hold.add("m-v2")
+        for _ in range(4):
+            await v.submit("m", ["a"], 1, Priority.NORMAL, None, None)
+        clients[0] = False
+        await asyncio.sleep(0.01)
+        # Out at once: the shadow's batch, the rest waiting until those are done.
+        assert v.mirrors.inflight == batch and len(v.mirrors.waiting) == 4 - batch
+        await v.stop()
+
+    virtual_time(main)()

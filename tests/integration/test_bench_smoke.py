@@ -192,4 +192,5 @@ def test_images(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert phases["alone"]["streams"]["text"]["statuses"] == {"200": phases["alone"]["streams"]["text"]["requests"]}
     burst = phases["with_burst"]["streams"]
     assert set(burst["png"]["statuses"]) == {"200"} and set(burst["text"]["statuses"]) == {"200"}
-    assert phases["text_p99_ratio"] > 0
+    assert phases["text_p99_ratio"] > 0 and r["pooled_text_p99_ratio"] > 0
+    assert "pooled over the rounds" in (tmp_path / "README.md").read_text()

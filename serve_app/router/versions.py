@@ -77,12 +77,11 @@ class VersionedModels:
 
     def _candidates(self) -> dict[str, int]:
         """The deployments that shadows are mirrored to now, with the mirrors sent to each at once."""
-        out: dict[str, int] = {}
-        for model, p in self.policy.models.items():
-            if p.config.shadow is not None:
-                deployment = self.args.versions(model)[p.config.shadow.version]
-                out[deployment] = min(p.config.shadow.batch, out.get(deployment, p.config.shadow.batch))
-        return out
+        return {
+            self.args.versions(model)[p.config.shadow.version]: p.config.shadow.batch
+            for model, p in self.policy.models.items()
+            if p.config.shadow is not None
+        }
 
     def version_of(self, deployment: str) -> str:
         return self.served[deployment].version
@@ -149,7 +148,7 @@ class VersionedModels:
         """Send waiting mirrors whenever the router has no client work, until none waits."""
         loop = asyncio.get_running_loop()
         while True:
-            # The oldest waiting mirror's candidate's share (1 if the policy dropped it since).
+            # As many as the oldest waiting mirror's shadow sends at once (1 if the policy dropped it since).
             for mirror in self.mirrors.release(self.candidates.get(self.mirrors.waiting[0].deployment, 1)):
                 task = loop.create_task(self._shadow(mirror))
                 self._shadow_tasks.add(task)

@@ -30,7 +30,7 @@ class Offer(Generic[T]):
 
 
 class IdleRelease(Generic[T]):
-    """Mirrors held until `busy()` says the router has no client work, then released a batch at a time."""
+    """Mirrors held until `busy()` says the router has no client work, then released `batch` at a time."""
 
     def __init__(self, busy: Callable[[], bool]) -> None:
         self.busy = busy

@@ -3,7 +3,10 @@
 A head node and a worker node are started with `ray start` twice, each with its
 own logical CPUs and a custom resource that names it, the way Ray's own
 multi-node tests do on one host. The app runs a classifier with two replicas
-(Serve spreads them over the nodes), two router replicas and the generator.
+(one per node), the generator on the worker, and two router replicas on the head:
+the head plays an ingress node that carries no generation, so a worker's loss
+leaves alive every router that holds a client's connection, and each stream it
+cuts ends with an error event and [DONE].
 The load generator sends classification requests throughout; each phase breaks
 one thing in the middle of its window:
 
@@ -46,6 +49,7 @@ from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, run_loadg
 from benchmarks.scenarios import DEFAULT_INGRESS, single_versions
 
 WORKER_RESOURCE = "chaos_worker"
+INGRESS_RESOURCE = "ingress"  # the head's: routers ask for a sliver of it, so they run there alone
 WORKER_NODE_MANAGER_PORT = 6402
 CLASSIFIER = "resnet-heavy"
 GENERATOR = "gpt"
@@ -71,8 +75,9 @@ class ChaosSettings:
 class MultiNodeCluster(RayCluster):
     """The head as every scenario starts it, plus one worker node joined with `ray start --address`."""
 
-    def __init__(self, workdir: Path, model_dir: Path, worker_cpus: int) -> None:
-        super().__init__(DEFAULT_INGRESS, workdir, model_dir)
+    def __init__(self, workdir: Path, model_dir: Path, head_cpus: int, worker_cpus: int) -> None:
+        head = (f"--num-cpus={head_cpus}", f"--resources={json.dumps({INGRESS_RESOURCE: 1})}")
+        super().__init__(DEFAULT_INGRESS, workdir, model_dir, head)
         self.worker_cpus = worker_cpus
 
     def __enter__(self) -> MultiNodeCluster:
@@ -107,7 +112,11 @@ def _is_worker_raylet(p: psutil.Process) -> bool:
 
 
 def chaos_config(base: dict[str, Any], model_dir: Path, stall_faults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The user's config cut down to one classifier (two replicas), the generator and two routers."""
+    """The user's config cut down to one classifier (two replicas), the generator and two routers.
+
+    Routers run on the ingress node (the head) and the generator on the worker: a stream's
+    connection runs through a router that outlives the worker, which can end it properly.
+    """
     config = json.loads(json.dumps(base))
     app = config["applications"][0]
     args = app["args"]
@@ -119,11 +128,12 @@ def chaos_config(base: dict[str, Any], model_dir: Path, stall_faults: dict[str, 
     args.setdefault("scheduling", {})["anonymous_max_priority"] = "high"
     gpt_tuning: dict[str, Any] = {"faults": stall_faults or {}}
     app["deployments"] = [
-        # One of each per node: a lost node takes one router and one classifier replica, not both.
-        {"name": "router", "num_replicas": 2, "max_replicas_per_node": 1, "ray_actor_options": {"num_cpus": 0.2}},
+        {"name": "router", "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.2, "resources": {INGRESS_RESOURCE: 0.01}}},
+        # One classifier replica per node: a lost node takes one of them, not both.
         {"name": CLASSIFIER, "num_replicas": 2, "max_replicas_per_node": 1, "ray_actor_options": {"num_cpus": 0.3}},
-        {"name": GENERATOR, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.3}, "user_config": gpt_tuning,
-         "health_check_period_s": 1, "health_check_timeout_s": 10, "graceful_shutdown_timeout_s": 2},
+        {"name": GENERATOR, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.3, "resources": {WORKER_RESOURCE: 0.01}},
+         "user_config": gpt_tuning, "health_check_period_s": 1, "health_check_timeout_s": 10,
+         "graceful_shutdown_timeout_s": 2},
     ]  # fmt: skip
     return config
 
@@ -299,7 +309,7 @@ def run(s: ChaosSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"settings": asdict(s), "phases": {}}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        with MultiNodeCluster(tmp, model_dir, s.worker_cpus) as cluster, RayView() as ray_view:
+        with MultiNodeCluster(tmp, model_dir, s.head_cpus, s.worker_cpus) as cluster, RayView() as ray_view:
             probe = Probe(f"/v2/models/{CLASSIFIER}/infer", workloads.image_bodies(1, 32)[0])
             out["deploy_s"] = round(cluster.deploy(chaos_config(base, model_dir), probe), 1)
             out["placement"] = {d: ray_view.replicas(d) for d in ("router", CLASSIFIER, GENERATOR)}

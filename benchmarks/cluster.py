@@ -94,17 +94,19 @@ def ensure_auth_token(env: dict[str, str]) -> None:
 class RayCluster:
     """`ray start --head` with the ingress switches in its environment; `serve run` configs onto it."""
 
-    def __init__(self, ingress: Ingress, workdir: Path, model_dir: Path) -> None:
+    def __init__(self, ingress: Ingress, workdir: Path, model_dir: Path, head_args: tuple[str, ...] = ()) -> None:
         self.ingress = ingress
         self.workdir = workdir
+        self.head_args = head_args  # more `ray start --head` flags: logical CPUs, custom resources
         self.env = {**base_env(), **ingress.env(), "SERVE_APP_MODEL_DIR": str(model_dir)}
         self.direct_backends: bool | None = None  # after a deploy: whether HAProxy reached the replicas directly
 
     def __enter__(self) -> RayCluster:
         self._stop()
         ensure_auth_token(self.env)
+        start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--include-dashboard=false", "--disable-usage-stats"]
         subprocess.run(
-            ["ray", "start", "--head", f"--port={RAY_PORT}", "--include-dashboard=false", "--disable-usage-stats"],
+            [*start, *self.head_args],
             env=self.env,
             check=True,
             capture_output=True,
@@ -115,9 +117,7 @@ class RayCluster:
         self._stop()
 
     def _stop(self) -> None:
-        subprocess.run(["ray", "stop", "--force"], env=self.env, capture_output=True)
-        kill_orphan_haproxy()
-        wait_for_ray_exit()
+        stop_ray()
 
     def deploy(self, config: dict[str, Any], probe: Probe, timeout_s: float = 240) -> float:
         """`serve run --non-blocking` a config and wait until the probe answers 200; returns seconds taken."""
@@ -211,6 +211,49 @@ def wait_all_models(base_url: str, timeout_s: float) -> None:
             pass
         time.sleep(1)
     raise TimeoutError(f"{base_url}: not every model ready in {timeout_s}s")
+
+
+def stop_ray() -> None:
+    """What `ray stop --force` does, without its waits, and then what it leaves behind (HAProxy).
+
+    `ray stop` waits for each process it kills to disappear. Where PID 1 reaps no orphans (this
+    container), the killed daemons stay zombies and it waits out every timeout. A zombie holds no
+    port and no memory, so here it counts as gone. The killing runs in a child process because
+    importing Ray fixes its auth mode for the importing process (a later `ray.init()` here would
+    connect without the cluster's token).
+    """
+    code = "from benchmarks.cluster import kill_ray_processes; kill_ray_processes()"
+    subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], check=True, timeout=60)
+    kill_orphan_haproxy()
+    wait_for_ray_exit()
+
+
+def kill_ray_processes() -> None:
+    """SIGKILL every process `ray stop` would (its own list) and forget the cluster's address, as it does."""
+    from ray._common.utils import reset_ray_address
+    from ray.autoscaler._private.constants import RAY_PROCESSES
+
+    victims = []
+    for p in psutil.process_iter(["name", "cmdline", "status"]):
+        if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        name, args = p.info["name"] or "", subprocess.list2cmdline(p.info["cmdline"] or [])
+        if any(keyword in (name if by_name else args) for keyword, by_name in RAY_PROCESSES):
+            victims.append(p)
+    for p in victims:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_running(p) for p in victims):
+        time.sleep(0.05)
+    reset_ray_address()
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def kill_orphan_haproxy() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import yaml
 
-from benchmarks.cluster import ensure_auth_token, kill_orphan_haproxy, wait_for_ray_exit
+from benchmarks.cluster import ensure_auth_token, stop_ray, wait_for_ray_exit
 
 REPLICAS_SCRIPT = """
 import sys, ray
@@ -40,9 +40,7 @@ def serve_run(
         wait_for(lambda: ready(url), 120, "application never became ready")
         yield
     finally:
-        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
-        kill_orphan_haproxy()
-        wait_for_ray_exit()
+        stop_ray()
 
 
 def app_config(port: int, args: dict[str, Any], deployments: list[dict[str, Any]]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def cluster(tiny_model_dir, tmp_path_factory):
     import ray
     from ray import serve
 
-    from benchmarks.cluster import ensure_auth_token, kill_orphan_haproxy, wait_for_ray_exit
+    from benchmarks.cluster import ensure_auth_token, stop_ray
     from tests.integration.serving import release_handles
 
     # Logical CPUs: gpu.yaml asks one CPU per replica, as a GPU node would have.
@@ -59,9 +59,7 @@ def cluster(tiny_model_dir, tmp_path_factory):
                 ray.shutdown()
     finally:
         # Also when setup failed: a cluster left running here is joined by the next module.
-        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
-        kill_orphan_haproxy()
-        wait_for_ray_exit()
+        stop_ray()
 
 
 @contextlib.contextmanager

@@ -1,12 +1,13 @@
 """The RayService manifest: generated from gpu.yaml and valid against KubeRay's CRD."""
 
+import json
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
 
-from serve_app.kuberay import render, serve_config_of
+from serve_app.kuberay import INGRESS_RESOURCE, render, serve_config_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "k8s" / "crds" / "ray.io_rayservices.yaml"  # KubeRay v1.7.0's, kept in the repository
@@ -18,8 +19,29 @@ def test_committed_manifest_is_a_fresh_render():
     assert MANIFEST.read_text() == render(GPU_CONFIG), "run `serve-app k8s render` after editing configs/gpu.yaml"
 
 
-def test_serve_config_v2_is_the_gpu_application():
-    assert serve_config_of(MANIFEST.read_text()) == yaml.safe_load(GPU_CONFIG.read_text())
+def test_serve_config_v2_is_the_gpu_application_with_routers_on_the_ingress_group():
+    embedded = serve_config_of(MANIFEST.read_text())
+    gpu = yaml.safe_load(GPU_CONFIG.read_text())
+    (router,) = [d for d in embedded["applications"][0]["deployments"] if d["name"] == "router"]
+    assert router["ray_actor_options"]["resources"] == {INGRESS_RESOURCE: 0.01}
+    # Nothing else differs from configs/gpu.yaml.
+    del router["ray_actor_options"]["resources"]
+    assert embedded == gpu
+
+
+def test_routers_fit_the_ingress_group_and_the_models_do_not():
+    """Routers run on CPU pods apart from the models: a GPU pod's loss cuts no client's connection."""
+    cluster = yaml.safe_load(MANIFEST.read_text())["spec"]["rayClusterConfig"]
+    groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
+    offered = json.loads(json.loads(groups["ingress"]["rayStartParams"]["resources"]))
+    assert offered == {INGRESS_RESOURCE: 1} and "resources" not in groups["gpu"]["rayStartParams"]
+    assert groups["ingress"]["minReplicas"] >= 2  # one pod's loss leaves routers serving
+    app = serve_config_of(MANIFEST.read_text())["applications"][0]
+    router = next(d for d in app["deployments"] if d["name"] == "router")
+    per_pod = int(groups["ingress"]["rayStartParams"]["num-cpus"]) // router["ray_actor_options"]["num_cpus"]
+    pods = groups["ingress"]["maxReplicas"]
+    assert per_pod * pods >= router["autoscaling_config"]["max_replicas"]
+    assert per_pod * pods * router["ray_actor_options"]["resources"][INGRESS_RESOURCE] <= offered[INGRESS_RESOURCE] * pods
 
 
 def test_manifest_validates_against_kuberay_crd():
@@ -30,8 +52,8 @@ def test_manifest_validates_against_kuberay_crd():
     jsonschema.validate(manifest, schema)
     cluster = manifest["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
-    (workers,) = cluster["workerGroupSpecs"]
-    assert workers["maxReplicas"] > workers["minReplicas"]
+    for workers in cluster["workerGroupSpecs"]:
+        assert workers["maxReplicas"] > workers["minReplicas"], workers["groupName"]
 
 
 def test_crd_schema_catches_a_broken_manifest():

@@ -73,7 +73,8 @@ class ChaosSettings:
 
 
 class MultiNodeCluster(RayCluster):
-    """The head as every scenario starts it, plus one worker node joined with `ray start --address`."""
+    """The head (an ingress node: its own logical CPUs and the `ingress` resource), plus one worker
+    node joined with `ray start --address`."""
 
     def __init__(self, workdir: Path, model_dir: Path, head_cpus: int, worker_cpus: int) -> None:
         head = (f"--num-cpus={head_cpus}", f"--resources={json.dumps({INGRESS_RESOURCE: 1})}")

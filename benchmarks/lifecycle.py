@@ -303,6 +303,12 @@ def pair_ratio_interval(rounds: list[dict[str, Any]], draws: int = 20_000, seed:
     return {"geomean": round(float(np.exp(logs.mean())), 3), "low": round(float(low), 3), "high": round(float(high), 3)}
 
 
+def _interval_text(interval: dict[str, float] | None) -> str:
+    if not interval:
+        return "too few pairs for an interval."
+    return f"their geometric mean {interval['geomean']}x, 90% interval {interval['low']}x-{interval['high']}x."
+
+
 def _median(values: list[float]) -> float | None:
     return round(float(np.median(values)), 3) if values else None
 
@@ -415,8 +421,8 @@ def markdown(res: dict[str, Any]) -> str:
     lines += [
         "",
         f"Pooled over the rounds: p99 {pooled['off']:.1f} ms without the shadow, {pooled['on']:.1f} ms with it "
-        f"({sh['pooled_p99_ratio']}x); median of the pairs' ratios {sh.get('median_pair_p99_ratio')}x; their "
-        f"geometric mean and its 90% bootstrap interval {sh.get('pair_p99_ratio_interval')}.",
+        f"({sh['pooled_p99_ratio']}x); median of the pairs' ratios {sh.get('median_pair_p99_ratio')}x; "
+        + _interval_text(sh.get("pair_p99_ratio_interval")),
         f"Candidate's replicas killed mid-run (shadow on): killed {sh['kill'].get('killed_replicas')}, client statuses "
         f"{sh['kill']['statuses']}, p99 {sh['kill']['p99_ms']} ms.",
     ]

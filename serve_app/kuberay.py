@@ -3,8 +3,9 @@
 `serve-app k8s render` rewrites the manifest; a test fails when the committed
 one differs from a fresh render, and validates it against KubeRay's CRD schema.
 The one change to the application: its routers ask for the ingress group's
-custom resource, so they run on CPU pods apart from the models (a GPU pod's loss
-then cuts no client's connection: docs/configuration.md, "Where routers run").
+custom resource, so they run on CPU pods apart from the models; clients reach
+them through k8s/ingress-service.yaml, which selects those pods only (a GPU pod's
+loss then cuts no client's connection: docs/configuration.md, "Where routers run").
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ HEADER = """\
 # group that runs the routers (the only change to configs/gpu.yaml's application),
 # and an autoscaled GPU worker group whose pods carry the models baked into the image.
 # Apply with k8s/redis.yaml (GCS fault tolerance), k8s/redis-cache.yaml (the shared
-# response cache) and k8s/networkpolicy.yaml.
+# response cache), k8s/ingress-service.yaml (clients' way in) and k8s/networkpolicy.yaml.
 """
 # Every container runs as the image's unprivileged `ray` user, with no way to gain privileges.
 CONTAINER_SECURITY: dict[str, Any] = {
@@ -40,6 +41,9 @@ CONTAINER_SECURITY: dict[str, Any] = {
 }
 # What k8s/networkpolicy.yaml selects the Ray pods by (KubeRay names the cluster per rollout).
 POD_LABELS = {"app.kubernetes.io/part-of": "serve-app"}
+# What k8s/ingress-service.yaml selects: clients reach the proxies on the ingress pods only, so a
+# GPU pod's loss cuts neither a client's router nor the proxy its connection runs through.
+INGRESS_POD_LABELS = {**POD_LABELS, "serve-app/role": "ingress"}
 POD_SECURITY: dict[str, Any] = {
     "runAsNonRoot": True,
     "runAsUser": 1000,
@@ -174,7 +178,7 @@ def _ingress_worker_group() -> dict[str, Any]:
             "metrics-export-port": "8080",
         },
         "template": {
-            "metadata": {"labels": POD_LABELS},
+            "metadata": {"labels": INGRESS_POD_LABELS},
             "spec": {
                 "containers": [
                     {

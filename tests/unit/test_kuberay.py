@@ -12,6 +12,7 @@ from serve_app.kuberay import INGRESS_RESOURCE, render, serve_config_of
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "k8s" / "crds" / "ray.io_rayservices.yaml"  # KubeRay v1.7.0's, kept in the repository
 MANIFEST = ROOT / "k8s" / "rayservice.yaml"
+INGRESS_SERVICE = ROOT / "k8s" / "ingress-service.yaml"
 GPU_CONFIG = ROOT / "configs" / "gpu.yaml"
 
 
@@ -42,6 +43,20 @@ def test_routers_fit_the_ingress_group_and_the_models_do_not():
     pods = groups["ingress"]["maxReplicas"]
     assert per_pod * pods >= router["autoscaling_config"]["max_replicas"]
     assert per_pod * pods * router["ray_actor_options"]["resources"][INGRESS_RESOURCE] <= offered[INGRESS_RESOURCE] * pods
+    # Every model asks for a GPU, which the ingress pods do not have.
+    models = [d for d in app["deployments"] if d["name"] != "router"]
+    assert models and all(d["ray_actor_options"]["num_gpus"] > 0 for d in models)
+
+
+def test_clients_reach_the_proxies_of_the_ingress_pods_only():
+    service = yaml.safe_load(INGRESS_SERVICE.read_text())
+    selector = service["spec"]["selector"]
+    cluster = yaml.safe_load(MANIFEST.read_text())["spec"]["rayClusterConfig"]
+    pods = {"head": cluster["headGroupSpec"]["template"]["metadata"]["labels"]}
+    pods |= {g["groupName"]: g["template"]["metadata"]["labels"] for g in cluster["workerGroupSpecs"]}
+    selected = [name for name, labels in pods.items() if selector.items() <= labels.items()]
+    assert selected == ["ingress"]
+    assert {p["port"] for p in service["spec"]["ports"]} == {8000, 9000}
 
 
 def test_manifest_validates_against_kuberay_crd():

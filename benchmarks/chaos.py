@@ -47,9 +47,9 @@ import yaml
 from benchmarks import workloads
 from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, run_loadgen
 from benchmarks.scenarios import DEFAULT_INGRESS, single_versions
+from serve_app.kuberay import INGRESS_RESOURCE  # the head offers it, as KubeRay's ingress pods do: routers run there alone
 
 WORKER_RESOURCE = "chaos_worker"
-INGRESS_RESOURCE = "ingress"  # the head's: routers ask for a sliver of it, so they run there alone
 WORKER_NODE_MANAGER_PORT = 6402
 CLASSIFIER = "resnet-heavy"
 GENERATOR = "gpt"

@@ -166,66 +166,46 @@ def _head_group() -> dict[str, Any]:
 def _ingress_worker_group() -> dict[str, Any]:
     """CPU pods for the routers (up to four each, at one CPU a router): two at least, so that one
     pod's loss leaves routers serving."""
-    return {
-        "groupName": "ingress",
-        "replicas": 2,
-        "minReplicas": 2,
-        "maxReplicas": 4,
-        "rayStartParams": {
-            "num-cpus": "4",
-            # KubeRay passes it to `ray start --resources=` through a shell: JSON, quoted once more.
-            "resources": json.dumps(json.dumps({INGRESS_RESOURCE: 1})),
-            "metrics-export-port": "8080",
-        },
-        "template": {
-            "metadata": {"labels": INGRESS_POD_LABELS},
-            "spec": {
-                "containers": [
-                    {
-                        **_container(
-                            "ray-worker",
-                            {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
-                            [{"containerPort": 8080, "name": "metrics"}],
-                        ),
-                        "lifecycle": _drain_hook(),
-                    }
-                ],
-                "securityContext": POD_SECURITY,
-                "terminationGracePeriodSeconds": DRAIN_DEADLINE_S + 30,
-            },
-        },
-    }
-
-
-def _drain_hook() -> dict[str, Any]:
-    """Drain before the pod stops: its replicas move and finish what they hold."""
-    return {"preStop": {"exec": {"command": ["python", "-m", "serve_app.drain", f"--deadline-s={DRAIN_DEADLINE_S}"]}}}
+    return _worker_group(
+        "ingress", (2, 2, 4),
+        # KubeRay passes `resources` to `ray start --resources=` through a shell: JSON, quoted once more.
+        {"num-cpus": "4", "resources": json.dumps(json.dumps({INGRESS_RESOURCE: 1}))},
+        INGRESS_POD_LABELS, {"cpu": "4", "memory": "8Gi"},
+    )  # fmt: skip
 
 
 def _gpu_worker_group() -> dict[str, Any]:
+    return _worker_group(
+        "gpu", (1, 1, 4), {}, POD_LABELS, {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
+        {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    )  # fmt: skip
+
+
+def _worker_group(
+    name: str,
+    replicas: tuple[int, int, int],  # initial, min, max
+    start_params: dict[str, str],
+    labels: dict[str, str],
+    resources: dict[str, str],  # each pod's requests, and its limits
+    pod_spec: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A worker group whose pods drain before they stop: their replicas move and finish what they hold."""
+    drain = ["python", "-m", "serve_app.drain", f"--deadline-s={DRAIN_DEADLINE_S}"]
+    container = _container(
+        "ray-worker", {"requests": resources, "limits": resources}, [{"containerPort": 8080, "name": "metrics"}]
+    )
+    initial, least, most = replicas
     return {
-        "groupName": "gpu",
-        "replicas": 1,
-        "minReplicas": 1,
-        "maxReplicas": 4,
-        "rayStartParams": {"metrics-export-port": "8080"},
+        "groupName": name,
+        "replicas": initial,
+        "minReplicas": least,
+        "maxReplicas": most,
+        "rayStartParams": {**start_params, "metrics-export-port": "8080"},
         "template": {
-            "metadata": {"labels": POD_LABELS},
+            "metadata": {"labels": labels},
             "spec": {
-                "containers": [
-                    {
-                        **_container(
-                            "ray-worker",
-                            {
-                                "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
-                                "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
-                            },
-                            [{"containerPort": 8080, "name": "metrics"}],
-                        ),
-                        "lifecycle": _drain_hook(),
-                    }
-                ],
-                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{**container, "lifecycle": {"preStop": {"exec": {"command": drain}}}}],
+                **(pod_spec or {}),
                 "securityContext": POD_SECURITY,
                 # Longer than the drain's deadline: Kubernetes must not kill the pod mid-drain.
                 "terminationGracePeriodSeconds": DRAIN_DEADLINE_S + 30,

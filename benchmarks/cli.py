@@ -89,6 +89,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="flood: the router's own overload target (scheduling.router_delay_target_ms); default: the config's",
     )
     p.add_argument(
+        "--router-protect-delay-ms",
+        type=float,
+        help="flood: the router's priority protection target (scheduling.router_protect_delay_ms); default: the config's",
+    )
+    p.add_argument(
         "--phases",
         nargs="+",
         choices=("replica", "router", "stall", "malformed", "node"),
@@ -145,6 +150,7 @@ def _chaos_options(settings: Any, ns: argparse.Namespace) -> None:
 
 def _flood_options(settings: Any, ns: argparse.Namespace) -> None:
     settings.router_delay_target_ms = ns.router_delay_target_ms
+    settings.router_protect_delay_ms = ns.router_protect_delay_ms
 
 
 def _generation(inv: Invocation) -> Any:

@@ -38,6 +38,7 @@ class BackgroundLoops:
         router_count: Callable[[], int] | None = None,
         on_router_count: Callable[[int], None] | None = None,
         loop_lag: LoopLag | None = None,
+        on_lag: Callable[[float], None] | None = None,
         versions: VersionedModels | None = None,
         cache: ResponseCache | None = None,
     ) -> None:
@@ -48,6 +49,7 @@ class BackgroundLoops:
         # How many router replicas there are now, and who must follow it (the rate limits' share).
         self.router_count, self.on_router_count = router_count, on_router_count
         self.loop_lag = loop_lag  # fed by its own loop when the router's overload control is on
+        self.on_lag = on_lag  # told the smoothed lateness after each sample (priority protection)
         self.versions, self.cache = versions, cache  # rollback checks, and their metrics
         self.heap_trim = HeapTrim()
         self.tasks: list[asyncio.Task[None]] = []
@@ -59,7 +61,7 @@ class BackgroundLoops:
         if self.router_count is not None and self.on_router_count is not None:
             self._spawn(self._follow_router_count(self.router_count, self.on_router_count))
         if self.loop_lag is not None:
-            self._spawn(self._measure_lag(self.loop_lag))
+            self._spawn(self._measure_lag(self.loop_lag, self.on_lag))
         if self.versions is not None and self.cache is not None:
             self._spawn(self._lifecycle(self.versions, self.cache))
         if self.heap_trim.available:
@@ -125,12 +127,14 @@ class BackgroundLoops:
             await asyncio.sleep(ROUTER_COUNT_POLL_S)
 
     @staticmethod
-    async def _measure_lag(lag: LoopLag) -> None:
+    async def _measure_lag(lag: LoopLag, on_lag: Callable[[float], None] | None = None) -> None:
         loop = asyncio.get_running_loop()
         while True:
             asked = loop.time()
             await asyncio.sleep(LAG_TICK_S)
             lag.observe(loop.time() - asked - LAG_TICK_S)
+            if on_lag is not None:
+                on_lag(lag.lag_s)
 
     @staticmethod
     async def _trim_heap(heap: HeapTrim) -> None:

@@ -30,6 +30,7 @@ async def router_status(authorization: str | None = Header(None), parts: RouterP
         "gc": parts.gc_pauses.snapshot(),
         "tasks": len(asyncio.all_tasks()),
         "router_delay": _router_delay(parts),
+        "protection": parts.protection.status() if parts.protection is not None else None,
         "versions": parts.versions.snapshot(),
         "cache": parts.cache.snapshot(),
     }

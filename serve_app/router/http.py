@@ -25,6 +25,7 @@ from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
 from serve_app.router.edge import BodyLimit, KeyGate
 from serve_app.router.fastpath import InferFastPath
 from serve_app.router.parts import RouterParts
+from serve_app.router.protect import PriorityGuard
 from serve_app.router.shedgate import HeaderCheck, ShedGate
 from serve_app.router.traced import TraceContext
 
@@ -55,7 +56,8 @@ def build_http_app(
     app.add_middleware(InferFastPath, parts=parts)
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes, inflight=parts.inflight_bytes)
     check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.loop_lag, parts.lag_shedding)
-    app.add_middleware(ShedGate, check=check)
+    guard = PriorityGuard(parts.callers, parts.protection) if parts.protection is not None else None
+    app.add_middleware(ShedGate, check=check, guard=guard)
     app.add_middleware(KeyGate, authenticate=parts.callers.authenticate)
     app.add_middleware(TraceContext)
     add_error_handlers(app)

@@ -23,6 +23,7 @@ from serve_app.router.replicas import DeploymentStates
 from serve_app.router.versions import VersionedModels
 from serve_app.scheduling.breaker import CircuitBreaker
 from serve_app.scheduling.overload import LagShedding, LoopLag
+from serve_app.scheduling.protection import ClassProtection
 
 
 @dataclass
@@ -43,6 +44,8 @@ class RouterParts:
     # The router's own overload control: its event loop's lateness and who is refused past the target.
     loop_lag: LoopLag | None = None
     lag_shedding: LagShedding | None = None
+    # Lower classes capped in flight while higher ones arrive (scheduling.router_protect_delay_ms).
+    protection: ClassProtection | None = None
     # Generation skips the dispatcher (the replica's decode loop admits), so each generator
     # has its own breaker here; classifiers' are their dispatchers'.
     breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
@@ -64,8 +67,9 @@ def build_parts(
         return meta
 
     dispatchers = DispatcherPool(args, send_for)
-    target_ms = args.scheduling.router_delay_target_ms
-    loop_lag = LoopLag() if target_ms is not None else None
+    target_ms, protect_ms = args.scheduling.router_delay_target_ms, args.scheduling.router_protect_delay_ms
+    loop_lag = LoopLag() if target_ms is not None or protect_ms is not None else None
+    protection = ClassProtection(protect_ms / 1e3) if protect_ms is not None else None
     versions = VersionedModels(args, dispatchers.submit, client_work=dispatchers.busy)
     cache = ResponseCache.from_config(args.cache)
     callers = Callers(
@@ -86,6 +90,7 @@ def build_parts(
             router_count=router_count,
             on_router_count=callers.tenants.set_share,
             loop_lag=loop_lag,
+            on_lag=protection.follow if protection is not None else None,
             versions=versions,
             cache=cache,
         ),
@@ -95,6 +100,7 @@ def build_parts(
         inflight_bytes=InflightBytes(args.limits.max_inflight_bytes),
         loop_lag=loop_lag,
         lag_shedding=LagShedding(target_ms / 1e3) if target_ms is not None else None,
+        protection=protection,
         breakers={
             g: CircuitBreaker(args.scheduling.breaker_failures, args.scheduling.breaker_open_s)
             for g in ModelCatalog.generator_names(args)

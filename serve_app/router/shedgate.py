@@ -34,6 +34,7 @@ from serve_app.protocols.errors import error_response
 from serve_app.router.callers import Callers
 from serve_app.router.catalog import ModelCatalog
 from serve_app.router.dispatchers import DispatcherPool
+from serve_app.router.protect import PriorityGuard
 from serve_app.router.qos import PRIORITY_HEADER
 from serve_app.scheduling.overload import LagShedding, LoopLag
 
@@ -62,11 +63,14 @@ def infer_target(path: str) -> str | None:
 
 
 class ShedGate:
-    """Pure ASGI middleware (no per-request objects unless it refuses)."""
+    """Pure ASGI middleware (no per-request objects unless it refuses). With a guard, every
+    inference request is also counted in flight by class until answered, and lower classes are
+    capped while higher ones arrive (serve_app/router/protect.py)."""
 
-    def __init__(self, app: ASGIApp, check: Check) -> None:
+    def __init__(self, app: ASGIApp, check: Check, guard: PriorityGuard | None = None) -> None:
         self.app = app
         self.check = check
+        self.guard = guard
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         check = self.check
@@ -79,7 +83,24 @@ class ShedGate:
                 if refusal is not None:
                     await refusal(scope, receive, send)
                     return
+                if self.guard is not None:
+                    await self._guarded(self.guard, path, headers, scope, receive, send)
+                    return
         await self.app(scope, receive, send)
+
+    async def _guarded(
+        self, guard: PriorityGuard, path: str, headers: dict[str, str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        priority, refusal = guard.enter(path, headers)
+        if refusal is not None:
+            await guard.hold(headers)
+            await refusal(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if priority is not None:
+                guard.leave(priority)
 
 
 class HeaderCheck:

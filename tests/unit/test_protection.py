@@ -1,0 +1,146 @@
+"""Priority protection inside the router, without Ray: the policy on a fake clock, then the
+gate that applies it on a bare Starlette app over real ASGI."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from serve_app.config import AppArgs
+from serve_app.contract import Priority
+from serve_app.router.parts import build_parts
+from serve_app.router.protect import MAX_HELD, PriorityGuard
+from serve_app.router.shedgate import ShedGate
+from serve_app.scheduling.protection import ClassProtection
+from tests.conftest import tiny_args
+
+HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _protection(clock: Clock, start: int = 2) -> ClassProtection:
+    return ClassProtection(target_s=0.001, window_s=1.0, start=start, adjust_every_s=0.05, clock=clock)
+
+
+def test_with_no_higher_class_arriving_nothing_is_capped():
+    clock = Clock()
+    p = _protection(clock)
+    assert all(p.enter(LOW) for _ in range(50)) and all(p.enter(NORMAL) for _ in range(50))
+    assert p.in_flight[LOW] == 50 and p.refused == {}
+
+
+def test_while_high_arrives_low_is_capped_at_its_limit_and_freed_by_departures():
+    clock = Clock()
+    p = _protection(clock, start=2)
+    assert p.enter(HIGH)
+    assert p.enter(LOW) and p.enter(LOW) and not p.enter(LOW)
+    assert p.enter(NORMAL) and p.enter(NORMAL) and not p.enter(NORMAL)  # high guards normal too
+    p.leave(LOW)
+    assert p.enter(LOW)
+    assert p.refused == {"low": 1, "normal": 1}
+    clock.now += 1.5  # high stopped arriving: the window has passed
+    assert p.enter(LOW) and p.enter(LOW)
+
+
+def test_normal_traffic_protects_high_only_and_low_is_guarded_by_normal():
+    clock = Clock()
+    p = _protection(clock, start=1)
+    assert p.enter(NORMAL)
+    assert p.enter(LOW) and not p.enter(LOW)  # normal arrived: low is capped
+    assert p.enter(NORMAL) and p.enter(NORMAL)  # nothing above normal arrived: not capped
+
+
+def test_the_limit_halves_while_the_loop_is_late_and_grows_by_one_while_on_time():
+    clock = Clock()
+    p = _protection(clock, start=8)
+    clock.now += 0.06
+    p.follow(0.0015)  # late for low (1 ms), on time for normal (2 ms)
+    assert p.limit[LOW] == 4 and p.limit[NORMAL] == 9
+    p.follow(0.0030)  # within the same period: no change
+    assert p.limit[LOW] == 4
+    for _ in range(4):
+        clock.now += 0.06
+        p.follow(0.0030)
+    assert p.limit[LOW] == 0.25 and p.limit[NORMAL] == 9 / 16
+    assert p.enter(HIGH) and not p.enter(LOW)  # under one: none at all while high arrives
+    clock.now += 0.06
+    p.follow(0.0)
+    assert p.limit[LOW] == 1.25 and p.enter(LOW)
+    assert p.status() == {"limit": {"low": 1, "normal": 1}, "in_flight": {"low": 1, "normal": 0}, "refused": {"low": 1}}
+
+
+def test_a_target_must_be_positive():
+    with pytest.raises(ValueError):
+        ClassProtection(target_s=0.0)
+
+
+def _guard(model_dir: Path, rng: float = 1.0) -> tuple[PriorityGuard, ClassProtection]:
+    args = tiny_args(model_dir)
+    args["scheduling"] = {"router_protect_delay_ms": 1, "anonymous_max_priority": "high"}
+    parts = build_parts(AppArgs.model_validate(args), {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
+    assert parts.protection is not None
+    parts.protection.limit = {LOW: 1.0, NORMAL: 1.0}
+    return PriorityGuard(parts.callers, parts.protection, rng=lambda: rng), parts.protection
+
+
+def test_the_guard_holds_a_refusal_at_most_half_the_requests_own_timeout(tiny_model_dir: Path):
+    guard, _ = _guard(tiny_model_dir, rng=1.0)
+    assert guard.hold_s({}) == 1.0
+    assert guard.hold_s({"x-request-timeout-ms": "300"}) == 0.15
+    assert guard.hold_s({"x-request-timeout-ms": "soon"}) == 1.0  # the full path answers the bad header
+    guard.held = MAX_HELD
+    assert guard.hold_s({}) == 0.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_gate_counts_requests_in_flight_and_refuses_the_excess_with_retry_after(tiny_model_dir: Path):
+    guard, protection = _guard(tiny_model_dir, rng=0.0)
+    release, bodies = asyncio.Event(), list[bytes]()
+
+    async def infer(request: Request) -> Response:
+        bodies.append(await request.body())
+        if request.headers.get("x-fail"):
+            raise RuntimeError("boom")
+        await release.wait()
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/v2/models/{name}/infer", infer, methods=["POST"])])
+    app.add_middleware(ShedGate, check=lambda path, name, headers: None, guard=guard)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        url = "/v2/models/m/infer"
+        release.set()
+        high = await client.post(url, json={}, headers={"X-Priority": "high"})
+        release.clear()
+        first = asyncio.ensure_future(client.post(url, json={}, headers={"X-Priority": "low"}))
+        while protection.in_flight[LOW] < 1:
+            await asyncio.sleep(0.001)
+        # Held for half of HOLD_S (rng 0), capped at half of its own 100 ms timeout.
+        refused = await client.post(url, json={}, headers={"X-Priority": "low", "X-Request-Timeout-Ms": "100"})
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert "higher-priority" in refused.json()["error"]
+        release.set()
+        assert (await first).status_code == 200 and high.status_code == 200
+        failed = await client.post(url, json={}, headers={"X-Priority": "low", "X-Fail": "1"})
+        assert failed.status_code == 500
+    assert protection.in_flight[LOW] == 0  # given back after an answer and after a failure
+    assert len(bodies) == 3 and protection.refused == {"low": 1}

@@ -209,7 +209,7 @@ def wait_all_models(base_url: str, timeout_s: float) -> None:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(1)
+        time.sleep(0.25)
     raise TimeoutError(f"{base_url}: not every model ready in {timeout_s}s")
 
 
@@ -314,7 +314,7 @@ class Probe:
                 last = f"{r.status_code} {r.text[:200]}"
             except httpx.HTTPError as e:
                 last = repr(e)
-            time.sleep(1)
+            time.sleep(0.25)
         raise TimeoutError(f"{base_url}{self.path} not ready in {timeout_s}s: {last}")
 
 

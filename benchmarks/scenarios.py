@@ -72,6 +72,9 @@ class Settings:
     # is more than the second-worst of them.
     priority_seconds: float = 30.0
     smoke_ingress: bool = False  # ingress: only the default proxy and HAProxy + throughput-optimized
+    # Ours with only the measured models' deployments (and the router): fewer replicas to start on a
+    # small CI machine. Off for real runs, which measure the whole catalog a user deploys.
+    measured_models_only: bool = False
 
     @classmethod
     def smoke(cls, models: list[str], model_dir: Path, config: Path) -> Settings:
@@ -80,7 +83,7 @@ class Settings:
             models=models, model_dir=model_dir, config=config, seconds=1.5, warmup=0.5, concurrencies=[1, 4],
             headline_concurrency=4, limit_batch_sizes=[1, 4], limit_seconds=0.3, sweep_batch_sizes=[1, 4],
             sweep_concurrency=4, ingress_concurrencies=[4], profile_seconds=3.0, priority_seconds=1.5,
-            smoke_ingress=True,
+            smoke_ingress=True, measured_models_only=True,
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -125,10 +128,14 @@ def ours_config(
     batching: dict[str, dict[str, Any]] | None = None,
     scheduling: dict[str, Any] | None = None,
     lifecycle: bool = False,
+    routes: bool = False,
 ) -> dict[str, Any]:
     """The user's config (default configs/local.yaml), pointed at the model dir; optional overrides.
-    `lifecycle`: keep its model versions, traffic policy and response cache (off by default)."""
+    `lifecycle`: keep its model versions, traffic policy and response cache (off by default).
+    `routes`: keep every route's tiers even when the settings ask for the measured models only."""
     config = _load_config(s) if lifecycle else single_versions(_load_config(s))
+    if s.measured_models_only and not routes:
+        config = only_models(config, s.models)
     args = config["applications"][0]["args"]
     for model, override in (batching or {}).items():
         args["models"][model]["batching"].update(override)
@@ -137,6 +144,17 @@ def ours_config(
         args["scheduling"] = {"anonymous_max_priority": "high", **args.get("scheduling", {})}
     if scheduling:
         args["scheduling"] = {**args.get("scheduling", {}), **scheduling}
+    return config
+
+
+def only_models(config: dict[str, Any], models: list[str]) -> dict[str, Any]:
+    """The catalog cut to these models and the router; a route whose tiers are not all kept is dropped."""
+    app = config["applications"][0]
+    args = app["args"]
+    args["models"] = {name: m for name, m in args["models"].items() if name in models}
+    routes = args.get("routes", {})
+    args["routes"] = {name: r for name, r in routes.items() if {r["light"], r["heavy"]} <= set(models)}
+    app["deployments"] = [d for d in app.get("deployments", []) if d["name"] == "router" or d["name"] in models]
     return config
 
 
@@ -422,7 +440,7 @@ def cascade(s: Settings) -> dict[str, Any]:
     from serve_app.manifest import Manifest
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
-    config = ours_config(s)
+    config = ours_config(s, routes=True)
     args = AppArgs.model_validate(config["applications"][0]["args"])
     out: dict[str, Any] = {"routes": {}, "ingress": DEFAULT_INGRESS.label, "concurrency": s.headline_concurrency}
     url = f"http://127.0.0.1:{HTTP_PORT}"

@@ -12,6 +12,7 @@ from serve_app.models.classifier import ImageClassifier, TextClassifier
 from serve_app.models.generator import TextGenerator
 from serve_app.models.generator_static import RequestBatchGenerator
 from serve_app.router.ingress import Router
+from serve_app.router.parts import router_capacity
 
 
 def as_deployment(decorated: object) -> Deployment:
@@ -72,18 +73,3 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
         .options(name="router", max_ongoing_requests=router_capacity(args), user_config=live.model_dump(mode="json"))
         .bind(args.model_dump(mode="json"), handles)
     )
-
-
-def router_capacity(args: AppArgs) -> int:
-    """Requests one router replica may hold: everything its queues can admit, plus headroom.
-
-    Below that, a flood that admission accepts fills the replica and the proxy queues the
-    rest in arrival order, in front of the router's priority queues: high-priority requests
-    then wait behind low ones (seen under the flood of `python -m benchmarks priority`, whose
-    runs are in benchmarks/results/priority/). Memory stays bounded: queues are capped in
-    rows per model.
-    """
-    return len(args.served) * args.scheduling.max_queue_items + ROUTER_HEADROOM
-
-
-ROUTER_HEADROOM = 256  # requests in flight to models, generations, status and health calls

@@ -118,3 +118,18 @@ async def router_parts(request: Request) -> RouterParts:
     a worker thread, one hop per request, and anyio's hop walks every task on the loop."""
     parts: RouterParts = request.app.state.parts
     return parts
+
+
+def router_capacity(args: AppArgs) -> int:
+    """Requests one router replica may hold: everything its queues can admit, plus headroom.
+
+    Below that, a flood that admission accepts fills the replica and the proxy queues the
+    rest in arrival order, in front of the router's priority queues: high-priority requests
+    then wait behind low ones (seen under the flood of `python -m benchmarks priority`, whose
+    runs are in benchmarks/results/priority/). Memory stays bounded: queues are capped in
+    rows per model.
+    """
+    return len(args.served) * args.scheduling.max_queue_items + ROUTER_HEADROOM
+
+
+ROUTER_HEADROOM = 256  # requests in flight to models, generations, status and health calls

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.responses import Response
 
@@ -20,24 +20,44 @@ from serve_app.contract import Priority
 from serve_app.errors import Overloaded, ServeAppError
 from serve_app.protocols.errors import error_response
 from serve_app.router.callers import Callers
-from serve_app.router.qos import TIMEOUT_HEADER
+from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER
 from serve_app.scheduling.protection import ClassProtection
 
 RETRY_AFTER_S = 1.0
 HOLD_S = RETRY_AFTER_S  # a refusal waits between half of this and this before it is sent
-MAX_HELD = 512  # refusals held at once; past it they are sent at once
+MAX_HELD = 512  # refusals held at once, at most; past it they are sent at once
 
 
 class PriorityGuard:
-    def __init__(self, callers: Callers, protection: ClassProtection, rng: Callable[[], float] = random.random) -> None:
+    """Counts a request in flight by its class from the gate to its answer, and turns away the
+    excess of a capped class. Only requests whose class the headers settle are counted: with an
+    `X-Priority` header (headers win over body parameters), on a known model or a generation
+    path. Anything else (a class in the body, a bad key or header, an unknown model) passes
+    uncounted to the full path, which answers it as before."""
+
+    def __init__(
+        self,
+        callers: Callers,
+        protection: ClassProtection,
+        is_known: Callable[[str], bool],
+        max_held: int = MAX_HELD,
+        rng: Callable[[], float] = random.random,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.callers = callers
         self.protection = protection
-        self.rng = rng
+        self.is_known = is_known
+        # Held refusals count as requests the router replica holds: bounded well under its capacity
+        # (serve_app.router.parts.router_capacity), so that they never make the proxy queue the requests behind.
+        self.max_held = max_held
+        self.rng, self.sleep = rng, sleep
         self.held = 0
 
-    def enter(self, path: str, headers: dict[str, str]) -> tuple[Priority | None, Response | None]:
-        """(the class now in flight, to `leave` when answered; or the refusal to send). A request
-        whose key or headers are bad is neither: the full path answers it with its 4xx."""
+    def enter(self, path: str, name: str, headers: dict[str, str]) -> tuple[Priority | None, Response | None]:
+        """(the class now in flight, to `leave` when answered; or the refusal to send). Neither for
+        a request this guard does not judge (see the class)."""
+        if PRIORITY_HEADER not in headers or (name and not self.is_known(name)):
+            return None, None
         try:
             tenant = self.callers.authenticate(headers.get("authorization"))
             priority = self.callers.qos_from_headers(tenant, headers).priority
@@ -52,21 +72,20 @@ class PriorityGuard:
         self.protection.leave(priority)
 
     def hold_s(self, headers: dict[str, str]) -> float:
-        """How long to hold a refusal: random, so refused clients do not come back in step."""
-        if self.held >= MAX_HELD:
+        """How long to hold a refusal: random, so refused clients do not come back in step; at most
+        half the request's own timeout (a valid one: the guard judged only those); none while
+        `max_held` are held."""
+        if self.held >= self.max_held:
             return 0.0
         hold = HOLD_S * (0.5 + 0.5 * self.rng())
-        try:
-            timeout_s = float(headers.get(TIMEOUT_HEADER, "")) / 1e3
-        except ValueError:
-            return hold
-        return min(hold, max(0.0, timeout_s / 2))
+        timeout_ms = headers.get(TIMEOUT_HEADER)
+        return hold if timeout_ms is None else min(hold, float(timeout_ms) / 2e3)
 
     async def hold(self, headers: dict[str, str]) -> None:
         if (seconds := self.hold_s(headers)) <= 0:
             return
         self.held += 1
         try:
-            await asyncio.sleep(seconds)
+            await self.sleep(seconds)
         finally:
             self.held -= 1

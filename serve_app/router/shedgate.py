@@ -19,7 +19,8 @@ key) passes through to the full path, which answers it as before.
 When the router itself is overloaded (its event loop runs late past
 `scheduling.router_delay_target_ms`), the same check refuses low and then normal
 priority on every inference path, /v1 generation included, whatever admission
-would say (serve_app/scheduling/overload.py).
+would say (serve_app/scheduling/overload.py). Well before that, while a higher class is
+arriving, the lower classes' requests in flight are capped (serve_app/router/protect.py).
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ def infer_target(path: str) -> str | None:
 
 
 class ShedGate:
-    """Pure ASGI middleware (no per-request objects unless it refuses). With a guard, every
-    inference request is also counted in flight by class until answered, and lower classes are
-    capped while higher ones arrive (serve_app/router/protect.py)."""
+    """Pure ASGI middleware, reading only the path and the headers. With a guard, an inference
+    request whose class its headers settle is also counted in flight until answered, and lower
+    classes are capped while higher ones arrive (serve_app/router/protect.py)."""
 
     def __init__(self, app: ASGIApp, check: Check, guard: PriorityGuard | None = None) -> None:
         self.app = app
@@ -84,14 +85,14 @@ class ShedGate:
                     await refusal(scope, receive, send)
                     return
                 if self.guard is not None:
-                    await self._guarded(self.guard, path, headers, scope, receive, send)
+                    await self._guarded(self.guard, path, name, headers, scope, receive, send)
                     return
         await self.app(scope, receive, send)
 
     async def _guarded(
-        self, guard: PriorityGuard, path: str, headers: dict[str, str], scope: Scope, receive: Receive, send: Send
+        self, guard: PriorityGuard, path: str, name: str, headers: dict[str, str], scope: Scope, receive: Receive, send: Send
     ) -> None:
-        priority, refusal = guard.enter(path, headers)
+        priority, refusal = guard.enter(path, name, headers)
         if refusal is not None:
             await guard.hold(headers)
             await refusal(scope, receive, send)

@@ -73,23 +73,30 @@ class ClassProtection:
         return True
 
     def leave(self, priority: Priority) -> None:
+        """A request that `enter` let go on was answered (or failed, or was cancelled)."""
         if priority in GUARDED:
             self.in_flight[priority] -= 1
 
     def follow(self, lag_s: float) -> None:
-        """A lateness sample of the router's loop; limits change at most once per period."""
+        """A lateness sample of the router's loop; limits change at most once per period, and only
+        a guarded class's: a limit moved while nothing is capped would describe no load at all. It
+        grows only while it binds (as TCP validates its window), so a quiet spell does not leave
+        it too high to protect anything when a higher class comes back."""
         now = self.clock()
         if now - self._adjusted < self.adjust_every_s:
             return
         self._adjusted = now
         for p in GUARDED:
+            if not self.guarding(p):
+                continue
             threshold = self.target_s if p == Priority.LOW else 2 * self.target_s
             if lag_s > threshold:
                 self.limit[p] = self.limit[p] / 2  # under one: none at all, until the loop is on time
-            else:
+            elif self.in_flight[p] >= int(self.limit[p]):
                 self.limit[p] = min(float(self.ceiling), self.limit[p] + 1)
 
     def status(self) -> dict[str, object]:
+        """For /router/status: the limits, what is in flight, and the refusals so far."""
         return {
             "limit": {p.name.lower(): int(self.limit[p]) for p in GUARDED},
             "in_flight": {p.name.lower(): self.in_flight[p] for p in GUARDED},

@@ -91,8 +91,8 @@ def test_the_router_can_hold_everything_its_queues_admit():
     """Else the proxy queues the overflow in arrival order, ahead of the router's priority queues."""
     import yaml
 
-    from serve_app.app import ROUTER_HEADROOM, router_capacity
     from serve_app.config import AppArgs
+    from serve_app.router.parts import ROUTER_HEADROOM, router_capacity
 
     args = AppArgs.model_validate(yaml.safe_load(CONFIGS[0].read_text())["applications"][0]["args"])
     assert router_capacity(args) == len(args.served) * args.scheduling.max_queue_items + ROUTER_HEADROOM

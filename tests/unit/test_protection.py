@@ -4,6 +4,7 @@ gate that applies it on a bare Starlette app over real ASGI."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,7 @@ from starlette.routing import Route
 from serve_app.config import AppArgs
 from serve_app.contract import Priority
 from serve_app.router.parts import build_parts
-from serve_app.router.protect import MAX_HELD, PriorityGuard
+from serve_app.router.protect import PriorityGuard
 from serve_app.router.shedgate import ShedGate
 from serve_app.scheduling.protection import ClassProtection
 from tests.conftest import tiny_args
@@ -64,9 +65,12 @@ def test_normal_traffic_protects_high_only_and_low_is_guarded_by_normal():
     assert p.enter(NORMAL) and p.enter(NORMAL)  # nothing above normal arrived: not capped
 
 
-def test_the_limit_halves_while_the_loop_is_late_and_grows_by_one_while_on_time():
+def test_the_limit_halves_while_the_loop_is_late_and_grows_by_one_while_on_time_and_binding():
     clock = Clock()
     p = _protection(clock, start=8)
+    assert p.enter(HIGH)  # both lower classes are guarded from now on
+    for _ in range(8):
+        assert p.enter(LOW) and p.enter(NORMAL)  # both limits bind
     clock.now += 0.06
     p.follow(0.0015)  # late for low (1 ms), on time for normal (2 ms)
     assert p.limit[LOW] == 4 and p.limit[NORMAL] == 9
@@ -76,11 +80,33 @@ def test_the_limit_halves_while_the_loop_is_late_and_grows_by_one_while_on_time(
         clock.now += 0.06
         p.follow(0.0030)
     assert p.limit[LOW] == 0.25 and p.limit[NORMAL] == 9 / 16
+    for _ in range(8):
+        p.leave(LOW)
     assert p.enter(HIGH) and not p.enter(LOW)  # under one: none at all while high arrives
     clock.now += 0.06
     p.follow(0.0)
     assert p.limit[LOW] == 1.25 and p.enter(LOW)
-    assert p.status() == {"limit": {"low": 1, "normal": 1}, "in_flight": {"low": 1, "normal": 0}, "refused": {"low": 1}}
+    assert p.status() == {"limit": {"low": 1, "normal": 1}, "in_flight": {"low": 1, "normal": 8}, "refused": {"low": 1}}
+
+
+def test_a_limit_moves_only_while_its_class_is_guarded_and_grows_only_while_it_binds():
+    clock = Clock()
+    p = _protection(clock, start=4)
+    for _ in range(3):
+        clock.now += 0.06
+        p.follow(0.0)  # on time, nothing above arriving: no reason to move
+        p.follow(0.0)
+    assert p.limit[LOW] == 4
+    clock.now += 0.06
+    p.follow(1.0)
+    assert p.limit[LOW] == 4  # late, but nothing to protect
+    assert p.enter(HIGH) and p.enter(LOW)  # one in flight under a limit of four: not binding
+    clock.now += 0.06
+    p.follow(0.0)
+    assert p.limit[LOW] == 4
+    clock.now += 0.06
+    p.follow(1.0)
+    assert p.limit[LOW] == 2
 
 
 def test_a_target_must_be_positive():
@@ -88,22 +114,44 @@ def test_a_target_must_be_positive():
         ClassProtection(target_s=0.0)
 
 
-def _guard(model_dir: Path, rng: float = 1.0) -> tuple[PriorityGuard, ClassProtection]:
+def _guard(model_dir: Path, clock: Clock, rng: float = 1.0) -> tuple[PriorityGuard, ClassProtection, list[float]]:
     args = tiny_args(model_dir)
     args["scheduling"] = {"router_protect_delay_ms": 1, "anonymous_max_priority": "high"}
     parts = build_parts(AppArgs.model_validate(args), {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
     assert parts.protection is not None
-    parts.protection.limit = {LOW: 1.0, NORMAL: 1.0}
-    return PriorityGuard(parts.callers, parts.protection, rng=lambda: rng), parts.protection
+    protection = ClassProtection(target_s=0.001, start=1, clock=clock)
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    guard = PriorityGuard(parts.callers, protection, parts.catalog.is_known, rng=lambda: rng, sleep=sleep)
+    return guard, protection, slept
 
 
 def test_the_guard_holds_a_refusal_at_most_half_the_requests_own_timeout(tiny_model_dir: Path):
-    guard, _ = _guard(tiny_model_dir, rng=1.0)
+    guard, _, _ = _guard(tiny_model_dir, Clock(), rng=1.0)
     assert guard.hold_s({}) == 1.0
     assert guard.hold_s({"x-request-timeout-ms": "300"}) == 0.15
-    assert guard.hold_s({"x-request-timeout-ms": "soon"}) == 1.0  # the full path answers the bad header
-    guard.held = MAX_HELD
+    guard.held = guard.max_held
     assert guard.hold_s({}) == 0.0
+
+
+def test_the_guard_judges_only_a_class_the_headers_settle_on_a_known_model(tiny_model_dir: Path):
+    clock = Clock()
+    guard, protection, _ = _guard(tiny_model_dir, clock)
+    path = "/v2/models/bert-heavy/infer"
+    assert guard.enter(path, "bert-heavy", {"x-priority": "high"}) == (HIGH, None)
+    assert guard.enter(path, "bert-heavy", {"x-priority": "low"}) == (LOW, None)
+    # Capped now, but these pass uncounted: the class may be in the body; the model is unknown;
+    # the header is bad (the full path answers those with their 404 and 400).
+    assert guard.enter(path, "bert-heavy", {}) == (None, None)
+    assert guard.enter("/v2/models/nope/infer", "nope", {"x-priority": "low"}) == (None, None)
+    assert guard.enter(path, "bert-heavy", {"x-priority": "lowest"}) == (None, None)
+    priority, refusal = guard.enter(path, "bert-heavy", {"x-priority": "low"})
+    assert priority is None and refusal is not None and refusal.status_code == 503
+    assert guard.enter("/v1/completions", "", {"x-priority": "normal"}) == (NORMAL, None)  # generation: no model name
+    assert protection.in_flight == {LOW: 1, NORMAL: 1} and protection.refused == {"low": 1}
 
 
 @pytest.fixture
@@ -112,8 +160,8 @@ def anyio_backend() -> str:
 
 
 @pytest.mark.anyio
-async def test_the_gate_counts_requests_in_flight_and_refuses_the_excess_with_retry_after(tiny_model_dir: Path):
-    guard, protection = _guard(tiny_model_dir, rng=0.0)
+async def test_the_gate_counts_requests_in_flight_and_refuses_the_excess_after_a_hold(tiny_model_dir: Path):
+    guard, protection, slept = _guard(tiny_model_dir, Clock(), rng=0.0)
     release, bodies = asyncio.Event(), list[bytes]()
 
     async def infer(request: Request) -> Response:
@@ -127,20 +175,24 @@ async def test_the_gate_counts_requests_in_flight_and_refuses_the_excess_with_re
     app.add_middleware(ShedGate, check=lambda path, name, headers: None, guard=guard)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-        url = "/v2/models/m/infer"
+        url = "/v2/models/bert-heavy/infer"
         release.set()
         high = await client.post(url, json={}, headers={"X-Priority": "high"})
         release.clear()
         first = asyncio.ensure_future(client.post(url, json={}, headers={"X-Priority": "low"}))
-        while protection.in_flight[LOW] < 1:
-            await asyncio.sleep(0.001)
-        # Held for half of HOLD_S (rng 0), capped at half of its own 100 ms timeout.
+        await asyncio.wait_for(_until(lambda: protection.in_flight[LOW] == 1), 5)
         refused = await client.post(url, json={}, headers={"X-Priority": "low", "X-Request-Timeout-Ms": "100"})
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert "higher-priority" in refused.json()["error"]
+        assert slept == [0.05]  # half of HOLD_S (rng 0), capped at half of its own 100 ms timeout
         release.set()
-        assert (await first).status_code == 200 and high.status_code == 200
+        assert (await asyncio.wait_for(first, 5)).status_code == 200 and high.status_code == 200
         failed = await client.post(url, json={}, headers={"X-Priority": "low", "X-Fail": "1"})
         assert failed.status_code == 500
     assert protection.in_flight[LOW] == 0  # given back after an answer and after a failure
-    assert len(bodies) == 3 and protection.refused == {"low": 1}
+    assert len(bodies) == 3 and protection.refused == {"low": 1} and guard.held == 0
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    while not done():
+        await asyncio.sleep(0.001)

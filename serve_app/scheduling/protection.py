@@ -12,9 +12,9 @@ So while a higher class has arrived within `window_s`, each lower class may have
 limit of requests in flight here; the rest are refused from their headers, before their bodies
 are read. The limit follows the loop's lateness the way TCP's window and adaptive concurrency
 limiters follow delay (AIMD): halved while the loop runs later than the target (low) or twice the
-target (normal), one more after each adjustment period on time. With no higher class arriving
-there is nothing to protect, and nothing is capped: a router that serves one class runs at its
-full capacity, under the overload target alone.
+target (normal), one more after each adjustment period on time while it binds. With no higher
+class arriving there is nothing to protect, and nothing is capped: a router that serves one class
+runs at its full capacity, under the overload target alone.
 
 No Ray and no event loop here: the clock is injected, and the router feeds it arrivals,
 departures and lateness samples.

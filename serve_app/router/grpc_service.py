@@ -125,6 +125,18 @@ class GrpcInference:
         if not held.take(size):
             raise Overloaded(f"the router holds {held.held} bytes of requests, its limit is {held.limit}", retry_after_s=1.0)
         try:
+            return await self._guarded_infer(request, headers)
+        finally:
+            held.give_back(size)
+
+    async def _guarded_infer(self, request: pb.ModelInferRequest, headers: InferHeaders) -> pb.ModelInferResponse:
+        """Under the router's priority protection, as an HTTP request is at its gate (router/protect.py)."""
+        guard, metadata = self.parts.guard, headers.as_metadata()
+        priority, refusal = guard.enter(request.model_name, metadata) if guard is not None else (None, None)
+        if guard is not None and refusal is not None:
+            await guard.hold(metadata)
+            raise refusal
+        try:
             tenant = self.parts.callers.admit(headers.authorization)
             self.parts.catalog.known(request.model_name)
             body = grpc_v2.request_from_proto(request)
@@ -132,7 +144,8 @@ class GrpcInference:
             response, _ = await infer(self.parts, request.model_name, version, body, headers, tenant, RequestTiming())
             return grpc_v2.response_to_proto(response)
         finally:
-            held.give_back(size)
+            if guard is not None and priority is not None:
+                guard.leave(priority)
 
     async def model_stream_infer(
         self, requests: AsyncIterator[pb.ModelInferRequest], headers: InferHeaders

@@ -24,8 +24,7 @@ from serve_app.protocols.errors import error_response, from_http_exception
 from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
 from serve_app.router.edge import BodyLimit, KeyGate
 from serve_app.router.fastpath import InferFastPath
-from serve_app.router.parts import RouterParts, router_capacity
-from serve_app.router.protect import MAX_HELD, PriorityGuard
+from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import HeaderCheck, ShedGate
 from serve_app.router.traced import TraceContext
 
@@ -56,11 +55,7 @@ def build_http_app(
     app.add_middleware(InferFastPath, parts=parts)
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes, inflight=parts.inflight_bytes)
     check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.loop_lag, parts.lag_shedding)
-    guard = None
-    if parts.protection is not None:
-        max_held = min(MAX_HELD, router_capacity(parts.args) // 4)
-        guard = PriorityGuard(parts.callers, parts.protection, parts.catalog.is_known, max_held)
-    app.add_middleware(ShedGate, check=check, guard=guard)
+    app.add_middleware(ShedGate, check=check, guard=parts.guard)
     app.add_middleware(KeyGate, authenticate=parts.callers.authenticate)
     app.add_middleware(TraceContext)
     add_error_handlers(app)

@@ -40,6 +40,11 @@ class InferHeaders:
     traceparent: str | None = None  # W3C trace context (gRPC metadata; HTTP's is the middleware's)
     tracestate: str | None = None
 
+    def as_metadata(self) -> dict[str, str]:
+        """The headers the router's gate reads, by their lower-cased names, as HTTP gives them."""
+        named = {"x-priority": self.priority, "x-request-timeout-ms": self.timeout_ms, "authorization": self.authorization}
+        return {k: v for k, v in named.items() if v is not None}
+
     def trace_context(self) -> dict[str, str]:
         carried = {"traceparent": self.traceparent, "tracestate": self.tracestate}
         return {k: v for k, v in carried.items() if v}

@@ -19,6 +19,7 @@ from serve_app.router.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.edge import InflightBytes
 from serve_app.router.gcwatch import GcPauses
+from serve_app.router.protect import MAX_HELD, PriorityGuard
 from serve_app.router.replicas import DeploymentStates
 from serve_app.router.versions import VersionedModels
 from serve_app.scheduling.breaker import CircuitBreaker
@@ -44,8 +45,10 @@ class RouterParts:
     # The router's own overload control: its event loop's lateness and who is refused past the target.
     loop_lag: LoopLag | None = None
     lag_shedding: LagShedding | None = None
-    # Lower classes capped in flight while higher ones arrive (scheduling.router_protect_delay_ms).
+    # Lower classes capped in flight while higher ones arrive (scheduling.router_protect_delay_ms),
+    # and the guard that applies it to HTTP and gRPC requests alike.
     protection: ClassProtection | None = None
+    guard: PriorityGuard | None = None
     # Generation skips the dispatcher (the replica's decode loop admits), so each generator
     # has its own breaker here; classifiers' are their dispatchers'.
     breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
@@ -75,12 +78,16 @@ def build_parts(
     callers = Callers(
         build_registry(args.tenants, args.scheduling.anonymous_max_priority), Priority.parse(args.scheduling.default_priority)
     )
+    catalog = ModelCatalog(args, fetch_metadata, states)
+    # Held refusals count as requests the router replica holds: bounded well under its capacity,
+    # so that they never make the proxy queue the requests behind them.
+    max_held = min(MAX_HELD, router_capacity(args) // 4)
     parts = RouterParts(
         args=args,
         handles=handles,
         router_id=router_id,
         callers=callers,
-        catalog=ModelCatalog(args, fetch_metadata, states),
+        catalog=catalog,
         dispatchers=dispatchers,
         cascades={},
         loops=BackgroundLoops(
@@ -101,6 +108,7 @@ def build_parts(
         loop_lag=loop_lag,
         lag_shedding=LagShedding(target_ms / 1e3) if target_ms is not None else None,
         protection=protection,
+        guard=PriorityGuard(callers, protection, catalog.is_known, max_held) if protection is not None else None,
         breakers={
             g: CircuitBreaker(args.scheduling.breaker_failures, args.scheduling.breaker_open_s)
             for g in ModelCatalog.generator_names(args)

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
-
-from starlette.responses import Response
+from collections.abc import Awaitable, Callable, Mapping
 
 from serve_app.contract import Priority
 from serve_app.errors import Overloaded, ServeAppError
-from serve_app.protocols.errors import error_response
 from serve_app.router.callers import Callers
 from serve_app.router.qos import PRIORITY_HEADER, TIMEOUT_HEADER
 from serve_app.scheduling.protection import ClassProtection
@@ -47,15 +44,14 @@ class PriorityGuard:
         self.callers = callers
         self.protection = protection
         self.is_known = is_known
-        # Held refusals count as requests the router replica holds: bounded well under its capacity
-        # (serve_app.router.parts.router_capacity), so that they never make the proxy queue the requests behind.
-        self.max_held = max_held
+        self.max_held = max_held  # see serve_app.router.parts.build_parts
         self.rng, self.sleep = rng, sleep
         self.held = 0
 
-    def enter(self, path: str, name: str, headers: dict[str, str]) -> tuple[Priority | None, Response | None]:
-        """(the class now in flight, to `leave` when answered; or the refusal to send). Neither for
-        a request this guard does not judge (see the class)."""
+    def enter(self, name: str, headers: Mapping[str, str]) -> tuple[Priority | None, Overloaded | None]:
+        """(the class now in flight, to `leave` when answered; or the refusal, to send in the
+        protocol's shape after `hold`). Neither for a request this guard does not judge (see the
+        class). `headers`: lower-cased names, HTTP headers or gRPC metadata alike."""
         if PRIORITY_HEADER not in headers or (name and not self.is_known(name)):
             return None, None
         try:
@@ -65,13 +61,12 @@ class PriorityGuard:
             return None, None
         if self.protection.enter(priority):
             return priority, None
-        busy = Overloaded("router busy with higher-priority work; retry later", retry_after_s=RETRY_AFTER_S)
-        return None, error_response(path, busy)
+        return None, Overloaded("router busy with higher-priority work; retry later", retry_after_s=RETRY_AFTER_S)
 
     def leave(self, priority: Priority) -> None:
         self.protection.leave(priority)
 
-    def hold_s(self, headers: dict[str, str]) -> float:
+    def hold_s(self, headers: Mapping[str, str]) -> float:
         """How long to hold a refusal: random, so refused clients do not come back in step; at most
         half the request's own timeout (a valid one: the guard judged only those); none while
         `max_held` are held."""
@@ -81,7 +76,7 @@ class PriorityGuard:
         timeout_ms = headers.get(TIMEOUT_HEADER)
         return hold if timeout_ms is None else min(hold, float(timeout_ms) / 2e3)
 
-    async def hold(self, headers: dict[str, str]) -> None:
+    async def hold(self, headers: Mapping[str, str]) -> None:
         if (seconds := self.hold_s(headers)) <= 0:
             return
         self.held += 1

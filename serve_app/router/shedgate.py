@@ -92,10 +92,10 @@ class ShedGate:
     async def _guarded(
         self, guard: PriorityGuard, path: str, name: str, headers: dict[str, str], scope: Scope, receive: Receive, send: Send
     ) -> None:
-        priority, refusal = guard.enter(path, name, headers)
+        priority, refusal = guard.enter(name, headers)
         if refusal is not None:
             await guard.hold(headers)
-            await refusal(scope, receive, send)
+            await error_response(path, refusal)(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from serve_app.config import AppArgs
 from serve_app.contract import Priority
+from serve_app.errors import InvalidInput, Overloaded
 from serve_app.router.parts import build_parts
 from serve_app.router.protect import PriorityGuard
 from serve_app.router.shedgate import ShedGate
@@ -140,17 +141,16 @@ def test_the_guard_holds_a_refusal_at_most_half_the_requests_own_timeout(tiny_mo
 def test_the_guard_judges_only_a_class_the_headers_settle_on_a_known_model(tiny_model_dir: Path):
     clock = Clock()
     guard, protection, _ = _guard(tiny_model_dir, clock)
-    path = "/v2/models/bert-heavy/infer"
-    assert guard.enter(path, "bert-heavy", {"x-priority": "high"}) == (HIGH, None)
-    assert guard.enter(path, "bert-heavy", {"x-priority": "low"}) == (LOW, None)
+    assert guard.enter("bert-heavy", {"x-priority": "high"}) == (HIGH, None)
+    assert guard.enter("bert-heavy", {"x-priority": "low"}) == (LOW, None)
     # Capped now, but these pass uncounted: the class may be in the body; the model is unknown;
     # the header is bad (the full path answers those with their 404 and 400).
-    assert guard.enter(path, "bert-heavy", {}) == (None, None)
-    assert guard.enter("/v2/models/nope/infer", "nope", {"x-priority": "low"}) == (None, None)
-    assert guard.enter(path, "bert-heavy", {"x-priority": "lowest"}) == (None, None)
-    priority, refusal = guard.enter(path, "bert-heavy", {"x-priority": "low"})
+    assert guard.enter("bert-heavy", {}) == (None, None)
+    assert guard.enter("nope", {"x-priority": "low"}) == (None, None)
+    assert guard.enter("bert-heavy", {"x-priority": "lowest"}) == (None, None)
+    priority, refusal = guard.enter("bert-heavy", {"x-priority": "low"})
     assert priority is None and refusal is not None and refusal.status_code == 503
-    assert guard.enter("/v1/completions", "", {"x-priority": "normal"}) == (NORMAL, None)  # generation: no model name
+    assert guard.enter("", {"x-priority": "normal"}) == (NORMAL, None)  # generation: no model name
     assert protection.in_flight == {LOW: 1, NORMAL: 1} and protection.refused == {"low": 1}
 
 
@@ -196,3 +196,35 @@ async def test_the_gate_counts_requests_in_flight_and_refuses_the_excess_after_a
 async def _until(done: Callable[[], bool]) -> None:
     while not done():
         await asyncio.sleep(0.001)
+
+
+def test_grpc_requests_are_guarded_as_http_requests_are(tiny_model_dir: Path):
+    """Triton's gRPC clients reach the router through Serve's gRPC proxy, not the HTTP gate: the
+    same guard counts them, and refuses a capped class with Overloaded (UNAVAILABLE + retry)."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from serve_app.router.grpc_service import GrpcInference
+    from serve_app.router.infer_v2 import InferHeaders
+
+    args = tiny_args(tiny_model_dir)
+    args["scheduling"] = {"router_protect_delay_ms": 1, "anonymous_max_priority": "high"}
+    parts = build_parts(AppArgs.model_validate(args), {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
+    assert parts.guard is not None and parts.protection is not None
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    parts.guard.sleep = sleep
+    parts.protection.limit = {LOW: 0.0, NORMAL: 0.0}
+    service = GrpcInference(parts)
+    request = pb.ModelInferRequest(model_name="bert-heavy")
+    request.inputs.add(name="text", datatype="BYTES", shape=[1])  # no contents: malformed once admitted
+
+    with pytest.raises(InvalidInput):  # high goes on to the full path, and is given back after it
+        asyncio.run(service.model_infer(request, InferHeaders(priority="high")))
+    with pytest.raises(Overloaded, match="higher-priority") as refused:
+        asyncio.run(service.model_infer(request, InferHeaders(priority="low", timeout_ms="400")))
+    assert refused.value.retry_after_s == 1.0 and slept and slept[0] <= 0.2
+    assert parts.protection.refused == {"low": 1} and parts.protection.in_flight[LOW] == 0
+    assert parts.inflight_bytes.held == 0

@@ -70,18 +70,13 @@ def build_parts(
         return meta
 
     dispatchers = DispatcherPool(args, send_for)
-    target_ms, protect_ms = args.scheduling.router_delay_target_ms, args.scheduling.router_protect_delay_ms
-    loop_lag = LoopLag() if target_ms is not None or protect_ms is not None else None
-    protection = ClassProtection(protect_ms / 1e3) if protect_ms is not None else None
+    loop_lag, lag_shedding, protection = _overload(args)
     versions = VersionedModels(args, dispatchers.submit, client_work=dispatchers.busy)
     cache = ResponseCache.from_config(args.cache)
     callers = Callers(
         build_registry(args.tenants, args.scheduling.anonymous_max_priority), Priority.parse(args.scheduling.default_priority)
     )
     catalog = ModelCatalog(args, fetch_metadata, states)
-    # Held refusals count as requests the router replica holds: bounded well under its capacity,
-    # so that they never make the proxy queue the requests behind them.
-    max_held = min(MAX_HELD, router_capacity(args) // 4)
     parts = RouterParts(
         args=args,
         handles=handles,
@@ -106,9 +101,9 @@ def build_parts(
         cache=cache,
         inflight_bytes=InflightBytes(args.limits.max_inflight_bytes),
         loop_lag=loop_lag,
-        lag_shedding=LagShedding(target_ms / 1e3) if target_ms is not None else None,
+        lag_shedding=lag_shedding,
         protection=protection,
-        guard=PriorityGuard(callers, protection, catalog.is_known, max_held) if protection is not None else None,
+        guard=_guard(args, callers, catalog, protection),
         breakers={
             g: CircuitBreaker(args.scheduling.breaker_failures, args.scheduling.breaker_open_s)
             for g in ModelCatalog.generator_names(args)
@@ -119,6 +114,23 @@ def build_parts(
         parts.cascades[name] = Cascade(name, route.light, route.heavy, policy, versions.submit)
     parts.loops.cascades = parts.cascades
     return parts
+
+
+def _overload(args: AppArgs) -> tuple[LoopLag | None, LagShedding | None, ClassProtection | None]:
+    """The router's own overload control, each part when configured: its loop's lateness (which
+    either of the others needs), the lateness target, the priority protection."""
+    target_ms, protect_ms = args.scheduling.router_delay_target_ms, args.scheduling.router_protect_delay_ms
+    loop_lag = LoopLag() if target_ms is not None or protect_ms is not None else None
+    shedding = LagShedding(target_ms / 1e3) if target_ms is not None else None
+    return loop_lag, shedding, ClassProtection(protect_ms / 1e3) if protect_ms is not None else None
+
+
+def _guard(args: AppArgs, callers: Callers, catalog: ModelCatalog, protection: ClassProtection | None) -> PriorityGuard | None:
+    if protection is None:
+        return None
+    # Held refusals count as requests the router replica holds: bounded well under its capacity,
+    # so that they never make the proxy queue the requests behind them.
+    return PriorityGuard(callers, protection, catalog.is_known, min(MAX_HELD, router_capacity(args) // 4))
 
 
 async def router_parts(request: Request) -> RouterParts:

@@ -44,7 +44,7 @@ class PriorityGuard:
         self.callers = callers
         self.protection = protection
         self.is_known = is_known
-        self.max_held = max_held  # see serve_app.router.parts.build_parts
+        self.max_held = max_held  # see serve_app.router.parts._guard
         self.rng, self.sleep = rng, sleep
         self.held = 0
 

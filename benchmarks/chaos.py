@@ -76,6 +76,8 @@ class MultiNodeCluster(RayCluster):
     """The head (an ingress node: its own logical CPUs and the `ingress` resource), plus one worker
     node joined with `ray start --address`."""
 
+    reusable = False  # its scenario kills the worker node
+
     def __init__(self, workdir: Path, model_dir: Path, head_cpus: int, worker_cpus: int) -> None:
         head = (f"--num-cpus={head_cpus}", f"--resources={json.dumps({INGRESS_RESOURCE: 1})}")
         super().__init__(DEFAULT_INGRESS, workdir, model_dir, head)

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,11 @@ CHECK_FALL = 5
 # reserve). At Ray's 16 KiB a demo image in JSON (13-15 KiB plus headers) sometimes did not, and
 # was lost with the router that died holding it (CI's chaos smoke, 1 request in thousands).
 BUFSIZE = 65536
+# "1": a cluster's Ray outlives it; the next cluster with the same settings (ingress, `ray start`
+# flags, model dir) runs on it, after `serve shutdown` of the last one's apps. For CI's smoke
+# runs, where starting Ray is most of a scenario's time; measurements take a fresh Ray.
+REUSE_ENV = "BENCH_REUSE_RAY"
+REUSE_MARKER = Path(tempfile.gettempdir()) / "bench-reused-ray.json"
 
 
 @dataclass
@@ -94,14 +99,25 @@ def ensure_auth_token(env: dict[str, str]) -> None:
 class RayCluster:
     """`ray start --head` with the ingress switches in its environment; `serve run` configs onto it."""
 
+    reusable = True  # False where a scenario kills nodes: such a cluster is never kept (REUSE_ENV)
+
     def __init__(self, ingress: Ingress, workdir: Path, model_dir: Path, head_args: tuple[str, ...] = ()) -> None:
         self.ingress = ingress
         self.workdir = workdir
         self.head_args = head_args  # more `ray start --head` flags: logical CPUs, custom resources
         self.env = {**base_env(), **ingress.env(), "SERVE_APP_MODEL_DIR": str(model_dir)}
         self.direct_backends: bool | None = None  # after a deploy: whether HAProxy reached the replicas directly
+        self.signature = {"ingress": asdict(ingress), "head_args": list(head_args), "model_dir": str(model_dir)}
+        if self._kept():
+            # Serve keeps a stopping ingress replica (the router) for 30 s so that load balancers
+            # in front notice; a kept Ray's apps are shut down with nothing in flight and nobody
+            # in front, and would wait that out each time.
+            self.env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "0"
+            self.env["RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S"] = "0.5"
 
     def __enter__(self) -> RayCluster:
+        if self._kept() and running_ray(self.signature):
+            return self  # the last cluster on it shut its apps down; `serve run` would replace them anyway
         self._stop()
         ensure_auth_token(self.env)
         start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--include-dashboard=false", "--disable-usage-stats"]
@@ -111,12 +127,26 @@ class RayCluster:
             check=True,
             capture_output=True,
         )
+        if self._kept():
+            mark_ray(self.signature)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if not (self._kept() and exc_type is None and self._shutdown_apps()):
+            self._stop()
+
+    def _kept(self) -> bool:
+        return self.reusable and os.environ.get(REUSE_ENV) == "1"
+
+    def _shutdown_apps(self) -> bool:
+        """Serve shut down on the running Ray, every app with it; False where that failed (Ray gone).
+        `serve shutdown` would need the dashboard, which these clusters do not start."""
+        code = f"import ray; from ray import serve; ray.init(address='127.0.0.1:{RAY_PORT}'); serve.shutdown()"
+        done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, timeout=120)
+        return done.returncode == 0
 
     def _stop(self) -> None:
+        REUSE_MARKER.unlink(missing_ok=True)
         stop_ray()
 
     def deploy(self, config: dict[str, Any], probe: Probe, timeout_s: float = 240) -> float:
@@ -143,6 +173,28 @@ class RayCluster:
         wait_all_models(f"http://127.0.0.1:{HTTP_PORT}", timeout_s)
         self.direct_backends = wait_direct_backends(self.env)
         return time.perf_counter() - started
+
+
+def _gcs() -> psutil.Process | None:
+    return next((p for p in psutil.process_iter(["name", "status"]) if _is_ray_daemon(p) and "gcs" in p.info["name"]), None)
+
+
+def mark_ray(signature: dict[str, Any]) -> None:
+    """Remember what the running Ray was started with, and which GCS process is it."""
+    gcs = _gcs()
+    if gcs is not None:
+        REUSE_MARKER.write_text(json.dumps({**signature, "gcs": [gcs.pid, gcs.create_time()]}))
+
+
+def running_ray(signature: dict[str, Any]) -> bool:
+    """Whether the Ray running here was started by a cluster with these settings and still runs."""
+    try:
+        marked = json.loads(REUSE_MARKER.read_text())
+    except (OSError, ValueError):
+        return False
+    gcs = _gcs()
+    alive = gcs is not None and marked.pop("gcs", None) == [gcs.pid, gcs.create_time()]
+    return alive and marked == signature
 
 
 def haproxy_servers(socket_path: str) -> list[dict[str, str]]:

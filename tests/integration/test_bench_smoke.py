@@ -8,13 +8,29 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from benchmarks.cluster import REUSE_ENV, stop_ray
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_ray_for_the_module() -> Iterator[None]:
+    """The scenarios run on one Ray where their settings match: each shuts its apps down and
+    leaves Ray up for the next (benchmarks.cluster.REUSE_ENV). Starting Ray was most of a smoke
+    run's time; what the scenarios check is their harness, not a fresh cluster's figures. The
+    tests are in the order that keeps the chain long: `ingress` starts other ingresses, and
+    `chaos` a cluster of two nodes that it takes apart."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(REUSE_ENV, "1")
+        yield
+    stop_ray()
 
 
 def _bench(scenario: str, model_dir: Path, out: Path, *models: str) -> dict:
@@ -69,16 +85,6 @@ def test_sweep(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert res["plots"] == ["sweep_bert-heavy.png"]
 
 
-def test_ingress(tiny_model_dir: Path, tmp_path: Path) -> None:
-    res = _bench("ingress", tiny_model_dir, tmp_path, "bert-heavy")
-    labels = [s["label"] for s in res["result"]["settings"]]
-    assert labels == ["default-proxy", "haproxy+throughput-optimized"]  # smoke: the extremes of the four
-    for s in res["result"]["settings"]:
-        assert s["models"]["bert-heavy"], s["label"]
-        for p in s["models"]["bert-heavy"]:
-            _answered(p)
-
-
 @pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy not installed")
 def test_profile(tiny_model_dir: Path, tmp_path: Path) -> None:
     res = _bench("profile", tiny_model_dir, tmp_path, "bert-heavy")
@@ -131,9 +137,43 @@ def test_generation(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert row["gpt"]["errors"] == 0 and (tmp_path / "README.md").read_text().count("| 4 |") == 3
 
 
+def test_soak(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The soak, CI-sized: seconds instead of minutes, so only the answers are checked, not the slopes."""
+    res = _bench("soak", tiny_model_dir, tmp_path, "bert-heavy")
+    r = res["result"]
+    assert r["capacity_rps"] > 0 and r["load"]["requests"] > 0
+    # Past capacity every answer is a 200 or a refusal that says when to retry.
+    assert r["unexpected_statuses"] == {} and r["load"]["refused_without_retry_after"] == 0, r["load"]
+    assert "200" in r["load"]["statuses"]
+    assert any(k.startswith("replica:router#") for k in r["memory"]) and r["router_samples"]
+
+
+def test_images(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Text alone and beside a PNG burst on one router: both phases answered, the ratio computed."""
+    res = _bench("images", tiny_model_dir, tmp_path, "bert-heavy", "resnet-heavy")
+    r = res["result"]
+    assert r["text_rate_rps"] > 0 and len(r["rounds"]) == 1
+    phases = r["rounds"][0]
+    assert phases["alone"]["streams"]["text"]["statuses"] == {"200": phases["alone"]["streams"]["text"]["requests"]}
+    burst = phases["with_burst"]["streams"]
+    assert set(burst["png"]["statuses"]) == {"200"} and set(burst["text"]["statuses"]) == {"200"}
+    assert phases["text_p99_ratio"] > 0 and r["pooled_text_p99_ratio"] > 0
+    assert "pooled over the rounds" in (tmp_path / "README.md").read_text()
+
+
 def test_contention(tiny_model_dir: Path, tmp_path: Path) -> None:
     res = _bench("contention", tiny_model_dir, tmp_path, "bert-heavy")
     assert res["result"] and "| " in (tmp_path / "README.md").read_text()
+
+
+def test_ingress(tiny_model_dir: Path, tmp_path: Path) -> None:
+    res = _bench("ingress", tiny_model_dir, tmp_path, "bert-heavy")
+    labels = [s["label"] for s in res["result"]["settings"]]
+    assert labels == ["default-proxy", "haproxy+throughput-optimized"]  # smoke: the extremes of the four
+    for s in res["result"]["settings"]:
+        assert s["models"]["bert-heavy"], s["label"]
+        for p in s["models"]["bert-heavy"]:
+            _answered(p)
 
 
 def test_chaos(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -165,27 +205,3 @@ def test_chaos(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert node["fault"]["replicas_on_it"]["gpt"] and not node["fault"]["replicas_on_it"]["router"], node["fault"]
     assert node["lost"] == nothing_lost and sum(node["goodput_per_s"][int(node["fault_in_window_s"]) + 1 :]) > 0, node
     assert node["streams"]["started"] > 0 and node["streams"]["cut_without_done"] == 0, node["streams"]
-
-
-def test_soak(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The soak, CI-sized: seconds instead of minutes, so only the answers are checked, not the slopes."""
-    res = _bench("soak", tiny_model_dir, tmp_path, "bert-heavy")
-    r = res["result"]
-    assert r["capacity_rps"] > 0 and r["load"]["requests"] > 0
-    # Past capacity every answer is a 200 or a refusal that says when to retry.
-    assert r["unexpected_statuses"] == {} and r["load"]["refused_without_retry_after"] == 0, r["load"]
-    assert "200" in r["load"]["statuses"]
-    assert any(k.startswith("replica:router#") for k in r["memory"]) and r["router_samples"]
-
-
-def test_images(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Text alone and beside a PNG burst on one router: both phases answered, the ratio computed."""
-    res = _bench("images", tiny_model_dir, tmp_path, "bert-heavy", "resnet-heavy")
-    r = res["result"]
-    assert r["text_rate_rps"] > 0 and len(r["rounds"]) == 1
-    phases = r["rounds"][0]
-    assert phases["alone"]["streams"]["text"]["statuses"] == {"200": phases["alone"]["streams"]["text"]["requests"]}
-    burst = phases["with_burst"]["streams"]
-    assert set(burst["png"]["statuses"]) == {"200"} and set(burst["text"]["statuses"]) == {"200"}
-    assert phases["text_p99_ratio"] > 0 and r["pooled_text_p99_ratio"] > 0
-    assert "pooled over the rounds" in (tmp_path / "README.md").read_text()

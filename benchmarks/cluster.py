@@ -46,9 +46,10 @@ CHECK_FALL = 5
 # reserve). At Ray's 16 KiB a demo image in JSON (13-15 KiB plus headers) sometimes did not, and
 # was lost with the router that died holding it (CI's chaos smoke, 1 request in thousands).
 BUFSIZE = 65536
-# "1": a cluster's Ray outlives it; the next cluster with the same settings (ingress, `ray start`
-# flags, model dir) runs on it, after `serve shutdown` of the last one's apps. For CI's smoke
-# runs, where starting Ray is most of a scenario's time; measurements take a fresh Ray.
+# "1": a cluster's Ray outlives it (Serve is shut down, Ray is left running, also after the
+# benchmark ends); the next cluster with the same settings (ingress, `ray start` flags, model
+# dir) runs on it. For CI's smoke runs, where starting Ray is most of a scenario's time;
+# measurements take a fresh Ray.
 REUSE_ENV = "BENCH_REUSE_RAY"
 REUSE_MARKER = Path(tempfile.gettempdir()) / "bench-reused-ray.json"
 

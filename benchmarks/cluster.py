@@ -46,10 +46,11 @@ CHECK_FALL = 5
 # reserve). At Ray's 16 KiB a demo image in JSON (13-15 KiB plus headers) sometimes did not, and
 # was lost with the router that died holding it (CI's chaos smoke, 1 request in thousands).
 BUFSIZE = 65536
-# "1": a cluster's Ray outlives it (Serve is shut down, Ray is left running, also after the
-# benchmark ends); the next cluster with the same settings (ingress, `ray start` flags, model
-# dir) runs on it. For CI's smoke runs, where starting Ray is most of a scenario's time;
-# measurements take a fresh Ray.
+# "1": a cluster's Ray outlives it (its apps are deleted, Ray and Serve's controller are left
+# running, also after the benchmark ends); the next cluster with the same settings (ingress,
+# `ray start` flags, model dir) runs on it, and on the same controller where its config asks
+# for the same Serve-wide options (ports, gRPC, proxy location). For CI's smoke runs, where
+# starting Ray and Serve is most of a scenario's time; measurements take a fresh Ray.
 REUSE_ENV = "BENCH_REUSE_RAY"
 REUSE_MARKER = Path(tempfile.gettempdir()) / "bench-reused-ray.json"
 
@@ -111,7 +112,7 @@ class RayCluster:
         self.signature = {"ingress": asdict(ingress), "head_args": list(head_args), "model_dir": str(model_dir)}
         if self._kept():
             # Serve keeps a stopping ingress replica (the router) for 30 s so that load balancers
-            # in front notice; a kept Ray's apps are shut down with nothing in flight and nobody
+            # in front notice; a kept Ray's apps are deleted with nothing in flight and nobody
             # in front, and would wait that out each time.
             self.env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "0"
             self.env["RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S"] = "0.5"
@@ -119,6 +120,7 @@ class RayCluster:
     def __enter__(self) -> RayCluster:
         if self._kept() and running_ray(self.signature):
             return self  # the last cluster on it shut its apps down; `serve run` would replace them anyway
+        started = time.perf_counter()
         self._stop()
         ensure_auth_token(self.env)
         start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--include-dashboard=false", "--disable-usage-stats"]
@@ -130,21 +132,41 @@ class RayCluster:
         )
         if self._kept():
             mark_ray(self.signature)
+        _progress(f"ray start: {time.perf_counter() - started:.1f}s")
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if not (self._kept() and exc_type is None and self._shutdown_apps()):
-            self._stop()
+        started = time.perf_counter()
+        if self._kept() and exc_type is None:
+            self._delete_apps_behind()
+            return
+        self._stop()
+        _progress(f"ray stop: {time.perf_counter() - started:.1f}s")
 
     def _kept(self) -> bool:
         return self.reusable and os.environ.get(REUSE_ENV) == "1"
 
-    def _shutdown_apps(self) -> bool:
-        """Serve shut down on the running Ray, every app with it; False where that failed (Ray gone).
-        `serve shutdown` would need the dashboard, which these clusters do not start."""
-        code = f"import ray; from ray import serve; ray.init(address='127.0.0.1:{RAY_PORT}'); serve.shutdown()"
-        done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, timeout=120)
-        return done.returncode == 0
+    def _delete_apps_behind(self) -> None:
+        """Every app deleted from the running Serve, which stays up for the next cluster. In a
+        process of its own that this one does not wait for: the next deploy on this Ray does
+        (`_settle_serve`), and meanwhile the benchmark writes its results and the next one starts."""
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _serve_code("[serve.delete(name) for name in serve.status().applications]")],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        update_marker(deleting=[proc.pid, psutil.Process(proc.pid).create_time()])
+
+    def _settle_serve(self, options: dict[str, Any]) -> None:
+        """On a kept Ray, before a deploy: the last cluster's apps are gone, and a Serve started
+        with other Serve-wide options is shut down, since a deploy onto it would keep its options
+        (its ports, its gRPC servicers)."""
+        marked = read_marker()
+        waited = wait_for_process(marked.get("deleting"), timeout_s=120)
+        if marked.get("serve", options) != options:
+            code = _serve_code("serve.shutdown()")
+            subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, timeout=120)
+        update_marker(serve=options, deleting=None)
+        _progress(f"kept Serve settled: {waited:.1f}s waiting for the last apps' deletion")
 
     def _stop(self) -> None:
         REUSE_MARKER.unlink(missing_ok=True)
@@ -153,6 +175,8 @@ class RayCluster:
     def deploy(self, config: dict[str, Any], probe: Probe, timeout_s: float = 240) -> float:
         """`serve run --non-blocking` a config and wait until the probe answers 200; returns seconds taken."""
         config = {**config, "http_options": {**config.get("http_options", {}), "host": "127.0.0.1", "port": HTTP_PORT}}
+        if self._kept():
+            self._settle_serve({k: v for k, v in config.items() if k != "applications"})
         path = self.workdir / "serve-config.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         started = time.perf_counter()
@@ -170,14 +194,29 @@ class RayCluster:
             if attempt == 2:
                 raise RuntimeError(f"serve run failed ({done.returncode}): {done.stderr[-2000:]}")
             time.sleep(5)
+        ran = time.perf_counter()
         probe.wait(f"http://127.0.0.1:{HTTP_PORT}", timeout_s)
         wait_all_models(f"http://127.0.0.1:{HTTP_PORT}", timeout_s)
         self.direct_backends = wait_direct_backends(self.env)
-        return time.perf_counter() - started
+        taken = time.perf_counter() - started
+        _progress(f"deploy: serve run {ran - started:.1f}s, ready {taken:.1f}s")
+        return taken
+
+
+def _progress(line: str) -> None:
+    """Where a scenario's time goes, on stderr: the harness's own steps (Ray, Serve) beside the load."""
+    print(f"cluster: {line}", file=sys.stderr, flush=True)
 
 
 def _gcs() -> psutil.Process | None:
     return next((p for p in psutil.process_iter(["name", "status"]) if _is_ray_daemon(p) and "gcs" in p.info["name"]), None)
+
+
+def _serve_code(statement: str) -> str:
+    """Python for a child process (see stop_ray on importing Ray here): `statement` with `serve`
+    connected to the running cluster. `serve shutdown` and the like would need the dashboard,
+    which these clusters do not start."""
+    return f"import ray; from ray import serve; ray.init(address='127.0.0.1:{RAY_PORT}'); {statement}"
 
 
 def mark_ray(signature: dict[str, Any]) -> None:
@@ -187,12 +226,44 @@ def mark_ray(signature: dict[str, Any]) -> None:
         REUSE_MARKER.write_text(json.dumps({**signature, "gcs": [gcs.pid, gcs.create_time()]}))
 
 
+# What a marker holds beside the signature and the GCS: the Serve-wide options the kept Serve runs
+# with (`serve`), and the process deleting the last cluster's apps (`deleting`: pid, start time).
+MARKER_STATE = ("serve", "deleting")
+
+
+def update_marker(**state: Any) -> None:
+    """Set (None: drop) MARKER_STATE fields of the marker, if there is one."""
+    marked = read_marker()
+    if marked:
+        marked.update(state)
+        REUSE_MARKER.write_text(json.dumps({k: v for k, v in marked.items() if v is not None}))
+
+
+def read_marker() -> dict[str, Any]:
+    try:
+        marked: dict[str, Any] = json.loads(REUSE_MARKER.read_text())
+    except (OSError, ValueError):
+        return {}
+    return marked
+
+
+def wait_for_process(marked: list[float] | None, timeout_s: float) -> float:
+    """Wait until the process marked as [pid, start time] has ended; returns seconds waited."""
+    started = time.perf_counter()
+    if marked is None:
+        return 0.0
+    with contextlib.suppress(psutil.Error):
+        p = psutil.Process(int(marked[0]))
+        while p.create_time() == marked[1] and _running(p) and time.perf_counter() - started < timeout_s:
+            time.sleep(0.1)
+    return time.perf_counter() - started
+
+
 def running_ray(signature: dict[str, Any]) -> bool:
     """Whether the Ray running here was started by a cluster with these settings and still runs."""
-    try:
-        marked = json.loads(REUSE_MARKER.read_text())
-    except (OSError, ValueError):
-        return False
+    marked = read_marker()
+    for field in MARKER_STATE:
+        marked.pop(field, None)
     gcs = _gcs()
     alive = gcs is not None and marked.pop("gcs", None) == [gcs.pid, gcs.create_time()]
     return alive and marked == signature

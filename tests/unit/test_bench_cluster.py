@@ -3,9 +3,12 @@ only while the GCS that was marked still runs. No Ray here: the GCS process is a
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from benchmarks import cluster
@@ -62,3 +65,32 @@ def test_only_clusters_that_may_be_kept_are_kept(monkeypatch: pytest.MonkeyPatch
     kept = _cluster(tmp_path)
     assert kept._kept() and kept.env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "0"
     assert not MultiNodeCluster(tmp_path, tmp_path, 1, 1)._kept()  # its scenario kills a node
+
+
+def test_a_kept_serve_is_shut_down_only_for_other_serve_wide_options(
+    gcs: list[FakeGcs | None], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(cluster.subprocess, "run", lambda cmd, **kw: ran.append(cmd[-1]))
+    kept = _cluster(tmp_path)
+    cluster.mark_ray(kept.signature)  # a fresh Ray: no Serve yet
+    ours = {"proxy_location": "HeadOnly", "grpc_options": {"port": 9000}}
+    kept._settle_serve(ours)
+    kept._settle_serve(ours)  # the next config on the same Serve
+    assert ran == [] and cluster.running_ray(kept.signature)
+    kept._settle_serve({"proxy_location": "HeadOnly"})  # no gRPC: a deploy would keep the old servicers
+    assert len(ran) == 1 and ran[0].endswith("serve.shutdown()") and cluster.running_ray(kept.signature)
+
+
+def test_a_deploy_on_a_kept_serve_waits_for_the_last_apps_deletion(
+    gcs: list[FakeGcs | None], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    kept = _cluster(tmp_path)
+    cluster.mark_ray(kept.signature)
+    deleting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    cluster.update_marker(deleting=[deleting.pid, psutil.Process(deleting.pid).create_time()])
+    assert cluster.running_ray(kept.signature)  # the deletion is state, not part of the settings
+    kept._settle_serve({})
+    assert deleting.poll() is not None and "deleting" not in cluster.read_marker()
+    # A marked process that is long gone (or a new one with its pid) is not waited for.
+    assert cluster.wait_for_process([deleting.pid, 1.0], timeout_s=5) < 1

@@ -1,5 +1,6 @@
 """The RayService manifest: generated from gpu.yaml and valid against KubeRay's CRD."""
 
+import functools
 import json
 from pathlib import Path
 
@@ -59,12 +60,18 @@ def test_clients_reach_the_proxies_of_the_ingress_pods_only():
     assert {p["port"] for p in service["spec"]["ports"]} == {8000, 9000}
 
 
-def test_manifest_validates_against_kuberay_crd():
-    crd = yaml.safe_load(CRD.read_text())
+@functools.cache
+def crd_schema() -> dict:
+    """The CRD's v1 schema, parsed once: it is large, hence libyaml's loader where PyYAML has it."""
+    crd = yaml.load(CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    schema = v1["schema"]["openAPIV3Schema"]
+    schema: dict = v1["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_manifest_validates_against_kuberay_crd():
     manifest = yaml.safe_load(MANIFEST.read_text())
-    jsonschema.validate(manifest, schema)
+    jsonschema.validate(manifest, crd_schema())
     cluster = manifest["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
     for workers in cluster["workerGroupSpecs"]:
@@ -72,9 +79,7 @@ def test_manifest_validates_against_kuberay_crd():
 
 
 def test_crd_schema_catches_a_broken_manifest():
-    crd = yaml.safe_load(CRD.read_text())
-    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     manifest = yaml.safe_load(MANIFEST.read_text())
     manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replicas"] = "many"
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(manifest, v1["schema"]["openAPIV3Schema"])
+        jsonschema.validate(manifest, crd_schema())

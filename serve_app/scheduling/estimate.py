@@ -20,39 +20,50 @@ Two estimates of the wait, for two regimes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class LatencyEstimator:
-    """Round trip of a batch as `overhead + items * per_item`, learned from completed batches.
+    """Round trip of a batch as `overhead + (items - 1) * per_item`, learned from completed batches.
 
-    The overhead tracks the smallest recent service time (a one-row batch) and
-    the per-item cost what each row adds on top, so `batch_s` is a line through
-    the small and the full batches actually seen. With `slots` batches in
-    flight, queued rows drain `slots` batches at a time.
+    Each batch size seen lately keeps its own service time, as a floor that forgets slowly: a
+    faster batch lowers it at once (a cold start's slow first batches are forgotten at the first
+    normal one), a slower one raises it by the smoothing weight (a batch slowed by a busy machine
+    moves it a little). The line is a least-squares fit through those floors, one point per size,
+    so the overhead is what the small batches cost and the per-row cost what each row adds across
+    the sizes actually seen. With one size seen lately the slope is unknown and keeps its last
+    value. Fitting the line to each batch in turn, as this once did, let one slow batch set a
+    steep per-row cost that the next normal batch of the same size then explained as no overhead
+    at all: a model whose batch time does not grow with its rows (a GPU at small batches) looked
+    free for one row, and admission let through deadlines it could not meet.
     """
 
     smoothing: float = 0.1
+    memory: int = 64  # batches: a size not seen in the last this many leaves the fit
     overhead_s: float = 0.0
     per_item_s: float = 0.0
     samples: int = 0
+    # rows -> (floor of its service time in seconds, number of the batch that last had that size)
+    _by_size: dict[int, tuple[float, int]] = field(default_factory=dict)
 
     def observe(self, items: int, rtt_s: float, wait_s: float) -> None:
         """One batch of `items` rows took `rtt_s` at the router, `wait_s` of it queued at the replica."""
         service = max(rtt_s - wait_s, 0.0)
-        a = self.smoothing
-        # The intercept this batch implies, given the per-row cost learned so far.
-        intercept = max(service - max(items - 1, 0) * self.per_item_s, 0.0)
-        if self.samples == 0:
-            self.overhead_s = intercept
-        else:
-            # A floor that forgets slowly: falls at once, rises by the smoothing weight.
-            self.overhead_s = min(intercept, self.overhead_s + a * (intercept - self.overhead_s))
-        if items > 1:
-            per_item = max(service - self.overhead_s, 0.0) / (items - 1)
-            self.per_item_s += (a if self.per_item_s else 1.0) * (per_item - self.per_item_s)
+        items = max(items, 1)
         self.samples += 1
+        known = self._by_size.get(items)
+        floor = service if known is None else min(service, known[0] + self.smoothing * (service - known[0]))
+        self._by_size[items] = (floor, self.samples)
+        self._by_size = {n: v for n, v in self._by_size.items() if self.samples - v[1] < self.memory}
+        sizes = sorted(self._by_size)
+        mean_n = sum(sizes) / len(sizes)
+        mean_s = sum(self._by_size[n][0] for n in sizes) / len(sizes)
+        if len(sizes) > 1:
+            spread = sum((n - mean_n) ** 2 for n in sizes)
+            slope = sum((n - mean_n) * (self._by_size[n][0] - mean_s) for n in sizes) / spread
+            self.per_item_s = max(slope, 0.0)
+        self.overhead_s = max(mean_s - (mean_n - 1) * self.per_item_s, 0.0)
 
     def batch_s(self, items: int) -> float:
         return self.overhead_s + max(items - 1, 0) * self.per_item_s

@@ -89,3 +89,37 @@ def test_drain_rate_counts_only_saturated_windows():
     drain.on_completion(8, 11.0, saturated=True)  # 8 rows in 1 s
     assert drain.rate == pytest.approx(12.0)
     assert drain.seconds_for(24) == pytest.approx(2.0)
+
+
+def test_one_slow_batch_does_not_make_one_row_look_free():
+    # Every batch takes 100 ms whatever its rows (a GPU at small batches); one two-row batch ran
+    # slow on a busy machine. One row still costs 100 ms: a 25 ms deadline cannot be met.
+    est = LatencyEstimator()
+    for _ in range(5):
+        est.observe(items=1, rtt_s=0.1, wait_s=0.0)
+    est.observe(items=2, rtt_s=0.2, wait_s=0.0)
+    for _ in range(5):
+        est.observe(items=2, rtt_s=0.1, wait_s=0.0)
+    assert est.batch_s(1) == pytest.approx(0.1, rel=0.05)
+    assert est.batch_s(2) == pytest.approx(0.1, rel=0.05)
+
+
+def test_a_cold_first_batch_is_forgotten_at_once_and_a_slow_one_moves_the_estimate_a_little():
+    est = LatencyEstimator(smoothing=0.1)
+    est.observe(items=4, rtt_s=2.0, wait_s=0.0)  # first run: session warm-up
+    est.observe(items=4, rtt_s=0.02, wait_s=0.0)
+    assert est.batch_s(4) == pytest.approx(0.02)
+    est.observe(items=4, rtt_s=0.22, wait_s=0.0)  # a busy moment
+    assert est.batch_s(4) == pytest.approx(0.04)
+
+
+def test_sizes_not_seen_lately_leave_the_fit():
+    est = LatencyEstimator(memory=10)
+    est.observe(items=16, rtt_s=0.5, wait_s=0.0)
+    est.observe(items=1, rtt_s=0.01, wait_s=0.0)
+    steep = est.per_item_s
+    for _ in range(10):
+        est.observe(items=1, rtt_s=0.01, wait_s=0.0)
+        est.observe(items=8, rtt_s=0.01 + 7 * 0.001, wait_s=0.0)
+    assert steep > 0.03 and est.per_item_s == pytest.approx(0.001)
+    assert est.batch_s(16) == pytest.approx(0.01 + 15 * 0.001)

@@ -99,6 +99,15 @@ class ResponseOutput(BaseModel):
     datatype: str
     parameters: dict[str, Any] | None = None
     data: list[Any] | None = None
+    # A numeric output's values as computed (`encode`): the binary extension and gRPC send their
+    # bytes as they are, and the Python list in `data` is built only for a JSON body (`with_data`).
+    _array: np.ndarray | None = PrivateAttr(default=None)
+
+    def with_data(self) -> ResponseOutput:
+        """This output with its values in `data`, for a JSON body."""
+        if self.data is None and self._array is not None:
+            self.data = self._array.ravel().tolist()
+        return self
 
 
 class InferResponse(BaseModel):
@@ -272,23 +281,28 @@ def encode(name: str, value: np.ndarray | list[str]) -> ResponseOutput:
         return ResponseOutput(name=name, shape=[len(value)], datatype="BYTES", data=value)
     datatype = DATATYPE_OF.get(value.dtype)
     assert datatype is not None, f"no v2 datatype for {value.dtype}"
-    return ResponseOutput(name=name, shape=list(value.shape), datatype=datatype, data=value.ravel().tolist())
+    out = ResponseOutput(name=name, shape=list(value.shape), datatype=datatype)
+    out._array = value
+    return out
 
 
 def binary_blob(output: ResponseOutput) -> bytes:
-    data = output.data or []
     if output.datatype == "BYTES":
         parts = []
-        for v in data:
+        for v in output.data or []:
             b = v.encode("utf-8") if isinstance(v, str) else bytes(v)
             parts.append(struct.pack("<I", len(b)) + b)
         return b"".join(parts)
-    return np.asarray(data, dtype=np.dtype(NUMPY_DTYPES[output.datatype]).newbyteorder("<")).tobytes()
+    wire = np.dtype(NUMPY_DTYPES[output.datatype]).newbyteorder("<")
+    values = output._array if output._array is not None else (output.data or [])
+    return np.ascontiguousarray(values, dtype=wire).tobytes()
 
 
 def render_response(response: InferResponse, binary: set[str]) -> tuple[bytes, dict[str, str]]:
     """The response body and its extra headers; outputs named in `binary` travel as raw bytes after the JSON."""
     if not binary:
+        for out in response.outputs:
+            out.with_data()
         return response.model_dump_json(exclude_none=True).encode(), {"content-type": "application/json"}
     blobs: list[bytes] = []
     outputs = []
@@ -298,6 +312,8 @@ def render_response(response: InferResponse, binary: set[str]) -> tuple[bytes, d
             blobs.append(blob)
             params = {**(out.parameters or {}), "binary_data_size": len(blob)}
             out = out.model_copy(update={"data": None, "parameters": params})
+        else:
+            out.with_data()
         outputs.append(out)
     head = response.model_copy(update={"outputs": outputs}).model_dump_json(exclude_none=True).encode()
     return head + b"".join(blobs), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(head))}

@@ -297,3 +297,15 @@ def test_an_idle_replica_whose_session_no_longer_answers_fails_its_health_check(
     replica.session = healthy_session
     asyncio.run(replica.check_health())  # the probe answers again
     asyncio.run(replica.check_health())
+
+
+def test_a_binary_output_is_sent_from_its_array_without_a_list_of_values():
+    logits = np.arange(6, dtype=np.float32).reshape(3, 2)
+    out = v2.encode("logits", logits)
+    assert out.data is None  # no Python floats until a JSON body needs them
+    body, headers = v2.render_response(v2.InferResponse(model_name="m", outputs=[out]), {"logits"})
+    n = int(headers[v2.HEADER_LENGTH])
+    assert "data" not in json.loads(body[:n])["outputs"][0] and out.data is None
+    np.testing.assert_array_equal(np.frombuffer(body[n:], "<f4").reshape(3, 2), logits)
+    body, _ = v2.render_response(v2.InferResponse(model_name="m", outputs=[out]), set())
+    assert json.loads(body)["outputs"][0]["data"] == logits.ravel().tolist()

@@ -22,9 +22,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module", autouse=True)
 def one_ray_for_the_module() -> Iterator[None]:
-    """The scenarios run on one Ray where their settings match: each shuts its apps down and
-    leaves Ray up for the next (benchmarks.cluster.REUSE_ENV). Starting Ray was most of a smoke
-    run's time; what the scenarios check is their harness, not a fresh cluster's figures. The
+    """The scenarios run on one Ray and one Serve where their settings match: each deletes its
+    apps and leaves both up for the next (benchmarks.cluster.REUSE_ENV). Starting Ray and Serve
+    was most of a smoke run's time; what the scenarios check is their harness, not a fresh
+    cluster's figures. The
     tests are in the order that keeps the chain long: `ingress` starts other ingresses, and
     `chaos` a cluster of two nodes that it takes apart."""
     with pytest.MonkeyPatch.context() as env:

@@ -169,6 +169,8 @@ class RayCluster:
         _progress(f"kept Serve settled: {waited:.1f}s waiting for the last apps' deletion")
 
     def _stop(self) -> None:
+        # A deletion still under way would only wait for the Ray that is about to go.
+        end_process(read_marker().get("deleting"))
         REUSE_MARKER.unlink(missing_ok=True)
         stop_ray()
 
@@ -245,6 +247,16 @@ def read_marker() -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return marked
+
+
+def end_process(marked: list[float] | None) -> None:
+    """SIGKILL the process marked as [pid, start time], if it still runs."""
+    if marked is None:
+        return
+    with contextlib.suppress(psutil.Error):
+        p = psutil.Process(int(marked[0]))
+        if p.create_time() == marked[1]:
+            p.kill()
 
 
 def wait_for_process(marked: list[float] | None, timeout_s: float) -> float:

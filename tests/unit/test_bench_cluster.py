@@ -94,3 +94,15 @@ def test_a_deploy_on_a_kept_serve_waits_for_the_last_apps_deletion(
     assert deleting.poll() is not None and "deleting" not in cluster.read_marker()
     # A marked process that is long gone (or a new one with its pid) is not waited for.
     assert cluster.wait_for_process([deleting.pid, 1.0], timeout_s=5) < 1
+
+
+def test_stopping_a_kept_ray_ends_a_deletion_still_under_way(
+    gcs: list[FakeGcs | None], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(cluster, "stop_ray", lambda: None)
+    kept = _cluster(tmp_path)
+    cluster.mark_ray(kept.signature)
+    deleting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    cluster.update_marker(deleting=[deleting.pid, psutil.Process(deleting.pid).create_time()])
+    kept._stop()
+    assert deleting.wait(timeout=10) != 0 and not cluster.read_marker()

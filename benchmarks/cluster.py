@@ -23,6 +23,16 @@ import httpx
 import psutil
 import yaml
 
+from benchmarks.kept import (
+    REUSE_ENV,
+    forget_ray,
+    mark_ray,
+    read_marker,
+    running_ray,
+    update_marker,
+    wait_for_process,
+)
+
 RAY_PORT = 6391
 HTTP_PORT = 8130
 NAIVE_PORT = 8131
@@ -46,13 +56,6 @@ CHECK_FALL = 5
 # reserve). At Ray's 16 KiB a demo image in JSON (13-15 KiB plus headers) sometimes did not, and
 # was lost with the router that died holding it (CI's chaos smoke, 1 request in thousands).
 BUFSIZE = 65536
-# "1": a cluster's Ray outlives it (its apps are deleted, Ray and Serve's controller are left
-# running, also after the benchmark ends); the next cluster with the same settings (ingress,
-# `ray start` flags, model dir) runs on it, and on the same controller where its config asks
-# for the same Serve-wide options (ports, gRPC, proxy location). For CI's smoke runs, where
-# starting Ray and Serve is most of a scenario's time; measurements take a fresh Ray.
-REUSE_ENV = "BENCH_REUSE_RAY"
-REUSE_MARKER = Path(tempfile.gettempdir()) / "bench-reused-ray.json"
 
 
 @dataclass
@@ -169,9 +172,7 @@ class RayCluster:
         _progress(f"kept Serve settled: {waited:.1f}s waiting for the last apps' deletion")
 
     def _stop(self) -> None:
-        # A deletion still under way would only wait for the Ray that is about to go.
-        end_process(read_marker().get("deleting"))
-        REUSE_MARKER.unlink(missing_ok=True)
+        forget_ray()
         stop_ray()
 
     def deploy(self, config: dict[str, Any], probe: Probe, timeout_s: float = 240) -> float:
@@ -210,75 +211,11 @@ def _progress(line: str) -> None:
     print(f"cluster: {line}", file=sys.stderr, flush=True)
 
 
-def _gcs() -> psutil.Process | None:
-    return next((p for p in psutil.process_iter(["name", "status"]) if _is_ray_daemon(p) and "gcs" in p.info["name"]), None)
-
-
 def _serve_code(statement: str) -> str:
     """Python for a child process (see stop_ray on importing Ray here): `statement` with `serve`
     connected to the running cluster. `serve shutdown` and the like would need the dashboard,
     which these clusters do not start."""
     return f"import ray; from ray import serve; ray.init(address='127.0.0.1:{RAY_PORT}'); {statement}"
-
-
-def mark_ray(signature: dict[str, Any]) -> None:
-    """Remember what the running Ray was started with, and which GCS process is it."""
-    gcs = _gcs()
-    if gcs is not None:
-        REUSE_MARKER.write_text(json.dumps({**signature, "gcs": [gcs.pid, gcs.create_time()]}))
-
-
-# What a marker holds beside the signature and the GCS: the Serve-wide options the kept Serve runs
-# with (`serve`), and the process deleting the last cluster's apps (`deleting`: pid, start time).
-MARKER_STATE = ("serve", "deleting")
-
-
-def update_marker(**state: Any) -> None:
-    """Set (None: drop) MARKER_STATE fields of the marker, if there is one."""
-    marked = read_marker()
-    if marked:
-        marked.update(state)
-        REUSE_MARKER.write_text(json.dumps({k: v for k, v in marked.items() if v is not None}))
-
-
-def read_marker() -> dict[str, Any]:
-    try:
-        marked: dict[str, Any] = json.loads(REUSE_MARKER.read_text())
-    except (OSError, ValueError):
-        return {}
-    return marked
-
-
-def end_process(marked: list[float] | None) -> None:
-    """SIGKILL the process marked as [pid, start time], if it still runs."""
-    if marked is None:
-        return
-    with contextlib.suppress(psutil.Error):
-        p = psutil.Process(int(marked[0]))
-        if p.create_time() == marked[1]:
-            p.kill()
-
-
-def wait_for_process(marked: list[float] | None, timeout_s: float) -> float:
-    """Wait until the process marked as [pid, start time] has ended; returns seconds waited."""
-    started = time.perf_counter()
-    if marked is None:
-        return 0.0
-    with contextlib.suppress(psutil.Error):
-        p = psutil.Process(int(marked[0]))
-        while p.create_time() == marked[1] and _running(p) and time.perf_counter() - started < timeout_s:
-            time.sleep(0.1)
-    return time.perf_counter() - started
-
-
-def running_ray(signature: dict[str, Any]) -> bool:
-    """Whether the Ray running here was started by a cluster with these settings and still runs."""
-    marked = read_marker()
-    for field in MARKER_STATE:
-        marked.pop(field, None)
-    gcs = _gcs()
-    alive = gcs is not None and marked.pop("gcs", None) == [gcs.pid, gcs.create_time()]
-    return alive and marked == signature
 
 
 def haproxy_servers(socket_path: str) -> list[dict[str, str]]:

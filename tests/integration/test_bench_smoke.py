@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cluster import REUSE_ENV, stop_ray
+from benchmarks.cluster import stop_ray
+from benchmarks.kept import REUSE_ENV
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +24,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module", autouse=True)
 def one_ray_for_the_module() -> Iterator[None]:
     """The scenarios run on one Ray and one Serve where their settings match: each deletes its
-    apps and leaves both up for the next (benchmarks.cluster.REUSE_ENV). Starting Ray and Serve
+    apps and leaves both up for the next (benchmarks.kept.REUSE_ENV). Starting Ray and Serve
     was most of a smoke run's time; what the scenarios check is their harness, not a fresh
     cluster's figures. The
     tests are in the order that keeps the chain long: `ingress` starts other ingresses, and

@@ -1,4 +1,4 @@
-"""A kept Ray (benchmarks.cluster.REUSE_ENV) is reused only by a cluster with its settings, and
+"""A kept Ray (benchmarks.kept.REUSE_ENV) is reused only by a cluster with its settings, and
 only while the GCS that was marked still runs. No Ray here: the GCS process is a stand-in."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benchmarks import cluster
+from benchmarks import cluster, kept
 from benchmarks.cluster import Ingress, RayCluster
 
 
@@ -27,8 +27,8 @@ class FakeGcs:
 @pytest.fixture
 def gcs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[FakeGcs | None]:
     running: list[FakeGcs | None] = [FakeGcs(4242, 1700000000.25)]
-    monkeypatch.setattr(cluster, "_gcs", lambda: running[0])
-    monkeypatch.setattr(cluster, "REUSE_MARKER", tmp_path / "marker.json")
+    monkeypatch.setattr(kept, "gcs_process", lambda: running[0])
+    monkeypatch.setattr(kept, "REUSE_MARKER", tmp_path / "marker.json")
     return running
 
 
@@ -37,33 +37,33 @@ def _cluster(tmp_path: Path, haproxy: bool = True) -> RayCluster:
 
 
 def test_a_marked_ray_is_found_by_the_same_settings_only(gcs: list[FakeGcs | None], tmp_path: Path) -> None:
-    assert not cluster.running_ray(_cluster(tmp_path).signature)  # nothing marked yet
-    cluster.mark_ray(_cluster(tmp_path).signature)
-    assert cluster.running_ray(_cluster(tmp_path).signature)
-    assert not cluster.running_ray(_cluster(tmp_path, haproxy=False).signature)  # another ingress
+    assert not kept.running_ray(_cluster(tmp_path).signature)  # nothing marked yet
+    kept.mark_ray(_cluster(tmp_path).signature)
+    assert kept.running_ray(_cluster(tmp_path).signature)
+    assert not kept.running_ray(_cluster(tmp_path, haproxy=False).signature)  # another ingress
     other_dir = RayCluster(Ingress(), tmp_path, tmp_path / "other-models")
-    assert not cluster.running_ray(other_dir.signature)
+    assert not kept.running_ray(other_dir.signature)
     with_cpus = RayCluster(Ingress(), tmp_path, tmp_path / "models", ("--num-cpus=2",))
-    assert not cluster.running_ray(with_cpus.signature)
+    assert not kept.running_ray(with_cpus.signature)
 
 
 def test_a_marked_ray_that_was_stopped_or_replaced_is_not_reused(gcs: list[FakeGcs | None], tmp_path: Path) -> None:
     signature = _cluster(tmp_path).signature
-    cluster.mark_ray(signature)
+    kept.mark_ray(signature)
     gcs[0] = FakeGcs(4242, 1700000999.0)  # same pid, another process: Ray was restarted
-    assert not cluster.running_ray(signature)
+    assert not kept.running_ray(signature)
     gcs[0] = None  # stopped
-    assert not cluster.running_ray(signature)
+    assert not kept.running_ray(signature)
 
 
 def test_only_clusters_that_may_be_kept_are_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from benchmarks.chaos import MultiNodeCluster
 
-    monkeypatch.delenv(cluster.REUSE_ENV, raising=False)
+    monkeypatch.delenv(kept.REUSE_ENV, raising=False)
     assert not _cluster(tmp_path)._kept()
-    monkeypatch.setenv(cluster.REUSE_ENV, "1")
-    kept = _cluster(tmp_path)
-    assert kept._kept() and kept.env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "0"
+    monkeypatch.setenv(kept.REUSE_ENV, "1")
+    reused = _cluster(tmp_path)
+    assert reused._kept() and reused.env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "0"
     assert not MultiNodeCluster(tmp_path, tmp_path, 1, 1)._kept()  # its scenario kills a node
 
 
@@ -72,37 +72,37 @@ def test_a_kept_serve_is_shut_down_only_for_other_serve_wide_options(
 ) -> None:
     ran: list[str] = []
     monkeypatch.setattr(cluster.subprocess, "run", lambda cmd, **kw: ran.append(cmd[-1]))
-    kept = _cluster(tmp_path)
-    cluster.mark_ray(kept.signature)  # a fresh Ray: no Serve yet
+    reused = _cluster(tmp_path)
+    kept.mark_ray(reused.signature)  # a fresh Ray: no Serve yet
     ours = {"proxy_location": "HeadOnly", "grpc_options": {"port": 9000}}
-    kept._settle_serve(ours)
-    kept._settle_serve(ours)  # the next config on the same Serve
-    assert ran == [] and cluster.running_ray(kept.signature)
-    kept._settle_serve({"proxy_location": "HeadOnly"})  # no gRPC: a deploy would keep the old servicers
-    assert len(ran) == 1 and ran[0].endswith("serve.shutdown()") and cluster.running_ray(kept.signature)
+    reused._settle_serve(ours)
+    reused._settle_serve(ours)  # the next config on the same Serve
+    assert ran == [] and kept.running_ray(reused.signature)
+    reused._settle_serve({"proxy_location": "HeadOnly"})  # no gRPC: a deploy would keep the old servicers
+    assert len(ran) == 1 and ran[0].endswith("serve.shutdown()") and kept.running_ray(reused.signature)
 
 
 def test_a_deploy_on_a_kept_serve_waits_for_the_last_apps_deletion(
     gcs: list[FakeGcs | None], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    kept = _cluster(tmp_path)
-    cluster.mark_ray(kept.signature)
+    reused = _cluster(tmp_path)
+    kept.mark_ray(reused.signature)
     deleting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
-    cluster.update_marker(deleting=[deleting.pid, psutil.Process(deleting.pid).create_time()])
-    assert cluster.running_ray(kept.signature)  # the deletion is state, not part of the settings
-    kept._settle_serve({})
-    assert deleting.poll() is not None and "deleting" not in cluster.read_marker()
+    kept.update_marker(deleting=[deleting.pid, psutil.Process(deleting.pid).create_time()])
+    assert kept.running_ray(reused.signature)  # the deletion is state, not part of the settings
+    reused._settle_serve({})
+    assert deleting.poll() is not None and "deleting" not in kept.read_marker()
     # A marked process that is long gone (or a new one with its pid) is not waited for.
-    assert cluster.wait_for_process([deleting.pid, 1.0], timeout_s=5) < 1
+    assert kept.wait_for_process([deleting.pid, 1.0], timeout_s=5) < 1
 
 
 def test_stopping_a_kept_ray_ends_a_deletion_still_under_way(
     gcs: list[FakeGcs | None], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(cluster, "stop_ray", lambda: None)
-    kept = _cluster(tmp_path)
-    cluster.mark_ray(kept.signature)
+    reused = _cluster(tmp_path)
+    kept.mark_ray(reused.signature)
     deleting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    cluster.update_marker(deleting=[deleting.pid, psutil.Process(deleting.pid).create_time()])
-    kept._stop()
-    assert deleting.wait(timeout=10) != 0 and not cluster.read_marker()
+    kept.update_marker(deleting=[deleting.pid, psutil.Process(deleting.pid).create_time()])
+    reused._stop()
+    assert deleting.wait(timeout=10) != 0 and not kept.read_marker()

@@ -122,7 +122,7 @@ class RayCluster:
 
     def __enter__(self) -> RayCluster:
         if self._kept() and running_ray(self.signature):
-            return self  # the last cluster on it shut its apps down; `serve run` would replace them anyway
+            return self  # the last cluster on it deleted its apps, or is deleting them: `deploy` waits
         started = time.perf_counter()
         self._stop()
         ensure_auth_token(self.env)

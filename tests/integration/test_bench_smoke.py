@@ -26,9 +26,8 @@ def one_ray_for_the_module() -> Iterator[None]:
     """The scenarios run on one Ray and one Serve where their settings match: each deletes its
     apps and leaves both up for the next (benchmarks.kept.REUSE_ENV). Starting Ray and Serve
     was most of a smoke run's time; what the scenarios check is their harness, not a fresh
-    cluster's figures. The
-    tests are in the order that keeps the chain long: `ingress` starts other ingresses, and
-    `chaos` a cluster of two nodes that it takes apart."""
+    cluster's figures. The tests are in the order that keeps the chain long: `ingress` starts
+    other ingresses, and `chaos` a cluster of two nodes that it takes apart."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv(REUSE_ENV, "1")
         yield

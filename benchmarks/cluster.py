@@ -8,6 +8,7 @@ Everything is started the way users start it (`ray start`, `serve run`,
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import subprocess
@@ -180,6 +181,7 @@ class RayCluster:
         config = {**config, "http_options": {**config.get("http_options", {}), "host": "127.0.0.1", "port": HTTP_PORT}}
         if self._kept():
             self._settle_serve({k: v for k, v in config.items() if k != "applications"})
+            config = quick_to_delete(config)
         path = self.workdir / "serve-config.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         started = time.perf_counter()
@@ -204,6 +206,17 @@ class RayCluster:
         taken = time.perf_counter() - started
         _progress(f"deploy: serve run {ran - started:.1f}s, ready {taken:.1f}s")
         return taken
+
+
+def quick_to_delete(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with each listed deployment's replicas stopping as soon as they are idle. A
+    stopping replica sleeps `graceful_shutdown_wait_loop_s` (2 s by default) before it first looks
+    for requests in flight; a kept Ray's apps are deleted with none, and the next deploy waits."""
+    config = copy.deepcopy(config)
+    for app in config.get("applications", []):
+        for deployment in app.get("deployments", []):
+            deployment.setdefault("graceful_shutdown_wait_loop_s", 0.1)
+    return config
 
 
 def _progress(line: str) -> None:

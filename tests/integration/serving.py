@@ -1,4 +1,5 @@
-"""One Serve application per test module, started the way `serve.run` users start it."""
+"""One Serve application per test module, started the way `serve.run` users start it, on a Serve
+that the modules of a package share (Ray and Serve take 15-40 s to start on 2 cores)."""
 
 from __future__ import annotations
 
@@ -26,24 +27,40 @@ def deployment_handle(name: str, app: str) -> DeploymentHandle:
     return handle
 
 
-def serve_for_module(args: dict[str, Any], port: int, name: str = "default", grpc_port: int | None = None) -> Iterator[str]:
-    """Start Ray and the app, yield its URL once /v2/health/ready says so, then tear both down.
-    With `grpc_port`, Serve's gRPC proxy serves the OIP v2 gRPC service there too."""
+# The in-process Serve that the modules of tests/integration/shared_serve share, one after another.
+SHARED_PORT = 8123
+SHARED_GRPC_PORT = 9123
+
+
+def shared_serve() -> Iterator[str]:
+    """Start Ray and Serve in this process, yield Serve's URL, then tear both down. Serve's gRPC
+    proxy serves the OIP v2 gRPC service on SHARED_GRPC_PORT too."""
     # Logical CPUs: six or more deployments at the default 1 CPU each, on a 2-core machine.
     # address="local": always a cluster of our own, never one a previous module left exiting.
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
-    grpc = {"port": grpc_port, "grpc_servicer_functions": [SERVICER]} if grpc_port else None
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, grpc_options=grpc)
+    grpc = {"port": SHARED_GRPC_PORT, "grpc_servicer_functions": [SERVICER]}
+    serve.start(http_options={"host": "127.0.0.1", "port": SHARED_PORT}, grpc_options=grpc)
+    try:
+        yield f"http://127.0.0.1:{SHARED_PORT}"
+    finally:
+        release_handles()
+        serve.shutdown()
+        ray.shutdown()
+
+
+def app_for_module(args: dict[str, Any], url: str, name: str = "default") -> Iterator[str]:
+    """Run the app on the shared Serve (`serve.run`, as users do), yield its URL once
+    /v2/health/ready says so, then delete it: the next module starts from an empty Serve."""
     serve.run(build_app(args), name=name, route_prefix="/")
-    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while httpx.get(f"{url}/v2/health/ready").status_code != 200:
         assert time.monotonic() < deadline, "application never became ready"
         time.sleep(0.5)
-    yield url
-    release_handles()
-    serve.shutdown()
-    ray.shutdown()
+    try:
+        yield url
+    finally:
+        release_handles()
+        serve.delete(name)
 
 
 def release_handles() -> None:

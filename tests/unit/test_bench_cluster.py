@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -106,3 +107,14 @@ def test_stopping_a_kept_ray_ends_a_deletion_still_under_way(
     kept.update_marker(deleting=[deleting.pid, psutil.Process(deleting.pid).create_time()])
     reused._stop()
     assert deleting.wait(timeout=10) != 0 and not kept.read_marker()
+
+
+def test_a_kept_rays_deployments_stop_without_the_default_idle_wait() -> None:
+    config: dict[str, Any] = {
+        "applications": [
+            {"name": "default", "deployments": [{"name": "router"}, {"name": "m", "graceful_shutdown_wait_loop_s": 1}]}
+        ]
+    }
+    quick = cluster.quick_to_delete(config)
+    assert [d.get("graceful_shutdown_wait_loop_s") for d in quick["applications"][0]["deployments"]] == [0.1, 1]
+    assert "graceful_shutdown_wait_loop_s" not in config["applications"][0]["deployments"][0]  # a copy: the caller's is kept

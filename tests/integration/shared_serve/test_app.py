@@ -1,6 +1,6 @@
 """The whole application on a real Ray Serve instance, over real HTTP, with tiny models.
 
-One Serve instance for the module (Ray takes 15-40 s to start on 2 cores).
+One app for the module, on the Serve instance this package shares (conftest.py).
 Answers are checked against running the same ONNX files directly.
 """
 
@@ -20,18 +20,17 @@ from serve_app.tokenization import TextTokenizer
 from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args
 from tests.integration.reference import greedy_text, session
-from tests.integration.serving import deployment_handle, serve_for_module
+from tests.integration.serving import SHARED_PORT, app_for_module, deployment_handle
 
 pytestmark = pytest.mark.integration
-PORT = 8123
-URL = f"http://127.0.0.1:{PORT}"
+URL = f"http://127.0.0.1:{SHARED_PORT}"
 APP = "default"
 TEXTS = ["the food was great", "the movie was not bad but the plot was dull", "i think the room was awful", "x"]
 
 
 @pytest.fixture(scope="module")
-def app_url(tiny_model_dir: Path):
-    yield from serve_for_module(tiny_args(tiny_model_dir), PORT, APP)
+def app_url(tiny_model_dir: Path, serve_url: str):
+    yield from app_for_module(tiny_args(tiny_model_dir), serve_url, APP)
 
 
 def _text_body(texts: list[str]) -> dict:

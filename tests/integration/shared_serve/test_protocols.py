@@ -2,7 +2,7 @@
 `tritonclient.http` (JSON and binary tensors), the `openai` SDK (plain and streaming),
 a table of malformed requests, client disconnects, and an OpenAPI fuzzer.
 
-One Serve instance for the module, tiny models.
+One app for the module, tiny models, on the Serve instance this package shares (conftest.py).
 """
 
 from __future__ import annotations
@@ -40,13 +40,12 @@ from serve_app.router.catalog import STATS_TTL_S
 from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args
 from tests.integration.reference import greedy_text, session
-from tests.integration.serving import serve_for_module
+from tests.integration.serving import SHARED_GRPC_PORT, SHARED_PORT, app_for_module
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, running_receiver, traceparent
 
 pytestmark = pytest.mark.integration
-PORT = 8125
-URL = f"http://127.0.0.1:{PORT}"
-GRPC_PORT = 9125
+URL = f"http://127.0.0.1:{SHARED_PORT}"
+GRPC_PORT = SHARED_GRPC_PORT
 TEXTS = ["the food was great", "i think the room was awful", "héllo wörld ✓"]
 CLASSIFIERS = ["bert-light", "bert-heavy", "text-classify", "resnet-light", "resnet-heavy", "image-classify"]
 SLOW_S = 0.4  # one batch of `bert-slow`, the model behind the disconnect test
@@ -62,7 +61,7 @@ def otlp() -> Iterator[OtlpReceiver]:
 
 
 @pytest.fixture(scope="module")
-def app_url(tiny_model_dir: Path, otlp: OtlpReceiver):
+def app_url(tiny_model_dir: Path, otlp: OtlpReceiver, serve_url: str):
     args = tiny_args(tiny_model_dir)
     args["tracing"] = {"otlp_endpoint": otlp.url, "export_interval_ms": 100}
     args["models"]["bert-slow"] = {
@@ -81,7 +80,7 @@ def app_url(tiny_model_dir: Path, otlp: OtlpReceiver):
     # Admit the disconnect test's 16 queued requests (6 s of bert-slow) instead of refusing most.
     args["scheduling"] = {"max_queue_delay_s": 10, "anonymous_max_priority": "high"}
     args["limits"] = {"max_request_bytes": MAX_BODY, "max_text_chars": 500}
-    yield from serve_for_module(args, PORT, grpc_port=GRPC_PORT)
+    yield from app_for_module(args, serve_url)
 
 
 @pytest.fixture(scope="module")

@@ -186,10 +186,10 @@ def test_chaos(tiny_model_dir: Path, tmp_path: Path) -> None:
     phases = r["phases"]
     nothing_lost = {"no_answer": 0, "server_error": 0, "refused_without_retry_after": 0, "malformed_not_4xx": 0}
     # A killed classifier replica costs no client a request: its batches run again on the other.
+    # Bad requests mixed into that load (CI's smoke has no phase of their own for them) get their
+    # 4xx alone; the good ones around them are all answered.
     assert phases["replica"]["fault"]["killed"] and phases["replica"]["lost"] == nothing_lost, phases["replica"]
-    # Bad requests get their 4xx alone; the good ones around them are all answered.
-    assert phases["malformed"]["lost"] == nothing_lost, phases["malformed"]
-    assert any(s.startswith("4") for s in phases["malformed"]["statuses"])
+    assert any(s.startswith("4") for s in phases["replica"]["statuses"]) and "malformed" not in phases
     # The wedged decode loop fails its health check and Serve replaces the replica; every stream
     # that was answered 200 ends with [DONE], an error event first if it was cut.
     stall = phases["stall"]

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from benchmarks.kept import (
     mark_ray,
     read_marker,
     running_ray,
+    signal_process,
     update_marker,
     wait_for_process,
 )
@@ -151,14 +153,35 @@ class RayCluster:
         return self.reusable and os.environ.get(REUSE_ENV) == "1"
 
     def _delete_apps_behind(self) -> None:
-        """Every app deleted from the running Serve, which stays up for the next cluster. In a
-        process of its own that this one does not wait for: the next deploy on this Ray does
-        (`_settle_serve`), and meanwhile the benchmark writes its results and the next one starts."""
+        """Every app deleted from the running Serve, which stays up for the next cluster, by the
+        process that `_arm_deleter` left waiting (or a new one), which this one does not wait for:
+        the next deploy on this Ray does (`_settle_serve`), and meanwhile the benchmark writes its
+        results and the next one starts."""
+        armed = read_marker().get("armed")
+        if signal_process(armed, signal.SIGUSR1):
+            update_marker(deleting=armed, armed=None)
+            return
         proc = subprocess.Popen(
-            [sys.executable, "-c", _serve_code("[serve.delete(name) for name in serve.status().applications]")],
+            [sys.executable, "-c", _serve_code(DELETE_APPS)],
             env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
-        update_marker(deleting=[proc.pid, psutil.Process(proc.pid).create_time()])
+        update_marker(deleting=[proc.pid, psutil.Process(proc.pid).create_time()], armed=None)
+
+    def _arm_deleter(self) -> None:
+        """A process that imports Ray and connects now, while the benchmark runs, then waits for
+        SIGUSR1 to delete the apps: the cluster's end then costs the deletion alone."""
+        if signal_process(read_marker().get("armed"), 0):  # signal 0: only asks whether it runs
+            return
+        # SIGUSR1 is blocked before anything else: sent early, it waits for `sigwait` instead of
+        # ending the process.
+        code = "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1}); " + _serve_code(
+            f"signal.sigwait({{signal.SIGUSR1}}); {DELETE_APPS}"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        update_marker(armed=[proc.pid, psutil.Process(proc.pid).create_time()])
 
     def _settle_serve(self, options: dict[str, Any]) -> None:
         """On a kept Ray, before a deploy: the last cluster's apps are gone, and a Serve started
@@ -204,6 +227,8 @@ class RayCluster:
         wait_all_models(f"http://127.0.0.1:{HTTP_PORT}", timeout_s)
         self.direct_backends = wait_direct_backends(self.env)
         taken = time.perf_counter() - started
+        if self._kept():
+            self._arm_deleter()
         _progress(f"deploy: serve run {ran - started:.1f}s, ready {taken:.1f}s")
         return taken
 
@@ -222,6 +247,9 @@ def quick_to_delete(config: dict[str, Any]) -> dict[str, Any]:
 def _progress(line: str) -> None:
     """Where a scenario's time goes, on stderr: the harness's own steps (Ray, Serve) beside the load."""
     print(f"cluster: {line}", file=sys.stderr, flush=True)
+
+
+DELETE_APPS = "[serve.delete(name) for name in serve.status().applications]"
 
 
 def _serve_code(statement: str) -> str:
@@ -308,6 +336,7 @@ def stop_ray() -> None:
     importing Ray fixes its auth mode for the importing process (a later `ray.init()` here would
     connect without the cluster's token).
     """
+    forget_ray()  # a kept Ray's marker, and its processes waiting to delete apps, go with it
     code = "from benchmarks.cluster import kill_ray_processes; kill_ray_processes()"
     subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], check=True, timeout=60)
     kill_orphan_haproxy()

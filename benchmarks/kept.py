@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -24,8 +25,9 @@ import psutil
 REUSE_ENV = "BENCH_REUSE_RAY"
 REUSE_MARKER = Path(tempfile.gettempdir()) / "bench-reused-ray.json"
 # What a marker holds beside the signature and the GCS: the Serve-wide options the kept Serve runs
-# with (`serve`), and the process deleting the last cluster's apps (`deleting`: pid, start time).
-MARKER_STATE = ("serve", "deleting")
+# with (`serve`), the process deleting the last cluster's apps (`deleting`: pid, start time), and
+# the one connected and waiting to delete the running cluster's apps when signalled (`armed`).
+MARKER_STATE = ("serve", "deleting", "armed")
 
 
 def gcs_process() -> psutil.Process | None:
@@ -70,20 +72,25 @@ def running_ray(signature: dict[str, Any]) -> bool:
 
 
 def forget_ray() -> None:
-    """Before the kept Ray is stopped: no marker, and no app deletion still under way (it would
-    only wait for the Ray that is about to go)."""
-    end_process(read_marker().get("deleting"))
+    """Before the kept Ray is stopped: no marker, and no app deletion under way or waiting (it
+    would only wait for the Ray that is about to go)."""
+    marked = read_marker()
+    for field in ("deleting", "armed"):
+        signal_process(marked.get(field), signal.SIGKILL)
     REUSE_MARKER.unlink(missing_ok=True)
 
 
-def end_process(marked: list[float] | None) -> None:
-    """SIGKILL the process marked as [pid, start time], if it still runs."""
+def signal_process(marked: list[float] | None, sig: int) -> bool:
+    """Send `sig` to the process marked as [pid, start time] if it still runs (a zombie does
+    not); returns whether it did."""
     if marked is None:
-        return
+        return False
     with contextlib.suppress(psutil.Error):
         p = psutil.Process(int(marked[0]))
-        if p.create_time() == marked[1]:
-            p.kill()
+        if p.create_time() == marked[1] and p.status() != psutil.STATUS_ZOMBIE:
+            p.send_signal(sig)
+            return True
+    return False
 
 
 def wait_for_process(marked: list[float] | None, timeout_s: float) -> float:

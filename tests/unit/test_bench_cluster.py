@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,16 +98,44 @@ def test_a_deploy_on_a_kept_serve_waits_for_the_last_apps_deletion(
     assert kept.wait_for_process([deleting.pid, 1.0], timeout_s=5) < 1
 
 
-def test_stopping_a_kept_ray_ends_a_deletion_still_under_way(
+def test_stopping_a_kept_ray_ends_a_deletion_under_way_or_waiting(
     gcs: list[FakeGcs | None], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(cluster, "stop_ray", lambda: None)
     reused = _cluster(tmp_path)
     kept.mark_ray(reused.signature)
-    deleting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    kept.update_marker(deleting=[deleting.pid, psutil.Process(deleting.pid).create_time()])
+    deleting, armed = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2))
+    kept.update_marker(deleting=_marked(deleting), armed=_marked(armed))
     reused._stop()
-    assert deleting.wait(timeout=10) != 0 and not kept.read_marker()
+    assert deleting.wait(timeout=10) != 0 and armed.wait(timeout=10) != 0 and not kept.read_marker()
+
+
+def _marked(proc: subprocess.Popen) -> list[float]:
+    return [proc.pid, psutil.Process(proc.pid).create_time()]
+
+
+def test_the_deleter_armed_at_deploy_deletes_the_apps_when_the_cluster_ends(
+    gcs: list[FakeGcs | None], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The real signalling, with a stand-in for Ray: the armed process connects (here: says it is
+    ready) and deletes (here: writes a file) only once the cluster ends."""
+    ready, deleted = tmp_path / "ready", tmp_path / "deleted"
+    monkeypatch.setattr(cluster, "_serve_code", lambda statement: f"open({str(ready)!r}, 'w').close(); {statement}")
+    monkeypatch.setattr(cluster, "DELETE_APPS", f"open({str(deleted)!r}, 'w').close()")
+    reused = _cluster(tmp_path)
+    kept.mark_ray(reused.signature)
+    reused._arm_deleter()
+    armed = kept.read_marker()["armed"]
+    reused._arm_deleter()  # one is waiting already: no second
+    assert kept.read_marker()["armed"] == armed
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert time.monotonic() < deadline, "the armed process never started"
+        time.sleep(0.05)
+    assert not deleted.exists()  # armed, not fired
+    reused._delete_apps_behind()
+    assert kept.read_marker().get("deleting") == armed and "armed" not in kept.read_marker()
+    assert kept.wait_for_process(armed, timeout_s=30) < 30 and deleted.exists()
 
 
 def test_a_kept_rays_deployments_stop_without_the_default_idle_wait() -> None:

@@ -8,10 +8,8 @@ Everything is started the way users start it (`ray start`, `serve run`,
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,13 +25,13 @@ import yaml
 
 from benchmarks.kept import (
     REUSE_ENV,
+    arm_deleter,
+    delete_apps_behind,
     forget_ray,
     mark_ray,
-    read_marker,
+    quick_to_delete,
     running_ray,
-    signal_process,
-    update_marker,
-    wait_for_process,
+    settle_serve,
 )
 
 RAY_PORT = 6391
@@ -144,7 +142,7 @@ class RayCluster:
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         started = time.perf_counter()
         if self._kept() and exc_type is None:
-            self._delete_apps_behind()
+            delete_apps_behind(self.env, SERVE_CONNECT)
             return
         self._stop()
         _progress(f"ray stop: {time.perf_counter() - started:.1f}s")
@@ -152,47 +150,8 @@ class RayCluster:
     def _kept(self) -> bool:
         return self.reusable and os.environ.get(REUSE_ENV) == "1"
 
-    def _delete_apps_behind(self) -> None:
-        """Every app deleted from the running Serve, which stays up for the next cluster, by the
-        process that `_arm_deleter` left waiting (or a new one), which this one does not wait for:
-        the next deploy on this Ray does (`_settle_serve`), and meanwhile the benchmark writes its
-        results and the next one starts."""
-        armed = read_marker().get("armed")
-        if signal_process(armed, signal.SIGUSR1):
-            update_marker(deleting=armed, armed=None)
-            return
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _serve_code(DELETE_APPS)],
-            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-        update_marker(deleting=[proc.pid, psutil.Process(proc.pid).create_time()], armed=None)
-
-    def _arm_deleter(self) -> None:
-        """A process that imports Ray and connects now, while the benchmark runs, then waits for
-        SIGUSR1 to delete the apps: the cluster's end then costs the deletion alone."""
-        if signal_process(read_marker().get("armed"), 0):  # signal 0: only asks whether it runs
-            return
-        # SIGUSR1 is blocked before anything else: sent early, it waits for `sigwait` instead of
-        # ending the process.
-        code = "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1}); " + _serve_code(
-            f"signal.sigwait({{signal.SIGUSR1}}); {DELETE_APPS}"
-        )
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-        update_marker(armed=[proc.pid, psutil.Process(proc.pid).create_time()])
-
     def _settle_serve(self, options: dict[str, Any]) -> None:
-        """On a kept Ray, before a deploy: the last cluster's apps are gone, and a Serve started
-        with other Serve-wide options is shut down, since a deploy onto it would keep its options
-        (its ports, its gRPC servicers)."""
-        marked = read_marker()
-        waited = wait_for_process(marked.get("deleting"), timeout_s=120)
-        if marked.get("serve", options) != options:
-            code = _serve_code("serve.shutdown()")
-            subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, timeout=120)
-        update_marker(serve=options, deleting=None)
+        waited = settle_serve(self.env, SERVE_CONNECT, options)
         _progress(f"kept Serve settled: {waited:.1f}s waiting for the last apps' deletion")
 
     def _stop(self) -> None:
@@ -228,20 +187,9 @@ class RayCluster:
         self.direct_backends = wait_direct_backends(self.env)
         taken = time.perf_counter() - started
         if self._kept():
-            self._arm_deleter()
+            arm_deleter(self.env, SERVE_CONNECT)
         _progress(f"deploy: serve run {ran - started:.1f}s, ready {taken:.1f}s")
         return taken
-
-
-def quick_to_delete(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with each listed deployment's replicas stopping as soon as they are idle. A
-    stopping replica sleeps `graceful_shutdown_wait_loop_s` (2 s by default) before it first looks
-    for requests in flight; a kept Ray's apps are deleted with none, and the next deploy waits."""
-    config = copy.deepcopy(config)
-    for app in config.get("applications", []):
-        for deployment in app.get("deployments", []):
-            deployment.setdefault("graceful_shutdown_wait_loop_s", 0.1)
-    return config
 
 
 def _progress(line: str) -> None:
@@ -249,14 +197,10 @@ def _progress(line: str) -> None:
     print(f"cluster: {line}", file=sys.stderr, flush=True)
 
 
-DELETE_APPS = "[serve.delete(name) for name in serve.status().applications]"
-
-
-def _serve_code(statement: str) -> str:
-    """Python for a child process (see stop_ray on importing Ray here): `statement` with `serve`
-    connected to the running cluster. `serve shutdown` and the like would need the dashboard,
-    which these clusters do not start."""
-    return f"import ray; from ray import serve; ray.init(address='127.0.0.1:{RAY_PORT}'); {statement}"
+# Python that connects a child process to the running cluster as a driver, with `serve` imported
+# (see stop_ray on importing Ray here). `serve shutdown` and the like would need the dashboard,
+# which these clusters do not start.
+SERVE_CONNECT = f"import ray; from ray import serve; ray.init(address='127.0.0.1:{RAY_PORT}')"
 
 
 def haproxy_servers(socket_path: str) -> list[dict[str, str]]:

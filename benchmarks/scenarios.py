@@ -276,8 +276,8 @@ def ingress(s: Settings) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
     settings = [Ingress(h, t) for h in (False, True) for t in (False, True)]
     if s.smoke_ingress:
-        # Two, since each Ray restart costs CI ~25 s: the shipped HAProxy ingress first (the Ray
-        # that CI's earlier smoke runs kept runs it already), then the default proxy.
+        # Two, since each Ray restart is much of a smoke run's time: the shipped HAProxy ingress
+        # first (the Ray that CI's earlier smoke runs kept runs it already), then the default proxy.
         settings = [DEFAULT_INGRESS, settings[0]]
     out: dict[str, Any] = {"settings": []}
     for setting in settings:

@@ -1,5 +1,6 @@
 """One Serve application per test module, started the way `serve.run` users start it, on a Serve
-that the modules of a package share (Ray and Serve take 15-40 s to start on 2 cores)."""
+that the modules of a package share: starting Ray and Serve is most of a module's setup on a
+small machine."""
 
 from __future__ import annotations
 
@@ -51,12 +52,12 @@ def shared_serve() -> Iterator[str]:
 def app_for_module(args: dict[str, Any], url: str, name: str = "default") -> Iterator[str]:
     """Run the app on the shared Serve (`serve.run`, as users do), yield its URL once
     /v2/health/ready says so, then delete it: the next module starts from an empty Serve."""
-    serve.run(build_app(args), name=name, route_prefix="/")
-    deadline = time.monotonic() + 120
-    while httpx.get(f"{url}/v2/health/ready").status_code != 200:
-        assert time.monotonic() < deadline, "application never became ready"
-        time.sleep(0.5)
     try:
+        serve.run(build_app(args), name=name, route_prefix="/")
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{url}/v2/health/ready").status_code != 200:
+            assert time.monotonic() < deadline, "application never became ready"
+            time.sleep(0.5)
         yield url
     finally:
         release_handles()

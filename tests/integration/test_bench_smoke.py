@@ -26,8 +26,10 @@ def one_ray_for_the_module() -> Iterator[None]:
     """The scenarios run on one Ray and one Serve where their settings match: each deletes its
     apps and leaves both up for the next (benchmarks.kept.REUSE_ENV). Starting Ray and Serve
     was most of a smoke run's time; what the scenarios check is their harness, not a fresh
-    cluster's figures. The tests are in the order that keeps the chain long: `ingress` starts
-    other ingresses, and `chaos` a cluster of two nodes that it takes apart."""
+    cluster's figures. The tests are in the order that keeps the chain long: `sweep` starts Serve
+    with our gRPC options, which compare's plain app leaves idle (started without them, Serve
+    would be restarted for ours), `ingress` starts other ingresses, and `chaos` a cluster of two
+    nodes that it takes apart."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv(REUSE_ENV, "1")
         yield
@@ -55,6 +57,16 @@ def _answered(point: dict) -> None:
     assert 0 < point["loadgen_cpu"]["core_share"]
 
 
+def test_sweep(tiny_model_dir: Path, tmp_path: Path) -> None:
+    res = _bench("sweep", tiny_model_dir, tmp_path, "bert-heavy")
+    points = res["result"]["models"]["bert-heavy"]
+    assert [p["max_batch_size"] for p in points] == [1, 4]
+    for p in points:
+        _answered(p)
+        assert p["idle_rss_mb"] > 0 and p["replica_rss_mb"]["bert-heavy"] >= p["idle_rss_mb"] * 0.5
+    assert res["plots"] == ["sweep_bert-heavy.png"]
+
+
 def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
     # One model: the harness is the same for each, and CI time is short.
     res = _bench("compare", tiny_model_dir, tmp_path, "resnet-heavy")
@@ -74,16 +86,6 @@ def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert sorted(res["plots"]) == ["curve_resnet-heavy.png"]
     readme = (tmp_path / "README.md").read_text()
     assert "ours vs plain Ray Serve" in readme and "| ours | binary |" in readme and "ceiling, 16 cores" in readme
-
-
-def test_sweep(tiny_model_dir: Path, tmp_path: Path) -> None:
-    res = _bench("sweep", tiny_model_dir, tmp_path, "bert-heavy")
-    points = res["result"]["models"]["bert-heavy"]
-    assert [p["max_batch_size"] for p in points] == [1, 4]
-    for p in points:
-        _answered(p)
-        assert p["idle_rss_mb"] > 0 and p["replica_rss_mb"]["bert-heavy"] >= p["idle_rss_mb"] * 0.5
-    assert res["plots"] == ["sweep_bert-heavy.png"]
 
 
 @pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy not installed")

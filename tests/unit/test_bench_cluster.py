@@ -69,19 +69,27 @@ def test_only_clusters_that_may_be_kept_are_kept(monkeypatch: pytest.MonkeyPatch
     assert not MultiNodeCluster(tmp_path, tmp_path, 1, 1)._kept()  # its scenario kills a node
 
 
-def test_a_kept_serve_is_shut_down_only_for_other_serve_wide_options(
+def test_a_kept_serve_is_shut_down_only_for_serve_wide_options_it_cannot_serve(
     gcs: list[FakeGcs | None], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     ran: list[str] = []
-    monkeypatch.setattr(cluster.subprocess, "run", lambda cmd, **kw: ran.append(cmd[-1]))
+    monkeypatch.setattr(kept.subprocess, "run", lambda cmd, **kw: ran.append(cmd[-1]))
     reused = _cluster(tmp_path)
     kept.mark_ray(reused.signature)  # a fresh Ray: no Serve yet
     ours = {"proxy_location": "HeadOnly", "grpc_options": {"port": 9000}}
     reused._settle_serve(ours)
     reused._settle_serve(ours)  # the next config on the same Serve
     assert ran == [] and kept.running_ray(reused.signature)
-    reused._settle_serve({"proxy_location": "HeadOnly"})  # no gRPC: a deploy would keep the old servicers
+    reused._settle_serve({"proxy_location": "HeadOnly"})  # no gRPC asked: the running proxy's stays idle
+    assert ran == []
+    reused._settle_serve({"proxy_location": "HeadOnly", "grpc_options": {"port": 9001}})  # other servicers
     assert len(ran) == 1 and ran[0].endswith("serve.shutdown()") and kept.running_ray(reused.signature)
+    reused._settle_serve({"proxy_location": "EveryNode", "grpc_options": {"port": 9001}})
+    assert len(ran) == 2
+    reused._settle_serve({"proxy_location": "EveryNode", "grpc_options": {"port": 9001}})
+    assert len(ran) == 2  # the marker holds the new Serve's options
+    # A Serve without gRPC cannot serve a config that asks for it.
+    assert not kept.serves({"proxy_location": "HeadOnly"}, ours) and kept.serves(ours, {"proxy_location": "HeadOnly"})
 
 
 def test_a_deploy_on_a_kept_serve_waits_for_the_last_apps_deletion(
@@ -120,20 +128,19 @@ def test_the_deleter_armed_at_deploy_deletes_the_apps_when_the_cluster_ends(
     """The real signalling, with a stand-in for Ray: the armed process connects (here: says it is
     ready) and deletes (here: writes a file) only once the cluster ends."""
     ready, deleted = tmp_path / "ready", tmp_path / "deleted"
-    monkeypatch.setattr(cluster, "_serve_code", lambda statement: f"open({str(ready)!r}, 'w').close(); {statement}")
-    monkeypatch.setattr(cluster, "DELETE_APPS", f"open({str(deleted)!r}, 'w').close()")
-    reused = _cluster(tmp_path)
-    kept.mark_ray(reused.signature)
-    reused._arm_deleter()
+    monkeypatch.setattr(kept, "DELETE_APPS", f"open({str(deleted)!r}, 'w').close()")
+    connect = f"open({str(ready)!r}, 'w').close()"
+    kept.mark_ray(_cluster(tmp_path).signature)
+    kept.arm_deleter({}, connect)
     armed = kept.read_marker()["armed"]
-    reused._arm_deleter()  # one is waiting already: no second
+    kept.arm_deleter({}, connect)  # one is waiting already: no second
     assert kept.read_marker()["armed"] == armed
     deadline = time.monotonic() + 30
     while not ready.exists():
         assert time.monotonic() < deadline, "the armed process never started"
         time.sleep(0.05)
     assert not deleted.exists()  # armed, not fired
-    reused._delete_apps_behind()
+    kept.delete_apps_behind({}, connect)
     assert kept.read_marker().get("deleting") == armed and "armed" not in kept.read_marker()
     assert kept.wait_for_process(armed, timeout_s=30) < 30 and deleted.exists()
 
@@ -144,6 +151,6 @@ def test_a_kept_rays_deployments_stop_without_the_default_idle_wait() -> None:
             {"name": "default", "deployments": [{"name": "router"}, {"name": "m", "graceful_shutdown_wait_loop_s": 1}]}
         ]
     }
-    quick = cluster.quick_to_delete(config)
+    quick = kept.quick_to_delete(config)
     assert [d.get("graceful_shutdown_wait_loop_s") for d in quick["applications"][0]["deployments"]] == [0.1, 1]
     assert "graceful_shutdown_wait_loop_s" not in config["applications"][0]["deployments"][0]  # a copy: the caller's is kept

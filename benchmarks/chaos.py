@@ -73,7 +73,8 @@ class ChaosSettings:
         # CI-sized: the bad requests ride along with the replica's death instead of taking a
         # phase of their own; both must still cost the good requests nothing.
         phases = ("replica", "router", "stall", "node")
-        return cls(seconds=12.0, fault_at_s=4.0, concurrency=8, streams=2, phases=phases, malformed_during=("replica",))
+        malformed = ("replica", "malformed")  # `--phases malformed` still runs a phase of its own
+        return cls(seconds=12.0, fault_at_s=4.0, concurrency=8, streams=2, phases=phases, malformed_during=malformed)
 
 
 class MultiNodeCluster(RayCluster):

@@ -155,7 +155,6 @@ class RayCluster:
         _progress(f"kept Serve settled: {waited:.1f}s waiting for the last apps' deletion")
 
     def _stop(self) -> None:
-        forget_ray()
         stop_ray()
 
     def deploy(self, config: dict[str, Any], probe: Probe, timeout_s: float = 240) -> float:

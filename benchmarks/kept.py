@@ -25,8 +25,9 @@ import psutil
 # "1": a cluster's Ray outlives it (its apps are deleted, Ray and Serve's controller are left
 # running, also after the benchmark ends); the next cluster with the same settings (ingress,
 # `ray start` flags, model dir) runs on it, and on the same controller where the Serve-wide
-# options it runs with (ports, gRPC, proxy location) serve the config (`serves`). For CI's smoke runs, where
-# starting Ray and Serve is most of a scenario's time; measurements take a fresh Ray.
+# options it runs with (ports, gRPC, proxy location) serve the config (`serves`). For CI's
+# smoke runs, where starting Ray and Serve is most of a scenario's time; measurements take a
+# fresh Ray.
 REUSE_ENV = "BENCH_REUSE_RAY"
 REUSE_MARKER = Path(tempfile.gettempdir()) / "bench-reused-ray.json"
 # What a marker holds beside the signature and the GCS: the Serve-wide options the kept Serve runs

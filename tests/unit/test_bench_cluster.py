@@ -109,7 +109,10 @@ def test_a_deploy_on_a_kept_serve_waits_for_the_last_apps_deletion(
 def test_stopping_a_kept_ray_ends_a_deletion_under_way_or_waiting(
     gcs: list[FakeGcs | None], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(cluster, "stop_ray", lambda: None)
+    # stop_ray's own killing and waiting would reach any Ray on this machine: only its first step runs.
+    monkeypatch.setattr(cluster.subprocess, "run", lambda *a, **kw: None)
+    monkeypatch.setattr(cluster, "kill_orphan_haproxy", lambda: None)
+    monkeypatch.setattr(cluster, "wait_for_ray_exit", lambda: None)
     reused = _cluster(tmp_path)
     kept.mark_ray(reused.signature)
     deleting, armed = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2))

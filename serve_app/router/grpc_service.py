@@ -19,6 +19,7 @@ import logging
 import struct
 import time
 from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
@@ -129,23 +130,29 @@ class GrpcInference:
         finally:
             held.give_back(size)
 
-    async def _guarded_infer(self, request: pb.ModelInferRequest, headers: InferHeaders) -> pb.ModelInferResponse:
-        """Under the router's priority protection, as an HTTP request is at its gate (router/protect.py)."""
+    @asynccontextmanager
+    async def _protected(self, name: str, headers: InferHeaders) -> AsyncIterator[None]:
+        """In flight under the router's priority protection, as an HTTP request is from its gate to
+        its answer (router/protect.py): a capped class is refused, after the guard's hold."""
         guard, metadata = self.parts.guard, headers.as_metadata()
-        priority, refusal = guard.enter(request.model_name, metadata) if guard is not None else (None, None)
+        priority, refusal = guard.enter(name, metadata) if guard is not None else (None, None)
         if guard is not None and refusal is not None:
             await guard.hold(metadata)
             raise refusal
         try:
+            yield
+        finally:
+            if guard is not None and priority is not None:
+                guard.leave(priority)
+
+    async def _guarded_infer(self, request: pb.ModelInferRequest, headers: InferHeaders) -> pb.ModelInferResponse:
+        async with self._protected(request.model_name, headers):
             tenant = self.parts.callers.admit(headers.authorization)
             self.parts.catalog.known(request.model_name)
             body = grpc_v2.request_from_proto(request)
             version = request.model_version or None
             response, _ = await infer(self.parts, request.model_name, version, body, headers, tenant, RequestTiming())
             return grpc_v2.response_to_proto(response)
-        finally:
-            if guard is not None and priority is not None:
-                guard.leave(priority)
 
     async def model_stream_infer(
         self, requests: AsyncIterator[pb.ModelInferRequest], headers: InferHeaders
@@ -197,8 +204,10 @@ class GrpcInference:
                 grpc_v2.set_parameter(answered.parameters[FINAL], True)
             yield pb.ModelStreamInferResponse(infer_response=answered)
             return
-        async for piece in self._generate(request, headers):
-            yield pb.ModelStreamInferResponse(infer_response=piece)
+        # A generation is in flight for as long as it streams, as over HTTP.
+        async with self._protected(name, headers):
+            async for piece in self._generate(request, headers):
+                yield pb.ModelStreamInferResponse(infer_response=piece)
         if wants_final:
             last = pb.ModelInferResponse(model_name=name, model_version=request.model_version, id=request.id)
             grpc_v2.set_parameter(last.parameters[FINAL], True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -228,3 +229,52 @@ def test_grpc_requests_are_guarded_as_http_requests_are(tiny_model_dir: Path):
     assert refused.value.retry_after_s == 1.0 and slept and slept[0] <= 0.2
     assert parts.protection.refused == {"low": 1} and parts.protection.in_flight[LOW] == 0
     assert parts.inflight_bytes.held == 0
+
+
+def test_a_grpc_streamed_generation_is_guarded_for_as_long_as_it_streams(tiny_model_dir: Path):
+    """ModelStreamInfer on the generator counts under the same guard as an HTTP generation: a capped
+    class gets its refusal as the stream's error message, and an admitted one is given back when
+    its stream ends, however it ends."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from serve_app.router.catalog import PROMPT_INPUT
+    from serve_app.router.grpc_service import GrpcInference
+    from serve_app.router.infer_v2 import InferHeaders
+
+    args = tiny_args(tiny_model_dir)
+    args["scheduling"] = {"router_protect_delay_ms": 1, "anonymous_max_priority": "high"}
+    parts = build_parts(AppArgs.model_validate(args), {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
+    assert parts.guard is not None and parts.protection is not None
+    entered: list[Priority] = []
+    enter = parts.protection.enter
+
+    def counted(priority: Priority) -> bool:
+        entered.append(priority)
+        return enter(priority)
+
+    parts.protection.enter = counted  # type: ignore[method-assign]
+
+    async def sleep(seconds: float) -> None:
+        pass
+
+    parts.guard.sleep = sleep
+    parts.protection.limit = {LOW: 0.0, NORMAL: 0.0}
+    service = GrpcInference(parts)
+    request = pb.ModelInferRequest(model_name="gpt", id="1")
+    request.inputs.add(name=PROMPT_INPUT, datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"hello")
+
+    async def stream(priority: str) -> list[pb.ModelStreamInferResponse]:
+        async def one() -> Any:
+            yield request
+
+        return [r async for r in service.model_stream_infer(one(), InferHeaders(priority=priority))]
+
+    # High is admitted and counted while it streams; here no generator replica exists, so its
+    # stream ends in an error, and it is given back all the same.
+    (failed,) = asyncio.run(stream("high"))
+    assert failed.error_message and "higher-priority" not in failed.error_message
+    assert entered == [HIGH] and parts.protection.in_flight[HIGH] == 0
+    # High has arrived, so low is capped: refused before any replica is asked, with the guard's message.
+    (refused,) = asyncio.run(stream("low"))
+    assert "higher-priority" in refused.error_message and parts.protection.refused == {"low": 1}
+    assert entered == [HIGH, LOW] and parts.protection.in_flight[LOW] == 0

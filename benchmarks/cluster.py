@@ -23,6 +23,7 @@ import httpx
 import psutil
 import yaml
 
+from benchmarks import procs
 from benchmarks.kept import (
     REUSE_ENV,
     arm_deleter,
@@ -302,16 +303,9 @@ def kill_ray_processes() -> None:
         with contextlib.suppress(psutil.Error):
             p.kill()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_running(p) for p in victims):
+    while time.monotonic() < deadline and any(procs.running(p) for p in victims):
         time.sleep(0.05)
     reset_ray_address()
-
-
-def _running(p: psutil.Process) -> bool:
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def kill_orphan_haproxy() -> None:
@@ -335,7 +329,7 @@ def wait_for_ray_exit(timeout_s: float = 30) -> None:
     num_gpus must not be provided")."""
     deadline = time.monotonic() + timeout_s
     while True:
-        left = [p for p in psutil.process_iter(["name", "status"]) if _is_ray_daemon(p)]
+        left = procs.named(RAY_DAEMONS)
         if not left:
             return
         if time.monotonic() > deadline:
@@ -344,11 +338,6 @@ def wait_for_ray_exit(timeout_s: float = 30) -> None:
                     p.kill()
             return
         time.sleep(0.2)
-
-
-def _is_ray_daemon(p: psutil.Process) -> bool:
-    info = p.info
-    return info.get("status") != psutil.STATUS_ZOMBIE and any(d in (info.get("name") or "") for d in RAY_DAEMONS)
 
 
 @dataclass

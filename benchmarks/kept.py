@@ -9,18 +9,18 @@ does the starting and deploying.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from benchmarks import procs
 
 # "1": a cluster's Ray outlives it (its apps are deleted, Ray and Serve's controller are left
 # running, also after the benchmark ends); the next cluster with the same settings (ingress,
@@ -37,11 +37,8 @@ MARKER_STATE = ("serve", "deleting", "armed")
 
 
 def gcs_process() -> psutil.Process | None:
-    """The running GCS server, if any (a zombie is not running)."""
-    for p in psutil.process_iter(["name", "status"]):
-        if p.info["status"] != psutil.STATUS_ZOMBIE and "gcs_server" in (p.info["name"] or ""):
-            return p
-    return None
+    """The running GCS server, if any."""
+    return next(iter(procs.named(["gcs_server"])), None)
 
 
 def mark_ray(signature: dict[str, Any]) -> None:
@@ -82,36 +79,8 @@ def forget_ray() -> None:
     would only wait for the Ray that is about to go)."""
     marked = read_marker()
     for field in ("deleting", "armed"):
-        signal_process(marked.get(field), signal.SIGKILL)
+        procs.signal_marked(marked.get(field), signal.SIGKILL)
     REUSE_MARKER.unlink(missing_ok=True)
-
-
-def signal_process(marked: list[float] | None, sig: int) -> bool:
-    """Send `sig` to the process marked as [pid, start time] if it still runs (a zombie does
-    not); returns whether it did."""
-    if marked is None:
-        return False
-    with contextlib.suppress(psutil.Error):
-        p = psutil.Process(int(marked[0]))
-        if p.create_time() == marked[1] and p.status() != psutil.STATUS_ZOMBIE:
-            p.send_signal(sig)
-            return True
-    return False
-
-
-def wait_for_process(marked: list[float] | None, timeout_s: float) -> float:
-    """Wait until the process marked as [pid, start time] has ended (a zombie has); returns
-    seconds waited."""
-    started = time.perf_counter()
-    if marked is None:
-        return 0.0
-    with contextlib.suppress(psutil.Error):
-        p = psutil.Process(int(marked[0]))
-        while p.create_time() == marked[1] and p.status() != psutil.STATUS_ZOMBIE:
-            if time.perf_counter() - started > timeout_s:
-                break
-            time.sleep(0.1)
-    return time.perf_counter() - started
 
 
 # -- the kept Serve between clusters: its last apps deleted, its Serve-wide options ------------
@@ -134,7 +103,7 @@ def arm_deleter(env: dict[str, str], connect: str) -> None:
     """After a deploy: a process that imports Ray and connects (`connect`: the Python that does)
     now, while the benchmark runs, then waits for SIGUSR1 to delete the apps. The cluster's end
     then costs the deletion alone. One is enough: it deletes whatever apps run when signalled."""
-    if signal_process(read_marker().get("armed"), 0):  # signal 0: only asks whether it runs
+    if procs.signal_marked(read_marker().get("armed"), 0):  # signal 0: only asks whether it runs
         return
     # SIGUSR1 is blocked before anything else: sent early, it waits for `sigwait` instead of
     # ending the process.
@@ -147,7 +116,7 @@ def delete_apps_behind(env: dict[str, str], connect: str) -> None:
     one), which the cluster does not wait for: the next deploy does (`settle_serve`), and meanwhile
     the benchmark writes its results and the next one starts."""
     armed = read_marker().get("armed")
-    if signal_process(armed, signal.SIGUSR1):
+    if procs.signal_marked(armed, signal.SIGUSR1):
         update_marker(deleting=armed, armed=None)
     else:
         update_marker(deleting=_spawn(f"{connect}; {DELETE_APPS}", env), armed=None)
@@ -158,7 +127,7 @@ def settle_serve(env: dict[str, str], connect: str, options: dict[str, Any]) -> 
     `options` is shut down, since a deploy onto it would keep its own (its ports, its gRPC
     servicers). Returns the seconds waited for the deletion."""
     marked = read_marker()
-    waited = wait_for_process(marked.get("deleting"), timeout_s=120)
+    waited = procs.wait_marked(marked.get("deleting"), timeout_s=120)
     running = marked.get("serve")
     if running is not None and not serves(running, options):
         subprocess.run([sys.executable, "-c", f"{connect}; serve.shutdown()"], env=env, capture_output=True, timeout=120)

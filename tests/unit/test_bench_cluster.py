@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from benchmarks import cluster, kept
+from benchmarks import cluster, kept, procs
 from benchmarks.cluster import Ingress, RayCluster
 
 
@@ -103,7 +103,7 @@ def test_a_deploy_on_a_kept_serve_waits_for_the_last_apps_deletion(
     reused._settle_serve({})
     assert deleting.poll() is not None and "deleting" not in kept.read_marker()
     # A marked process that is long gone (or a new one with its pid) is not waited for.
-    assert kept.wait_for_process([deleting.pid, 1.0], timeout_s=5) < 1
+    assert procs.wait_marked([deleting.pid, 1.0], timeout_s=5) < 1
 
 
 def test_stopping_a_kept_ray_ends_a_deletion_under_way_or_waiting(
@@ -145,7 +145,7 @@ def test_the_deleter_armed_at_deploy_deletes_the_apps_when_the_cluster_ends(
     assert not deleted.exists()  # armed, not fired
     kept.delete_apps_behind({}, connect)
     assert kept.read_marker().get("deleting") == armed and "armed" not in kept.read_marker()
-    assert kept.wait_for_process(armed, timeout_s=30) < 30 and deleted.exists()
+    assert procs.wait_marked(armed, timeout_s=30) < 30 and deleted.exists()
 
 
 def test_a_kept_rays_deployments_stop_without_the_default_idle_wait() -> None:

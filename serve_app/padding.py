@@ -5,6 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 
+def length_edge(n: int, min_bucket: int = 8) -> int:
+    """The power-of-two length range (..8], (8..16], ... that a sequence of `n` tokens falls in."""
+    edge = min_bucket
+    while edge < n:
+        edge *= 2
+    return edge
+
+
 def length_buckets(lengths: list[int], min_bucket: int = 8) -> list[list[int]]:
     """Group item indices so that each group pads to at most 2x its shortest member.
 
@@ -13,16 +21,24 @@ def length_buckets(lengths: list[int], min_bucket: int = 8) -> list[list[int]]:
     """
     groups: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):
-        edge = min_bucket
-        while edge < n:
-            edge *= 2
-        groups.setdefault(edge, []).append(i)
+        groups.setdefault(length_edge(n, min_bucket), []).append(i)
     return [groups[k] for k in sorted(groups)]
 
 
-def pad_right(seqs: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """(B, T) ids and attention mask, padded on the right to the longest sequence."""
-    T = max(1, max((len(s) for s in seqs), default=1))
+def length_edges(max_len: int, min_bucket: int = 8) -> list[int]:
+    """Every length a GPU session pads text to: the bucket edges up to `max_len`, and `max_len`
+    itself for the last bucket (a model takes no longer sequence than it was built for)."""
+    edges, edge = [], min_bucket
+    while edge < max_len:
+        edges.append(edge)
+        edge *= 2
+    edges.append(max(max_len, 1))
+    return edges
+
+
+def pad_right(seqs: list[list[int]], pad_id: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(B, T) ids and attention mask, padded on the right to `length` (default: the longest sequence)."""
+    T = max(1, max((len(s) for s in seqs), default=1), length or 0)
     ids = np.full((len(seqs), T), pad_id, dtype=np.int64)
     mask = np.zeros((len(seqs), T), dtype=np.int64)
     for i, s in enumerate(seqs):

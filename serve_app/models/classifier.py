@@ -34,7 +34,7 @@ from serve_app.models.executor import BatchExecutor, RunBatch
 from serve_app.models.health import Stalled, StallWatch
 from serve_app.models.runtime import create_session
 from serve_app.observability import tracing
-from serve_app.padding import batch_buckets, length_buckets, pad_batch, pad_right
+from serve_app.padding import batch_buckets, length_buckets, length_edge, length_edges, pad_batch, pad_right
 from serve_app.tokenization import TextTokenizer
 
 Result = np.ndarray | ServeAppError
@@ -99,6 +99,13 @@ class Classifier(OnnxModel):
     def _warm(self, session: ort.InferenceSession) -> None:
         """Run the graph once so the first real request doesn't pay for lazy init."""
         raise NotImplementedError
+
+    def _buckets(self) -> list[int] | None:
+        """On a GPU, the few batch sizes every batch is padded to (batching.batch_buckets); None on CPU,
+        where a padded row costs as much as a real one and a new shape costs nothing extra."""
+        if self.session.get_providers()[0] == "CPUExecutionProvider":  # what runs, not what was asked
+            return None
+        return batch_buckets(self.batching.max_batch_size)
 
     def apply_batching(self, batching: BatchingConfig) -> None:
         super().apply_batching(batching)
@@ -212,21 +219,36 @@ class TextClassifier(Classifier):
         self.warm_up()
 
     def _warm(self, session: ort.InferenceSession) -> None:
+        """On a GPU, every (batch size, length) shape that `_forward` pads batches to, once: each new
+        shape's first run is slow there (see serve_app.padding.batch_buckets). On CPU, one run."""
         assert self.tokenizer is not None
-        self._forward([[self.tokenizer.pad_id]], session)
+        buckets = self._buckets()
+        if buckets is None:
+            self._forward([[self.tokenizer.pad_id]], session)
+            return
+        for length in length_edges(self.max_len):
+            for n in buckets:
+                self._forward([[self.tokenizer.pad_id]] * n, session, length)
 
     def _probe_one_row(self, session: ort.InferenceSession) -> None:
-        self._warm(session)
+        assert self.tokenizer is not None
+        self._forward([[self.tokenizer.pad_id]], session)
 
     @property
     def max_len(self) -> int:
         return self.manifest.max_sequence_length or 512
 
-    def _forward(self, seqs: list[list[int]], session: ort.InferenceSession) -> np.ndarray:
+    def _forward(self, seqs: list[list[int]], session: ort.InferenceSession, length: int | None = None) -> np.ndarray:
+        """Logits of `seqs`, padded to their longest on CPU. On a GPU, to a shape `_warm` ran: rows up
+        to a batch bucket (one-token rows, dropped from the answer), length to its bucket's edge."""
         assert self.tokenizer is not None
-        ids, mask = pad_right(seqs, self.tokenizer.pad_id)
+        rows, buckets = len(seqs), self._buckets()
+        if buckets is not None:
+            seqs = seqs + [[self.tokenizer.pad_id]] * (next((b for b in buckets if b >= rows), rows) - rows)
+            length = length or min(length_edge(max(len(s) for s in seqs)), self.max_len)
+        ids, mask = pad_right(seqs, self.tokenizer.pad_id, length)
         (logits,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
-        return logits
+        return logits[:rows]
 
     def _prepare(self, texts: Any) -> list[list[int]]:
         assert self.tokenizer is not None
@@ -270,13 +292,6 @@ class ImageClassifier(Classifier):
     def _probe_one_row(self, session: ort.InferenceSession) -> None:
         s = self.manifest.image_size or 32
         session.run(None, {"image": np.zeros((1, 3, s, s), dtype=np.float32)})
-
-    def _buckets(self) -> list[int] | None:
-        """On a GPU, the few batch sizes every batch is padded to (batching.batch_buckets); None on CPU,
-        where a padded row costs as much as a real one and a new shape costs nothing extra."""
-        if self.session.get_providers()[0] == "CPUExecutionProvider":  # what runs, not what was asked
-            return None
-        return batch_buckets(self.batching.max_batch_size)
 
     def _prepare(self, images: Any) -> np.ndarray:
         s = self.manifest.image_size

@@ -1,7 +1,7 @@
 import numpy as np
 
 from serve_app.models.runtime import with_options
-from serve_app.padding import batch_buckets, length_buckets, pad_batch, pad_left, pad_right
+from serve_app.padding import batch_buckets, length_buckets, length_edge, length_edges, pad_batch, pad_left, pad_right
 
 
 def test_buckets_never_pad_more_than_twice_the_shortest_member():
@@ -53,3 +53,16 @@ def test_cuda_sessions_get_the_heuristic_cudnn_search_and_cpu_stays_bare() -> No
         "CPUExecutionProvider",
     ]
     assert with_options(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+
+
+def test_length_edges_cover_every_length_a_bucket_pads_to() -> None:
+    assert [length_edge(n) for n in (1, 8, 9, 16, 17, 100)] == [8, 8, 16, 16, 32, 128]
+    assert length_edges(64) == [8, 16, 32, 64]
+    assert length_edges(100) == [8, 16, 32, 64, 100]  # the last bucket stops at what the model takes
+    for max_len in (5, 64, 100):
+        assert {min(length_edge(n), max_len) for n in range(1, max_len + 1)} <= set(length_edges(max_len))
+
+
+def test_pad_right_pads_to_a_given_length() -> None:
+    ids, mask = pad_right([[5, 6], [9]], pad_id=0, length=4)
+    assert ids.tolist() == [[5, 6, 0, 0], [9, 0, 0, 0]] and mask.tolist() == [[1, 1, 0, 0], [1, 0, 0, 0]]

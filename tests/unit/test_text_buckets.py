@@ -1,0 +1,66 @@
+"""A text replica on a GPU runs only shapes it ran at start: batches padded to a batch bucket and
+texts to their length bucket's edge (a new shape's first run is slow on CUDA). No GPU here: the
+replica is told it has one, and a recording session checks the shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from serve_app.padding import batch_buckets, length_edges
+
+BUCKETS = batch_buckets(8)
+
+
+class Recording:
+    """An ONNX Runtime session that notes the (batch, length) of every run."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.shapes: list[tuple[int, int]] = []
+
+    def run(self, outputs: Any, feed: dict[str, np.ndarray]) -> Any:
+        assert feed["input_ids"].shape == feed["attention_mask"].shape
+        self.shapes.append(feed["input_ids"].shape)
+        return self.inner.run(outputs, feed)
+
+
+def text_replica(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    import ray
+
+    from serve_app.config import ModelConfig
+    from serve_app.models.classifier import TextClassifier
+
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_assigned_resources=lambda: {"CPU": 1.0}))
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])
+    config = ModelConfig.model_validate({"preset": "bert-tiny", "batching": {"max_batch_size": 8}}).model_dump(mode="json")
+    return TextClassifier.func_or_class("bert-heavy", str(model_dir / "bert-heavy"), config)  # type: ignore[attr-defined]
+
+
+def test_on_a_gpu_text_runs_only_the_shapes_warmed_at_start_and_answers_as_on_cpu(tiny_model_dir, monkeypatch):
+    replica = text_replica(tiny_model_dir, monkeypatch)
+    texts = ["ok", "a somewhat longer sentence, with a few more words in it", "mid length text here", "x " * 200]
+    prepared = replica._prepare(texts)
+    on_cpu = replica._forward_all([prepared], replica.session)
+
+    replica._buckets = lambda: BUCKETS  # as on a GPU
+    session = Recording(replica.session)
+    replica._warm(session)
+    warmed = set(session.shapes)
+    assert len(session.shapes) == len(warmed) == len(BUCKETS) * len(length_edges(replica.max_len))
+    assert warmed == {(b, t) for b in BUCKETS for t in length_edges(replica.max_len)}
+
+    session.shapes.clear()
+    on_gpu = replica._forward_all([prepared, replica._prepare(texts[:3])], session)
+    assert session.shapes and set(session.shapes) <= warmed
+    # The padding rows and columns change nothing for the real rows (the mask hides them).
+    np.testing.assert_allclose(on_gpu[: len(texts)], on_cpu, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(on_gpu[len(texts) :], on_cpu[:3], rtol=1e-4, atol=1e-5)
+    # A health probe runs one warmed shape, not the whole warm-up.
+    session.shapes.clear()
+    replica._probe_one_row(session)
+    assert session.shapes == [(1, 8)]

@@ -103,7 +103,7 @@ def arm_deleter(env: dict[str, str], connect: str) -> None:
     """After a deploy: a process that imports Ray and connects (`connect`: the Python that does)
     now, while the benchmark runs, then waits for SIGUSR1 to delete the apps. The cluster's end
     then costs the deletion alone. One is enough: it deletes whatever apps run when signalled."""
-    if procs.signal_marked(read_marker().get("armed"), 0):  # signal 0: only asks whether it runs
+    if procs.marked_process(read_marker().get("armed")) is not None:
         return
     # SIGUSR1 is blocked before anything else: sent early, it waits for `sigwait` instead of
     # ending the process.
@@ -144,7 +144,7 @@ def serves(running: dict[str, Any], wanted: dict[str, Any]) -> bool:
     return running == wanted
 
 
-def _spawn(code: str, env: dict[str, str]) -> list[float]:
+def _spawn(code: str, env: dict[str, str]) -> procs.Marked:
     """`python -c code`, detached; returns it marked as [pid, start time]."""
     proc = subprocess.Popen(
         [sys.executable, "-c", code],

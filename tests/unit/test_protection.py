@@ -199,15 +199,12 @@ async def _until(done: Callable[[], bool]) -> None:
         await asyncio.sleep(0.001)
 
 
-def test_grpc_requests_are_guarded_as_http_requests_are(tiny_model_dir: Path):
-    """Triton's gRPC clients reach the router through Serve's gRPC proxy, not the HTTP gate: the
-    same guard counts them, and refuses a capped class with Overloaded (UNAVAILABLE + retry)."""
-    from tritonclient.grpc import service_pb2 as pb
-
+def _capped_grpc(model_dir: Path) -> tuple[Any, Any, list[float]]:
+    """The router's gRPC service, without Ray, with priority protection on and low and normal capped
+    at nothing (they are refused while a higher class arrives); the guard's holds are recorded, not slept."""
     from serve_app.router.grpc_service import GrpcInference
-    from serve_app.router.infer_v2 import InferHeaders
 
-    args = tiny_args(tiny_model_dir)
+    args = tiny_args(model_dir)
     args["scheduling"] = {"router_protect_delay_ms": 1, "anonymous_max_priority": "high"}
     parts = build_parts(AppArgs.model_validate(args), {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
     assert parts.guard is not None and parts.protection is not None
@@ -218,7 +215,17 @@ def test_grpc_requests_are_guarded_as_http_requests_are(tiny_model_dir: Path):
 
     parts.guard.sleep = sleep
     parts.protection.limit = {LOW: 0.0, NORMAL: 0.0}
-    service = GrpcInference(parts)
+    return GrpcInference(parts), parts, slept
+
+
+def test_grpc_requests_are_guarded_as_http_requests_are(tiny_model_dir: Path):
+    """Triton's gRPC clients reach the router through Serve's gRPC proxy, not the HTTP gate: the
+    same guard counts them, and refuses a capped class with Overloaded (UNAVAILABLE + retry)."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from serve_app.router.infer_v2 import InferHeaders
+
+    service, parts, slept = _capped_grpc(tiny_model_dir)
     request = pb.ModelInferRequest(model_name="bert-heavy")
     request.inputs.add(name="text", datatype="BYTES", shape=[1])  # no contents: malformed once admitted
 
@@ -238,13 +245,9 @@ def test_a_grpc_streamed_generation_is_guarded_for_as_long_as_it_streams(tiny_mo
     from tritonclient.grpc import service_pb2 as pb
 
     from serve_app.router.catalog import PROMPT_INPUT
-    from serve_app.router.grpc_service import GrpcInference
     from serve_app.router.infer_v2 import InferHeaders
 
-    args = tiny_args(tiny_model_dir)
-    args["scheduling"] = {"router_protect_delay_ms": 1, "anonymous_max_priority": "high"}
-    parts = build_parts(AppArgs.model_validate(args), {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
-    assert parts.guard is not None and parts.protection is not None
+    service, parts, _ = _capped_grpc(tiny_model_dir)
     entered: list[Priority] = []
     enter = parts.protection.enter
 
@@ -253,13 +256,6 @@ def test_a_grpc_streamed_generation_is_guarded_for_as_long_as_it_streams(tiny_mo
         return enter(priority)
 
     parts.protection.enter = counted  # type: ignore[method-assign]
-
-    async def sleep(seconds: float) -> None:
-        pass
-
-    parts.guard.sleep = sleep
-    parts.protection.limit = {LOW: 0.0, NORMAL: 0.0}
-    service = GrpcInference(parts)
     request = pb.ModelInferRequest(model_name="gpt", id="1")
     request.inputs.add(name=PROMPT_INPUT, datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"hello")
 

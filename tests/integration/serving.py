@@ -4,17 +4,16 @@ small machine."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from serve_app.app import build_app
 from serve_app.protocols.grpc_v2 import SERVICER
+from tests.integration.cli_serving import ready, wait_for
 
 # Driver-side handles made by a module's tests. Each runs a metrics pusher that outlives
 # serve.shutdown(); left running, it reconnects to whichever Ray starts next and, once that
@@ -54,10 +53,7 @@ def app_for_module(args: dict[str, Any], url: str, name: str = "default") -> Ite
     /v2/health/ready says so, then delete it: the next module starts from an empty Serve."""
     try:
         serve.run(build_app(args), name=name, route_prefix="/")
-        deadline = time.monotonic() + 120
-        while httpx.get(f"{url}/v2/health/ready").status_code != 200:
-            assert time.monotonic() < deadline, "application never became ready"
-            time.sleep(0.5)
+        wait_for(lambda: ready(url), 120, "application never became ready")
         yield url
     finally:
         release_handles()

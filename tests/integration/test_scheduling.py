@@ -194,12 +194,15 @@ def test_high_priority_overtakes_a_low_flood_and_the_excess_is_shed(app):
     # it is the loaded machine's, not the policy's.
     queued_ms = [_server_timing(r)["queue"] for _, _, r in high]
     assert max(queued_ms) < BATCH_S * 1000, queued_ms
-    served = sorted(latency for status, latency, _ in low if status == 200)
     shed = [r for status, _, r in low if status == 503]
     assert {status for status, _, _ in low} <= {200, 503}
     assert shed, "a 12-row queue cannot hold 30 waiting requests"
     assert all(int(r.headers["Retry-After"]) >= 1 and "error" in r.json() for r in shed)
-    assert served[len(served) // 2] > max(latency for _, latency, _ in high)
+    # The median served low request took the router longer than any high one (the router's own
+    # figures again: one high request slowed by the loaded machine's HTTP is not the policy).
+    low_ms = sorted(_server_timing(r)["total"] for status, _, r in low if status == 200)
+    high_ms = [_server_timing(r)["total"] for _, _, r in high]
+    assert low_ms[len(low_ms) // 2] > max(high_ms), (low_ms, high_ms)
     stats = _status()["models"]["slow"]
     assert stats["shed"].get("queue_full", 0) + stats["shed"].get("queue_delay", 0) >= len(shed)
     assert stats["admitted"]["high"] >= 3
@@ -385,7 +388,8 @@ def test_unversioned_requests_split_by_weight_versioned_paths_are_exact_and_stic
     assert {r.status_code for r in answers} == {200}, [r.text for r in answers if r.status_code != 200][:3]
     versions = [r.json()["model_version"] for r in answers]
     share = versions.count("2") / len(versions)
-    assert 0.07 <= share <= 0.13 and versions.count("1") + versions.count("2") == 1000, share
+    # 10% of 1000 unkeyed requests drawn at random: outside 5-15% about once in ten million runs.
+    assert 0.05 <= share <= 0.15 and versions.count("1") + versions.count("2") == 1000, share
     assert all(
         r.headers["X-Served-By"] == ("canaried" if v == "1" else "canaried-v2") for r, v in zip(answers, versions, strict=True)
     )
@@ -499,8 +503,8 @@ def test_a_weight_change_through_serve_deploy_moves_traffic_live_and_a_failing_c
     def phases() -> bool:
         now = time.monotonic()
         if "deployed" not in moved and len(load.answers) >= 100:
-            moved["deployed"] = now
             _deploy(app, tmp_path / "weights.yaml", tiny_model_dir, {"1": 10, "2": 90})
+            moved["deployed"] = time.monotonic()  # from the config's acceptance, not the CLI's start
         elif "deployed" in moved and "moved" not in moved and load.share("2", now - 1.0) >= 0.7:
             moved["moved"] = now
         assert now - moved.get("deployed", now) < 30, "traffic never moved"

@@ -130,14 +130,20 @@ def test_a_failed_batch_marks_each_traced_requests_round_trip_as_an_error(receiv
 
 def test_a_caller_that_does_not_sample_gets_no_spans_recorded(receiver):
     trace_id, span_id = caller()
+    sampled_id, sampled_span = caller()
 
     async def scenario() -> None:
         d = dispatcher(Model())
         with tracing.server_span("POST /", {"traceparent": traceparent(trace_id, span_id, sampled=False)}, {}):
             assert await d.submit("a", 1) == "A"
+        # A sampled request after it: once its spans are in, the unsampled one's would be too.
+        with tracing.server_span("POST /", {"traceparent": traceparent(sampled_id, sampled_span)}, {}):
+            assert await d.submit("b", 1) == "B"
 
     asyncio.run(scenario())
     tracing.flush()
+    names = {s.name for s in receiver.wait_for(sampled_id, lambda spans: len(spans) >= 3)}
+    assert names == {"POST /", "router.queue", "model.batch"}, names
     assert receiver.trace(trace_id) == []
 
 

@@ -39,6 +39,8 @@ class Priority(IntEnum):
             if value < 0:
                 raise ValueError(f"priority must be >= 0, got {value}")
             return cls(min(value - 1, cls.LOW))
+        if not isinstance(value, str):  # a float, list or object from a JSON body
+            raise ValueError(f"priority must be high, normal, low or an integer level, got {value!r}")
         try:
             return cls[value.strip().upper()]
         except KeyError:

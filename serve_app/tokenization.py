@@ -10,6 +10,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from serve_app.errors import InvalidInput
+
 DEFAULT_SPECIAL = {"pad": "<pad>", "eos": "<eos>"}
 
 
@@ -34,7 +36,10 @@ class TextTokenizer:
         return self._tok.get_vocab_size()
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        try:
+            return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        except TypeError:
+            raise not_unicode(texts) or TypeError("texts must be strings") from None
 
     def encode_truncated(self, texts: list[str], max_len: int) -> list[list[int]]:
         """Ids as a classifier takes them: cut to `max_len` like BERT tokenizers do, and an
@@ -42,10 +47,27 @@ class TextTokenizer:
         return [ids[:max_len] or [self.pad_id] for ids in self.encode_batch(texts)]
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        try:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            raise not_unicode([text]) or TypeError("text must be a string") from None
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
+
+
+def not_unicode(texts: list[str]) -> InvalidInput | None:
+    """The 400 for the first text that is not valid Unicode, if any: a lone surrogate, which
+    Python's JSON parser (and so Starlette's) accepts from an escape such as "\\ud800", and which
+    the tokenizer refuses with a TypeError."""
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):  # not text at all: the caller's type check is missing
+            continue
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return InvalidInput(f"text {i} is not valid Unicode ({e.reason} at character {e.start})")
+    return None
 
 
 def train_byte_level_bpe(texts: list[str], vocab_size: int, path: str | Path) -> TextTokenizer:

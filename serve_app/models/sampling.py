@@ -63,11 +63,18 @@ class GenerationParams:
 
 def _number(value: Any, name: str, kind: type[int] | type[float]) -> Any:
     """An int or float parameter; bools, strings, NaN and infinities are refused."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
         raise InvalidInput(f"{name} must be a number, got {value!r}")
     if kind is int and value != int(value):
         raise InvalidInput(f"{name} must be an integer, got {value!r}")
     return kind(value)
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float (JSON allows integers of any length)
+        return False
 
 
 def sample(logits: np.ndarray, params: GenerationParams, rng: np.random.Generator) -> int:
@@ -107,11 +114,11 @@ class StreamingText:
 
     def update(self, full_text: str) -> str:
         self.text = full_text
-        for s in self.stop:
-            i = full_text.find(s)
-            if i != -1:
-                self.text = full_text[:i]
-                self.stopped = True
+        # One token can complete several stop strings: the text ends before the first of them.
+        cuts = [i for s in self.stop if (i := full_text.find(s)) != -1]
+        if cuts:
+            self.text = full_text[: min(cuts)]
+            self.stopped = True
         if self.stopped:
             return self.flush()
         safe = len(full_text)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Header
 from fastapi.responses import Response
 
 from serve_app.errors import InvalidInput, NotFound
+from serve_app.models.sampling import GenerationParams
 from serve_app.protocols import openai
 from serve_app.router import generation
 from serve_app.router.classify import check_count
@@ -17,6 +18,7 @@ from serve_app.router.docs import OPENAI_ERRORS, PRIORITY_DOC, TIMEOUT_DOC
 from serve_app.router.generation import Generated
 from serve_app.router.parts import RouterParts, router_parts
 from serve_app.scheduling.tenants import Tenant
+from serve_app.tokenization import not_unicode
 
 api = APIRouter()
 PARTS = Depends(router_parts)
@@ -61,6 +63,12 @@ def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFiel
     for i, p in enumerate(prompts):
         if len(p) > limit:
             raise InvalidInput(f"prompt {i} has {len(p)} characters; at most {limit} are allowed")
+    if (bad := not_unicode(prompts)) is not None:
+        raise bad
+    # Checked here as on the v2 path, so that a bad value is refused before any replica sees it
+    # (the last choice's: its seed is the largest).
+    gen = parts.args.deployment_config(body.model).generation
+    GenerationParams.from_raw(body.sampling(body.n - 1), gen.default_max_tokens, gen.max_tokens_limit)
     if body.stream and (len(prompts) != 1 or body.n != 1):
         raise InvalidInput("streaming takes exactly one prompt and n = 1")
     generation.check_breaker(body.model, parts.breakers[body.model])

@@ -48,5 +48,5 @@ def _number(raw: Any, name: str) -> float:
         raise InvalidInput(f"{name} must be a number, got {raw!r}")
     try:
         return float(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond any float
         raise InvalidInput(f"{name} must be a number, got {raw!r}") from None

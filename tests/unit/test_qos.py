@@ -32,6 +32,10 @@ def test_headers_win_and_defaults_apply():
         ({}, {"timeout": True}),
         ({}, {"priority": "?"}),
         ({}, {"timeout": -5}),
+        ({}, {"timeout": 10**400}),  # beyond any float
+        ({}, {"priority": 1.5}),  # JSON values that are neither a level nor a name
+        ({}, {"priority": [1]}),
+        ({}, {"priority": {}}),
     ],
 )
 def test_bad_values_are_400s(headers, params):

@@ -51,6 +51,8 @@ def test_a_top_k_wider_than_the_vocabulary_keeps_every_token():
         ({"temperature": float("nan")}, "temperature must be a number"),
         ({"temperature": True}, "temperature must be a number"),
         ({"max_tokens": 10_000}, "max_tokens must be between"),
+        ({"max_tokens": 10**400}, "max_tokens must be a number"),  # JSON integers have no size limit
+        ({"top_p": -(10**400)}, "top_p must be a number"),
         ({"seed": -1}, "seed must be"),
         ({"seed": "7"}, "seed must be"),
         ({"ignore_eos": "yes"}, "ignore_eos must be"),
@@ -93,3 +95,10 @@ def test_streaming_text_holds_back_partial_utf8():
     s = StreamingText(stop=())
     assert s.update("caf\ufffd") == "caf"
     assert s.update("café") == "é"
+
+
+def test_streaming_text_stops_at_the_first_stop_string_that_one_token_completes():
+    s = StreamingText(stop=("b", "a"))
+    assert s.update("x") == "x"
+    assert s.update("xba") == ""  # "b" comes first: the text ends before it, not before "a"
+    assert s.stopped and s.text == "x"

@@ -64,3 +64,14 @@ def test_on_a_gpu_text_runs_only_the_shapes_warmed_at_start_and_answers_as_on_cp
     session.shapes.clear()
     replica._probe_one_row(session)
     assert session.shapes == [(1, 8)]
+
+
+def test_a_text_the_tokenizer_cannot_take_fails_alone_in_its_batch(tiny_model_dir, monkeypatch):
+    from serve_app.errors import InvalidInput
+
+    replica = text_replica(tiny_model_dir, monkeypatch)
+    results = replica._run_payloads([["the food"], ["a\ud800b"], ["was great", "ok"]], session=replica.session)
+    assert isinstance(results[1], InvalidInput) and "not valid Unicode" in str(results[1])
+    assert results[0].shape[0] == 1 and results[2].shape[0] == 2
+    alone = replica._run_payloads([["the food"]], session=replica.session)[0]
+    assert np.allclose(results[0], alone, atol=1e-5)

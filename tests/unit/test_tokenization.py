@@ -1,3 +1,6 @@
+import pytest
+
+from serve_app.errors import InvalidInput
 from serve_app.tokenization import TextTokenizer, train_byte_level_bpe
 from serve_app.zoo import data
 
@@ -22,3 +25,14 @@ def test_encode_truncated_cuts_long_texts_and_keeps_a_token_for_empty_ones(tmp_p
     assert long_ids == tok.encode(long_text)[:16]
     assert empty_ids == [tok.pad_id]
     assert short_ids == tok.encode("ok")
+
+
+def test_a_text_that_is_not_unicode_is_the_callers_400_naming_it(tmp_path):
+    # A lone surrogate: Python's JSON parser makes one from the escape "\ud800"; the tokenizer refuses it.
+    tok = train_byte_level_bpe(["a b c"], 280, tmp_path / "tokenizer.json")
+    with pytest.raises(InvalidInput, match="text 1 is not valid Unicode"):
+        tok.encode_batch(["fine", "a\ud800b"])
+    with pytest.raises(InvalidInput, match="text 0 is not valid Unicode"):
+        tok.encode("\udfff")
+    with pytest.raises(TypeError):  # not text at all: the caller's check is missing, not the client's fault
+        tok.encode_batch([b"bytes"])  # type: ignore[list-item]

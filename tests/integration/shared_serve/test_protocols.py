@@ -424,6 +424,7 @@ def _binary(header: dict, blob: bytes) -> tuple[bytes, dict[str, str]]:
 
 
 S = 32  # resnet-tiny's image size
+PROMPT = "text_input"  # the generator's v2 input
 BAD_V2 = [
     # (what, path, json body or (raw bytes, headers), status, part of the message)
     ("unknown model", "/v2/models/nope/infer", _text(["x"]), 404, "unknown model 'nope'; available:"),
@@ -521,6 +522,9 @@ BAD_V2 = [
         "unknown requested outputs",
     ),
     ("bad priority", "/v2/models/bert-light/infer", {**_text(["x"]), "parameters": {"priority": "urgent"}}, 400, "bad priority"),
+    ("float priority", "/v2/models/bert-light/infer", {**_text(["x"]), "parameters": {"priority": 1.5}}, 400, "bad priority"),
+    ("huge timeout", "/v2/models/bert-light/infer", {**_text(["x"]), "parameters": {"timeout": 10**400}}, 400, "timeout"),
+    ("huge max_tokens", "/v2/models/gpt/infer", {**_text(["x"], name=PROMPT), "parameters": {"max_tokens": 10**400}}, 400, "max"),
     ("body too large", "/v2/models/bert-light/infer", (b"x" * (MAX_BODY + 1), {}), 413, f"at most {MAX_BODY}"),
     ("unknown model metadata", "/v2/models/nope", None, 404, "unknown model 'nope'"),
     ("unknown version config", "/v2/models/gpt/versions/2/config", None, 404, "no version '2'"),
@@ -555,16 +559,31 @@ BAD_OPENAI = [
     ("/v1/chat/completions", {"model": "gpt", "messages": []}, 400, "messages: List should have at least 1 item"),
     ("/v1/chat/completions", {"model": "gpt", "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
     ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "does not generate"),
+    # Python's JSON parser takes an escaped lone surrogate, which no tokenizer can.
+    ("/v1/completions", {"model": "gpt", "prompt": "a\ud800b"}, 400, "not valid Unicode"),
+    ("/v1/chat/completions", {"model": "gpt", "messages": [{"role": "user", "content": "\udfff"}]}, 400, "not valid Unicode"),
+    ("/v1/completions", {"model": "gpt", "prompt": "x", "max_tokens": 10**400}, 400, "max_tokens must be"),
 ]
+
+
+def _post_json(http: httpx.Client, path: str, body: object) -> httpx.Response:
+    """`body` as JSON with non-ASCII escaped, as many clients send it (httpx sends UTF-8, which a
+    lone surrogate cannot be)."""
+    return http.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
 
 
 def test_malformed_openai_requests_get_4xx_in_openai_shape(app_url):
     with httpx.Client(base_url=app_url, timeout=30) as http:
         for path, body, status, needle in BAD_OPENAI:
-            resp = http.post(path, json=body)
+            resp = _post_json(http, path, body)
             assert resp.status_code == status, f"{body}: {resp.text}"
             error = resp.json()["error"]
             assert needle in error["message"] and error["type"] == "invalid_request_error", error
+        # Bad requests are the caller's fault, never the generator's: a run of them leaves its breaker
+        # closed, and the next good request is served.
+        for _ in range(6):
+            assert _post_json(http, "/v1/completions", {"model": "gpt", "prompt": "\ud800"}).status_code == 400
+        assert http.post("/v1/completions", json={"model": "gpt", "prompt": "the", "max_tokens": 2}).status_code == 200
         # FastAPI's own errors come in the protocol's shape too, not as {"detail": ...}.
         unparseable = http.post("/v1/chat/completions", content=b"\x18{", headers={"content-type": "application/json"})
         assert unparseable.status_code == 400 and "malformed request body" in unparseable.json()["error"]["message"]

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from serve_app.errors import DeadlineExceeded, ModelFailure, Overloaded, ServeAppError, Unavailable
 from serve_app.observability import tracing
@@ -248,7 +250,26 @@ async def stream_or_collect(
         return chunk(cid, created, None, False, event_usage(last)) if body.include_usage() else None
 
     events = sse_events(stream, first, render, final, deadline, breaker)
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    return StreamOfEvents(events, stream, headers)
+
+
+class StreamOfEvents(StreamingResponse):
+    """An SSE response that stops its replica stream however it ends. `sse_events` cancels the
+    stream when it ends, but only once it has started: a client that leaves before Starlette
+    pulls the first event (or before this response is sent at all) would otherwise leave the
+    replica decoding, holding a KV slot, for nobody."""
+
+    def __init__(self, events: AsyncIterator[str], stream: DeploymentResponseGenerator, headers: dict[str, str]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        # Never sent (the request was cancelled between its handler and its response): the stream
+        # is stopped when the response is dropped.
+        self._stop = weakref.finalize(self, stream.cancel)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stop()  # a no-op for a stream that ended
 
 
 def new_id(prefix: str) -> str:

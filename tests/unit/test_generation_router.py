@@ -228,3 +228,32 @@ def test_serves_queue_at_the_caller_being_full_is_a_503_with_retry_after_and_no_
     breaker = CircuitBreaker(failure_threshold=1)
     generation.record(breaker, refusal)
     assert breaker.state is BreakerState.CLOSED
+
+
+def _events(stream: Stream) -> Any:
+    return generation.sse_events(stream, Event("first"), lambda e, f: {}, lambda last: None, 1e9, CircuitBreaker())  # type: ignore[arg-type]
+
+
+def test_an_sse_response_stops_its_replica_stream_when_the_client_left_before_the_first_event():
+    """Starlette never starts the events then, so only the response can stop the replica's stream."""
+    scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+
+    async def gone(message: Any) -> None:
+        raise OSError("client left")
+
+    async def receive() -> Any:
+        return {"type": "http.disconnect"}
+
+    stream = Stream([Event("a"), Event("b", "stop")])
+    with pytest.raises(Exception):  # noqa: B017  # Starlette turns the OSError into its ClientDisconnect
+        asyncio.run(generation.StreamOfEvents(_events(stream), stream, {})(scope, receive, gone))  # type: ignore[arg-type]
+    assert stream.cancelled
+
+
+def test_an_sse_response_never_sent_stops_its_replica_stream_when_dropped():
+    """The request was cancelled between its handler and its response."""
+    stream = Stream([Event("a")])
+    response = generation.StreamOfEvents(_events(stream), stream, {})  # type: ignore[arg-type]
+    assert not stream.cancelled
+    del response
+    assert stream.cancelled

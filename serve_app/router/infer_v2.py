@@ -133,13 +133,14 @@ def _requested(body: v2.InferRequest, outputs: list[v2.ResponseOutput]) -> list[
     return [o for o in outputs if o.name in wanted]
 
 
-def _key(
+async def _key(
     parts: RouterParts, name: str, deployments: list[str], input_name: str, payload: Any, body: v2.InferRequest,
     tenant: Tenant, extra: str = "",
 ) -> str:  # fmt: skip
     requested = sorted(o.name for o in body.outputs) if body.outputs is not None else None
     per_tenant = tenant.name if parts.cache.config.per_tenant else None
-    return cache_key(name, deployments, input_name, payload, requested, per_tenant, extra)
+    answering = [await parts.answer_ids.of(d) for d in deployments]
+    return cache_key(name, answering, input_name, payload, requested, per_tenant, extra)
 
 
 async def _classify(
@@ -165,7 +166,9 @@ async def _classify(
         manifest = await parts.catalog.manifest(tiers[0])  # the chosen version's labels and shapes
     payload = await classify.decode_input(parts.args, tiers[0], manifest, body)
     tenant.admit(len(payload) - 1)  # one token per item: the first was charged on arrival
-    key = _key(parts, name, tiers, body.inputs[0].name, payload, body, tenant) if use_cache else None
+    # A route's answers also depend on when it escalates (its threshold and signal).
+    policy = "" if cascade is None else f"{cascade.policy.threshold!r}:{cascade.policy.signal}"
+    key = await _key(parts, name, tiers, body.inputs[0].name, payload, body, tenant, policy) if use_cache else None
     if key is not None and (hit := await parts.cache.get(key)) is not None:
         logits, served_by = tiered.decode_logits(hit[0])
         result = classify.ClassifierResult(logits, served_by)
@@ -207,7 +210,7 @@ async def _generate(
     key = None
     if use_cache and repeatable(checked):
         extra = json.dumps(sampling, sort_keys=True)
-        key = _key(parts, name, [deployment], catalog.PROMPT_INPUT, prompts, body, tenant, extra)
+        key = await _key(parts, name, [deployment], catalog.PROMPT_INPUT, prompts, body, tenant, extra)
         if (hit := await parts.cache.get(key)) is not None:
             texts, served_by = tiered.decode_texts(hit[0])
             outputs = [v2.encode(catalog.GENERATED_OUTPUT, texts)]

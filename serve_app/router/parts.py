@@ -12,6 +12,7 @@ from serve_app.cache.tiered import ResponseCache
 from serve_app.config import AppArgs
 from serve_app.contract import Priority
 from serve_app.manifest import Manifest
+from serve_app.router.answer_ids import AnswerIds
 from serve_app.router.background import BackgroundLoops
 from serve_app.router.callers import Callers, build_registry
 from serve_app.router.cascade import Cascade, route_policy
@@ -40,6 +41,7 @@ class RouterParts:
     gc_pauses: GcPauses
     versions: VersionedModels  # which version answers, outcomes per version, shadows
     cache: ResponseCache
+    answer_ids: AnswerIds  # what besides the request decides each deployment's answers (cache keys)
     # Request bytes this router holds, over HTTP bodies and gRPC messages alike (limits.max_inflight_bytes).
     inflight_bytes: InflightBytes
     # The router's own overload control: its event loop's lateness and who is refused past the target.
@@ -99,6 +101,7 @@ def build_parts(
         gc_pauses=GcPauses(),
         versions=versions,
         cache=cache,
+        answer_ids=AnswerIds(args, catalog.manifest),
         inflight_bytes=InflightBytes(args.limits.max_inflight_bytes),
         loop_lag=loop_lag,
         lag_shedding=lag_shedding,

@@ -1,0 +1,64 @@
+"""Cache keys name what answers: a deployment redeployed under the same name with another model,
+version, precision or generation defaults gets new keys, so a shared cache that outlived the
+redeploy never returns the old model's answers."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+from serve_app.config import AppArgs
+from serve_app.manifest import Manifest
+from serve_app.router.answer_ids import AnswerIds
+from tests.conftest import tiny_args
+
+
+def _id(args: dict[str, Any], deployment: str, manifest: Manifest) -> str:
+    async def manifest_of(name: str) -> Manifest:
+        return manifest
+
+    return asyncio.run(AnswerIds(AppArgs.model_validate(args), manifest_of).of(deployment))
+
+
+def test_the_id_follows_the_deployments_config_and_manifest(tiny_model_dir: Path):
+    args = tiny_args(tiny_model_dir)
+    manifest = Manifest.load(tiny_model_dir / "bert-heavy")
+    base = _id(args, "bert-heavy", manifest)
+    assert base.startswith("bert-heavy@") and base == _id(copy.deepcopy(args), "bert-heavy", manifest)
+
+    changed = []
+    for change in (
+        {"path": str(tiny_model_dir / "bert-light")},  # other weights under the same name
+        {"version": "7"},
+        {"precision": "int8"},
+    ):
+        other = copy.deepcopy(args)
+        other["models"]["bert-heavy"].update(change)
+        changed.append(_id(other, "bert-heavy", manifest))
+    rebuilt = manifest.model_copy(update={"source": {**manifest.source, "fingerprint": "another build"}})
+    changed.append(_id(args, "bert-heavy", rebuilt))
+    assert len({base, *changed}) == 5, changed
+
+    gen = copy.deepcopy(args)
+    gen["models"]["gpt"]["generation"]["default_max_tokens"] = 9  # requests without max_tokens answer differently
+    gpt = Manifest.load(tiny_model_dir / "gpt")
+    assert _id(gen, "gpt", gpt) != _id(args, "gpt", gpt)
+
+
+def test_each_deployment_asks_for_its_manifest_once(tiny_model_dir: Path):
+    asked: list[str] = []
+    manifest = Manifest.load(tiny_model_dir / "bert-heavy")
+
+    async def manifest_of(name: str) -> Manifest:
+        asked.append(name)
+        return manifest
+
+    ids = AnswerIds(AppArgs.model_validate(tiny_args(tiny_model_dir)), manifest_of)
+
+    async def lookups() -> list[str]:
+        return [await ids.of(d) for d in ("bert-heavy", "bert-light", "bert-heavy")]
+
+    first, _, again = asyncio.run(lookups())
+    assert first == again and asked == ["bert-heavy", "bert-light"]

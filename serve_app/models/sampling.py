@@ -81,7 +81,11 @@ def sample(logits: np.ndarray, params: GenerationParams, rng: np.random.Generato
     """Pick the next token from (V,) logits."""
     if params.temperature == 0.0:
         return int(np.argmax(logits))
-    z = logits.astype(np.float64) / params.temperature
+    # The largest logit is taken away before dividing: a tiny temperature then sends the others
+    # to -inf (greedy in effect) instead of every logit to inf, whose difference is NaN.
+    z = logits.astype(np.float64)
+    with np.errstate(over="ignore"):  # the overflow to -inf is the point
+        z = (z - z.max()) / params.temperature
     k = min(params.top_k, len(z))  # a cut wider than the vocabulary keeps every token
     if k:
         kth = np.partition(z, -k)[-k]

@@ -102,3 +102,12 @@ def test_streaming_text_stops_at_the_first_stop_string_that_one_token_completes(
     assert s.update("x") == "x"
     assert s.update("xba") == ""  # "b" comes first: the text ends before it, not before "a"
     assert s.stopped and s.text == "x"
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-308, 1e-30])
+def test_a_tiny_temperature_samples_the_top_token_instead_of_failing(temperature):
+    # A valid temperature (0 < t <= 2) that overflows logits / t: the step must not fail on NaNs.
+    logits = np.array([1.0, 3.0, 2.0, 3.0 - 1e-9], dtype=np.float32)
+    params = GenerationParams(temperature=temperature, top_k=2, top_p=0.9)
+    assert {sample(logits, params, np.random.default_rng(s)) for s in range(20)} <= {1, 3}
+    assert sample(logits, GenerationParams(temperature=temperature), np.random.default_rng(0)) in {1, 3}

@@ -58,13 +58,22 @@ class GenerationDefaults(BaseModel):
     kv_slots: int = Field(16, ge=1, le=1024, description="sequences decoded together; each holds one KV cache slot")
     prefill_chunk: int = Field(32, ge=1, description="prompt tokens one sequence feeds per decode step")
     prefill_budget: int = Field(64, ge=1, description="prompt tokens all sequences feed per decode step")
-    max_waiting: int = Field(64, ge=0, description="sequences queued for a slot; beyond that, 503 with Retry-After")
+    max_waiting: int = Field(64, ge=1, description="sequences queued for a slot; beyond that, 503 with Retry-After")
     preemption: bool = Field(
         True, description="a waiting sequence may swap out a running one of lower priority when every slot is taken"
     )
     coalesce_stream: bool = Field(
         True, description="a stream that falls behind the decode loop gets the tokens that piled up as one chunk"
     )
+
+    @model_validator(mode="after")
+    def _default_within_limit(self) -> GenerationDefaults:
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError(
+                f"generation.default_max_tokens ({self.default_max_tokens}) is over max_tokens_limit "
+                f"({self.max_tokens_limit}): every request without max_tokens would be refused"
+            )
+        return self
 
 
 class TracingConfig(BaseModel):

@@ -15,14 +15,22 @@ from PIL import Image
 from serve_app.cpu_priority import lower_thread_priority
 from serve_app.errors import InvalidInput
 
-FORMATS = ("PNG", "JPEG")
+# MPO is how Pillow names a JPEG that carries further pictures (a camera's preview, say): its
+# first picture is the JPEG.
+FORMATS = ("PNG", "JPEG", "MPO")
 # A 16-megapixel image is far beyond any model input here; past it, a small file may be a
 # decompression bomb that would exhaust the router's memory once decoded.
 MAX_PIXELS = 4096 * 4096
+# What one request may make the router's decoders work through: the images of one request share
+# two decoder threads with every other request's, so one request of many large images would
+# hold them all for seconds. Checked from the headers, before anything is decoded.
+MAX_REQUEST_PIXELS = 4 * MAX_PIXELS
+
+_BROKEN = (OSError, ValueError, SyntaxError, Image.DecompressionBombWarning, Image.DecompressionBombError)
 
 
-def decode_image(value: bytes | str, size: int, index: int = 0) -> np.ndarray:
-    """One encoded image as uint8 (3, size, size), resized when it is another size.
+def _open(value: bytes | str, index: int) -> Image.Image:
+    """The image's header read (not its pixels), with its format and size checked.
 
     JSON cannot carry raw bytes, so a str element is base64 (the binary extension sends bytes as they are).
     """
@@ -35,25 +43,46 @@ def decode_image(value: bytes | str, size: int, index: int = 0) -> np.ndarray:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(value))
-            if img.format not in FORMATS:
-                raise InvalidInput(f"image {index}: format {img.format} is not accepted; send one of {list(FORMATS)}")
-            if img.width * img.height > MAX_PIXELS:
-                raise InvalidInput(f"image {index}: {img.width}x{img.height} pixels; at most {MAX_PIXELS} are allowed")
-            rgb = img.convert("RGB")
-    except InvalidInput:
-        raise
     except Image.UnidentifiedImageError:
         raise InvalidInput(f"image {index}: not a PNG or JPEG image (its bytes match no known image format)") from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombWarning, Image.DecompressionBombError):
-        # The decoder's own message stays out of the answer: it describes the server's library, not the input.
-        raise InvalidInput(f"image {index}: cannot decode it as PNG or JPEG (corrupt, truncated or unsupported data)") from None
+    except _BROKEN:
+        raise _undecodable(index) from None
+    if img.format not in FORMATS:
+        raise InvalidInput(f"image {index}: format {img.format} is not accepted; send PNG or JPEG")
+    if img.width * img.height > MAX_PIXELS:
+        raise InvalidInput(f"image {index}: {img.width}x{img.height} pixels; at most {MAX_PIXELS} are allowed")
+    return img
+
+
+def _undecodable(index: int) -> InvalidInput:
+    # The decoder's own message stays out of the answer: it describes the server's library, not the input.
+    return InvalidInput(f"image {index}: cannot decode it as PNG or JPEG (corrupt, truncated or unsupported data)")
+
+
+def _pixels(img: Image.Image, size: int, index: int) -> np.ndarray:
+    """The image as uint8 (3, size, size), resized when it is another size."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            rgb = img.convert("RGB")
+    except _BROKEN:
+        raise _undecodable(index) from None
     if rgb.size != (size, size):
         rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
     return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
 
 
+def decode_image(value: bytes | str, size: int, index: int = 0) -> np.ndarray:
+    """One encoded image as uint8 (3, size, size), resized when it is another size."""
+    return _pixels(_open(value, index), size, index)
+
+
 def decode_images(values: list[bytes | str], size: int) -> np.ndarray:
-    return np.stack([decode_image(v, size, i) for i, v in enumerate(values)])
+    """A request's images, every header checked (and their pixels counted) before any is decoded."""
+    images = [_open(v, i) for i, v in enumerate(values)]
+    if (total := sum(img.width * img.height for img in images)) > MAX_REQUEST_PIXELS:
+        raise InvalidInput(f"{total} pixels in one request's images; at most {MAX_REQUEST_PIXELS} are allowed")
+    return np.stack([_pixels(img, size, i) for i, img in enumerate(images)])
 
 
 # Decoding and resizing run here, off the router's event loop: a request of large compressed

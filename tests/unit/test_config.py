@@ -81,6 +81,18 @@ def test_batching_bounds():
         AppArgs.model_validate({"models": {"x": {"preset": "bert-tiny", "batching": {"max_batch_size": 0}}}})
 
 
+@pytest.mark.parametrize(
+    ("generation", "message"),
+    [
+        ({"max_waiting": 0}, "greater than or equal to 1"),  # every generation would be refused, slots free or not
+        ({"default_max_tokens": 64, "max_tokens_limit": 16}, "every request without max_tokens would be refused"),
+    ],
+)
+def test_generation_settings_that_would_refuse_every_request_are_rejected(generation, message):
+    with pytest.raises(ValidationError, match=message):
+        AppArgs.model_validate({"models": {"g": {"preset": "gpt-tiny", "generation": generation}}})
+
+
 def test_model_dir_env_override(monkeypatch, tmp_path):
     monkeypatch.setenv("SERVE_APP_MODEL_DIR", str(tmp_path))
     args = AppArgs.model_validate({"models": {"x": {"preset": "bert-tiny"}}})

@@ -163,6 +163,27 @@ def test_bad_images_are_invalid_input(value, needle):
         decode_image(value, 4)
 
 
+def test_a_jpeg_with_further_pictures_decodes_as_its_first():
+    """Cameras write JPEGs with a preview picture inside (MPO to Pillow); the first picture is the image."""
+    rgb = np.full((8, 8, 3), 200, np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="MPO", save_all=True, append_images=[Image.new("RGB", (4, 4))])
+    assert Image.open(io.BytesIO(buf.getvalue())).format == "MPO"
+    assert np.abs(decode_image(buf.getvalue(), 8).astype(int) - 200).max() <= 2
+
+
+def test_one_requests_images_are_bounded_in_pixels_before_any_is_decoded(monkeypatch):
+    from serve_app.protocols import images
+
+    monkeypatch.setattr(images, "MAX_REQUEST_PIXELS", 150)
+    decoded: list[int] = []
+    monkeypatch.setattr(images, "_pixels", lambda img, size, index: decoded.append(index))
+    small = _png(np.zeros((8, 8, 3), np.uint8))  # 64 pixels each
+    with pytest.raises(InvalidInput, match="192 pixels in one request's images; at most 150"):
+        images.decode_images([small, small, small], 4)
+    assert decoded == []  # refused from the headers alone
+
+
 def test_gif_is_refused_by_format():
     buf = io.BytesIO()
     Image.new("RGB", (4, 4)).save(buf, format="GIF")

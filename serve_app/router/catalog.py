@@ -148,6 +148,13 @@ class ModelCatalog:
             self._remember(model, on_disk or await self.fetch(model), answered=on_disk is None)
         return self.manifests[model]
 
+    def manifest_at_hand(self, model: str) -> Manifest | None:
+        """The manifest if kept or in this node's model directory; None rather than ask (and so
+        perhaps wake) a replica."""
+        if model not in self.manifests and (on_disk := self._from_disk(model)) is not None:
+            self._remember(model, on_disk, answered=False)
+        return self.manifests.get(model)
+
     def _from_disk(self, model: str) -> dict[str, Any] | None:
         """What a replica's `metadata` would say before any live tuning: its manifest file and
         its configured batching. None when the directory is not on this node."""

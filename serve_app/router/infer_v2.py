@@ -133,13 +133,13 @@ def _requested(body: v2.InferRequest, outputs: list[v2.ResponseOutput]) -> list[
     return [o for o in outputs if o.name in wanted]
 
 
-async def _key(
+def _key(
     parts: RouterParts, name: str, deployments: list[str], input_name: str, payload: Any, body: v2.InferRequest,
     tenant: Tenant, extra: str = "",
 ) -> str:  # fmt: skip
     requested = sorted(o.name for o in body.outputs) if body.outputs is not None else None
     per_tenant = tenant.name if parts.cache.config.per_tenant else None
-    answering = [await parts.answer_ids.of(d) for d in deployments]
+    answering = [parts.answer_ids.of(d) for d in deployments]
     return cache_key(name, answering, input_name, payload, requested, per_tenant, extra)
 
 
@@ -168,7 +168,7 @@ async def _classify(
     tenant.admit(len(payload) - 1)  # one token per item: the first was charged on arrival
     # A route's answers also depend on when it escalates (its threshold and signal).
     policy = "" if cascade is None else f"{cascade.policy.threshold!r}:{cascade.policy.signal}"
-    key = await _key(parts, name, tiers, body.inputs[0].name, payload, body, tenant, policy) if use_cache else None
+    key = _key(parts, name, tiers, body.inputs[0].name, payload, body, tenant, policy) if use_cache else None
     if key is not None and (hit := await parts.cache.get(key)) is not None:
         logits, served_by = tiered.decode_logits(hit[0])
         result = classify.ClassifierResult(logits, served_by)
@@ -210,7 +210,7 @@ async def _generate(
     key = None
     if use_cache and repeatable(checked):
         extra = json.dumps(sampling, sort_keys=True)
-        key = await _key(parts, name, [deployment], catalog.PROMPT_INPUT, prompts, body, tenant, extra)
+        key = _key(parts, name, [deployment], catalog.PROMPT_INPUT, prompts, body, tenant, extra)
         if (hit := await parts.cache.get(key)) is not None:
             texts, served_by = tiered.decode_texts(hit[0])
             outputs = [v2.encode(catalog.GENERATED_OUTPUT, texts)]

@@ -101,7 +101,7 @@ def build_parts(
         gc_pauses=GcPauses(),
         versions=versions,
         cache=cache,
-        answer_ids=AnswerIds(args, catalog.manifest),
+        answer_ids=AnswerIds(args, catalog.manifest_at_hand),
         inflight_bytes=InflightBytes(args.limits.max_inflight_bytes),
         loop_lag=loop_lag,
         lag_shedding=lag_shedding,

@@ -17,52 +17,96 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 DEADLINE_S = 120
 
 
-def wait_until_empty(
-    count: Callable[[], int],
+def wait_until(
+    done: Callable[[], bool],
     deadline_s: float,
     poll_s: float = 2.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> bool:
-    """Poll `count` (Serve replicas left on this node) until it is 0 (True) or the deadline passes (False)."""
+    """Ask `done` every `poll_s` until it says yes (True) or the deadline passes (False). An
+    error counts as a no: the GCS may be busy or restarting, which must not end the drain."""
     until = clock() + deadline_s
     while True:
         try:
-            if count() == 0:
+            if done():
                 return True
-        except Exception:  # the GCS may be busy or restarting: keep waiting, do not abort the drain
+        except Exception:
             pass
         if clock() >= until:
             return False
         sleep(poll_s)
 
 
-def serve_replicas_here() -> int:
+def this_node() -> str:
+    """This pod's Ray node id. `ray drain-node` cannot find it on its own: it asks a runtime
+    context that the CLI never connects, so without `--node-id` the request fails."""
     import ray
-    from ray.util.state import list_actors
 
     if not ray.is_initialized():
         ray.init(address="auto", logging_level=logging.ERROR)
-    node = ray.get_runtime_context().get_node_id()
+    return str(ray.get_runtime_context().get_node_id())
+
+
+def request_drain(node: str, deadline_s: float, run: Callable[..., Any] = subprocess.run) -> bool:
+    """Tell the GCS that `node` is going (reason preemption); whether it accepted."""
+    done = run(
+        ["ray", "drain-node", f"--node-id={node}", "--reason=DRAIN_NODE_REASON_PREEMPTION",
+         "--reason-message=pod terminating", f"--deadline-remaining-seconds={max(1, int(deadline_s))}"],
+        check=False, capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        print(f"drain request failed: {(done.stderr or '').strip()[-500:]}", flush=True)
+    return bool(done.returncode == 0)
+
+
+def serve_replicas_here(node: str) -> int:
+    from ray.util.state import list_actors
+
     alive = list_actors(filters=[("node_id", "=", node), ("state", "=", "ALIVE")], limit=10_000)
     return sum(1 for a in alive if (a.class_name or "").startswith("ServeReplica"))
+
+
+def drain(
+    node: Callable[[], str],
+    request: Callable[[str, float], bool],
+    replicas: Callable[[str], int],
+    deadline_s: float,
+    poll_s: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Find this node, have its drain accepted, then wait until no Serve replica is left on it,
+    each step retried within one deadline; what happened, in a line."""
+    until = clock() + deadline_s
+    found: list[str] = []
+
+    def left() -> float:
+        return max(0.0, until - clock())
+
+    def find() -> bool:
+        found.append(node())
+        return True
+
+    if not wait_until(find, left(), poll_s, clock, sleep):
+        return "could not reach Ray to find this node"
+    if not wait_until(lambda: request(found[0], left()), left(), poll_s, clock, sleep):
+        return f"the drain request was not accepted within {deadline_s:.0f} s"
+    if not wait_until(lambda: replicas(found[0]) == 0, left(), poll_s, clock, sleep):
+        return f"replicas still here after {deadline_s:.0f} s"
+    return "drained"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m serve_app.drain", description=__doc__)
     p.add_argument("--deadline-s", type=int, default=DEADLINE_S, help="give up waiting after this (default: %(default)s)")
     ns = p.parse_args(argv)
-    subprocess.run(
-        ["ray", "drain-node", "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=pod terminating",
-         f"--deadline-remaining-seconds={ns.deadline_s}"],
-        check=False,
-    )  # fmt: skip
-    drained = wait_until_empty(serve_replicas_here, ns.deadline_s)
-    print("drained" if drained else f"replicas still here after {ns.deadline_s} s", flush=True)
+    print(drain(this_node, request_drain, serve_replicas_here, ns.deadline_s), flush=True)
     return 0  # a preStop hook that fails only delays the stop it exists to make safe
 
 

@@ -93,9 +93,8 @@ def render(gpu_config_path: str | Path) -> str:
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
         "metadata": {"name": "serve-app", "labels": {"app.kubernetes.io/name": "serve-app"}},
+        # No *UnhealthySecondThreshold: KubeRay accepts them but has not read them since v1.1.
         "spec": {
-            "serviceUnhealthySecondThreshold": 900,
-            "deploymentUnhealthySecondThreshold": 300,
             "serveConfigV2": yaml.safe_dump(doc, sort_keys=False),
             "rayClusterConfig": {
                 "rayVersion": RAY_VERSION,

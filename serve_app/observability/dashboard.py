@@ -184,7 +184,10 @@ def build() -> dict[str, Any]:
             gd.QueryVariable("model")
             .label("Model")
             .datasource(DS)
-            .query("label_values(ray_serve_app_admitted_total, model)")
+            # Classifiers are admitted through the router's queues, generators are not: the list
+            # takes both, or choosing a generator would leave the Generation row empty.
+            .query("query_result(count by (model) (ray_serve_app_admitted_total or ray_serve_app_gen_tokens_total))")
+            .regex('/model="([^"]+)"/')
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
             .multi(True)
             .include_all(True)

@@ -57,6 +57,9 @@ def test_the_dashboard_is_a_grafana_dashboard_model():
         assert all(t["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for t in p.get("targets", []))
     names = {v["name"] for v in committed["templating"]["list"]}
     assert names == {"datasource", "model"}
+    # The model list has generators too: their metrics are not the classifiers' admissions.
+    (models,) = (v for v in committed["templating"]["list"] if v["name"] == "model")
+    assert metric_names([models["query"]]) == {"ray_serve_app_admitted_total", "ray_serve_app_gen_tokens_total"}
 
 
 def test_the_dashboard_shows_what_operators_need():

@@ -44,8 +44,8 @@ def wait_until(
 
 
 def this_node() -> str:
-    """This pod's Ray node id. `ray drain-node` cannot find it on its own: it asks a runtime
-    context that the CLI never connects, so without `--node-id` the request fails."""
+    """This pod's Ray node id, found once and named in every drain request, so that a retried
+    request can only ever drain this node."""
     import ray
 
     if not ray.is_initialized():

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve_app.contract import BULK, URGENT, BatchReply, Priority
-from serve_app.errors import DeadlineExceeded, InvalidInput, Overloaded, ServeAppError, Unavailable
+from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
 from serve_app.observability import tracing
 from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
@@ -271,8 +271,6 @@ class Dispatcher:
         """Queue a request or raise Overloaded; never spends model time on a refused one."""
         now = self.clock()
         lane = self.lane_for(priority)
-        if items > lane.queue.max_items:  # it could never be queued: retrying would not help
-            raise InvalidInput(f"{items} items in one request; {self.model} queues at most {lane.queue.max_items}")
         if not self.breaker.allow():
             self.stats.count_shed("breaker_open", priority)
             raise Unavailable(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from serve_app.contract import Priority
+from serve_app.errors import InvalidInput
 
 QueuePolicy = Literal["priority", "fifo"]
 
@@ -68,8 +69,8 @@ class RequestQueue:
 
         Raises QueueFull when the ticket does not fit and outranks nothing.
         """
-        if ticket.items > self.max_items:
-            raise QueueFull(f"{ticket.items} items exceed the queue's {self.max_items}")
+        if ticket.items > self.max_items:  # it could never be queued: the caller's 400, not a 503 to retry
+            raise InvalidInput(f"{ticket.items} items in one request; the model's queue holds at most {self.max_items}")
         evicted: list[Ticket] = []
         if self.items + ticket.items > self.max_items:
             victims = self._victims(ticket)

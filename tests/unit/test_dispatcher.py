@@ -123,7 +123,7 @@ async def test_infeasible_deadline_is_refused_without_model_time():
 @virtual_time
 async def test_a_request_larger_than_the_queue_is_a_400_not_an_overload_to_retry():
     d = dispatcher(FakeModel(), max_batch_size=1, max_queue_items=3)
-    with pytest.raises(InvalidInput, match="4 items in one request; m queues at most 3"):
+    with pytest.raises(InvalidInput, match="4 items in one request; the model's queue holds at most 3"):
         await d.submit("too big", 4, Priority.HIGH)
     assert await d.submit("fits", 3) == "FITS" and d.stats.shed == {}
 

@@ -1,6 +1,7 @@
 import pytest
 
 from serve_app.contract import Priority
+from serve_app.errors import InvalidInput
 from serve_app.scheduling.queue import FifoQueue, PriorityQueue, QueueFull, Ticket, make_queue
 
 
@@ -79,6 +80,13 @@ def test_full_queue_evicts_lowest_priority_latest_deadline_for_better_work():
     assert names(evicted) == ["low-late"]
     assert q.items == 3
     assert [names(q.pop_batch(10, now=0.0)[0]) for _ in range(3)] == [["high"], ["normal"], ["low-early"]]
+
+
+def test_a_ticket_larger_than_the_queue_is_the_callers_error_not_a_full_queue():
+    for q in (PriorityQueue(max_items=2), FifoQueue(max_items=2)):
+        with pytest.raises(InvalidInput, match="3 items in one request"):
+            q.push(ticket("big", items=3))
+        assert q.items == 0
 
 
 def test_full_queue_refuses_work_that_outranks_nothing():

@@ -13,6 +13,7 @@ from serve_app.models.generator import TextGenerator
 from serve_app.models.generator_static import RequestBatchGenerator
 from serve_app.router.ingress import Router
 from serve_app.router.parts import router_capacity
+from serve_app.router.replicas import ROUTER_DEPLOYMENT
 
 
 def as_deployment(decorated: object) -> Deployment:
@@ -70,6 +71,6 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
     live = RouterLiveConfig(traffic=args.traffic)
     return (
         as_deployment(Router)
-        .options(name="router", max_ongoing_requests=router_capacity(args), user_config=live.model_dump(mode="json"))
+        .options(name=ROUTER_DEPLOYMENT, max_ongoing_requests=router_capacity(args), user_config=live.model_dump(mode="json"))
         .bind(args.model_dump(mode="json"), handles)
     )

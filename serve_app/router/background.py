@@ -6,7 +6,7 @@ import asyncio
 import gc
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from serve_app.cache.tiered import ResponseCache
@@ -35,7 +35,7 @@ class BackgroundLoops:
         cascades: dict[str, Cascade],
         full_gc_max_interval_s: float | None,
         telemetry: Callable[[], RouterTelemetry] = RouterTelemetry,
-        router_count: Callable[[], int] | None = None,
+        router_count: Callable[[], Awaitable[int]] | None = None,
         on_router_count: Callable[[int], None] | None = None,
         loop_lag: LoopLag | None = None,
         on_lag: Callable[[float], None] | None = None,
@@ -115,11 +115,11 @@ class BackgroundLoops:
             except Exception:  # a rollback check or a metric must never take the router down
                 logger.exception("checking rollbacks or exporting version metrics failed")
 
-    async def _follow_router_count(self, count: Callable[[], int], follow: Callable[[int], None]) -> None:
+    async def _follow_router_count(self, count: Callable[[], Awaitable[int]], follow: Callable[[int], None]) -> None:
         seen = None
         while True:
             try:
-                if (now := count()) != seen:
+                if (now := await count()) != seen:
                     follow(now)
                     seen = now
             except Exception:  # the count is advice; a failed read keeps the last share

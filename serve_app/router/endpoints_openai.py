@@ -58,7 +58,7 @@ def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFiel
     if body.model not in generators:
         raise NotFound(f"model {body.model!r} does not generate text; available: {generators}")
     check_count(parts.args, body.model, len(prompts) * body.n)
-    tenant.admit(len(prompts) * body.n - 1)  # one token per generation: the first was charged on arrival
+    tenant.admit(len(prompts) * body.n, charged=1)  # one token per generation: the first was charged on arrival
     limit = parts.args.limits.max_text_chars
     for i, p in enumerate(prompts):
         if len(p) > limit:

@@ -165,7 +165,7 @@ async def _classify(
         answered_version = parts.versions.version_of(tiers[0])
         manifest = await parts.catalog.manifest(tiers[0])  # the chosen version's labels and shapes
     payload = await classify.decode_input(parts.args, tiers[0], manifest, body)
-    tenant.admit(len(payload) - 1)  # one token per item: the first was charged on arrival
+    tenant.admit(len(payload), charged=1)  # one token per item: the first was charged on arrival
     # A route's answers also depend on when it escalates (its threshold and signal).
     policy = "" if cascade is None else f"{cascade.policy.threshold!r}:{cascade.policy.signal}"
     key = _key(parts, name, tiers, body.inputs[0].name, payload, body, tenant, policy) if use_cache else None
@@ -201,7 +201,7 @@ async def _generate(
     deployment = parts.versions.deployment(name, version, headers.session_key, tenant.name)
     prompts = v2.decode_bytes(classify.single_input(body, catalog.PROMPT_INPUT), parts.args.limits.max_text_chars)
     classify.check_count(parts.args, deployment, len(prompts))
-    tenant.admit(len(prompts) - 1)
+    tenant.admit(len(prompts), charged=1)
     sampling = {k: params[k] for k in SAMPLING_PARAMS if k in params}
     # Checked here too, so that a bad value is refused before any replica sees it.
     gen = parts.args.deployment_config(deployment).generation

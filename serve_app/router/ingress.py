@@ -22,7 +22,7 @@ from serve_app.router.dispatchers import handle_sender
 from serve_app.router.grpc_service import MODEL_INFER, GrpcInference, fail, headers_of, rpc_attributes
 from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
-from serve_app.router.replicas import DeploymentStates, controller_states
+from serve_app.router.replicas import ROUTER_DEPLOYMENT, DeploymentStates, controller_states
 from serve_app.router.startup import prepare_process
 from serve_app.scheduling.autoscale import ROUTER_CPU
 from serve_app.scheduling.overload import CpuMeter
@@ -37,13 +37,14 @@ class Router:
         self.args = AppArgs.model_validate(args)
         context = serve.get_replica_context()
         router_id = context.replica_id.unique_id
+        states = DeploymentStates(controller_states(context.app_name))
         self.parts = build_parts(
             self.args,
             handles,
             router_id,
             lambda model: handle_sender(handles[model], router_id),
-            router_count=lambda: serve.get_replica_context().world_size,
-            states=DeploymentStates(controller_states(context.app_name)),
+            router_count=lambda: states.running(ROUTER_DEPLOYMENT),
+            states=states,
         )
         self.grpc = GrpcInference(self.parts)
         self.cpu = CpuMeter()

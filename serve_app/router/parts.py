@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +62,7 @@ def build_parts(
     handles: dict[str, Any],
     router_id: str,
     send_for: SenderFor,
-    router_count: Callable[[], int] | None = None,
+    router_count: Callable[[], Awaitable[int]] | None = None,
     states: DeploymentStates | None = None,
 ) -> RouterParts:
     """Wire a router's parts from its config; starts nothing (see BackgroundLoops.start)."""

@@ -17,6 +17,7 @@ from typing import Any
 # (HEALTHY), or Serve is starting replicas for the requests that arrived (UPSCALING), or it is
 # on its way down. UPDATING (a deploy in progress), UNHEALTHY and DEPLOY_FAILED are not ready.
 TAKES_REQUESTS_AT_ZERO = frozenset({"HEALTHY", "UPSCALING", "DOWNSCALING"})
+ROUTER_DEPLOYMENT = "router"  # the router's own deployment in the application (serve_app.app)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,12 @@ class DeploymentStates:
         states = await asyncio.wait_for(self.fetch(), self.timeout_s)
         self._last = (self.clock(), states)
         return states
+
+    async def running(self, deployment: str) -> int:
+        """Replicas of `deployment` running now, at least 1 (the caller is one). Serve's replica
+        context cannot say: its `world_size` is the configured count, not the autoscaled one."""
+        state = (await self.get()).get(deployment)
+        return max(1, state.running) if state is not None else 1
 
     async def scaled_to_zero(self, deployment: str) -> bool:
         """True only when the controller says so; when it cannot be asked, the replicas are."""

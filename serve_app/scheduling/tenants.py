@@ -68,12 +68,13 @@ class Tenant:
     def cap(self, requested: Priority) -> Priority:
         return max(requested, self.max_priority)  # larger value = lower priority
 
-    def admit(self, items: int = 1) -> None:
+    def admit(self, items: int = 1, charged: int = 0) -> None:
         """Charge `items` tokens (rows or choices; at most the burst, so any request can pass
-        at some point), or raise RateLimited with when they will be there."""
-        if self.bucket is None or items <= 0:
+        at some point), less the `charged` ones it already took (one on arrival, before its
+        body was read), or raise RateLimited with when they will be there."""
+        if self.bucket is None:
             return
-        if (wait := self.bucket.take(min(float(items), self.bucket.burst))) > 0:
+        if (n := min(float(items), self.bucket.burst) - charged) > 0 and (wait := self.bucket.take(n)) > 0:
             raise RateLimited(f"tenant {self.name!r} is over its rate limit", retry_after_s=wait)
 
 

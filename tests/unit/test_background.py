@@ -27,7 +27,7 @@ async def test_the_rate_share_follows_the_router_count_as_it_changes():
     loop = asyncio.get_running_loop()
     seen: list[int] = []
 
-    def count() -> int:  # one router, then three from t=12 s
+    async def count() -> int:  # one router, then three from t=12 s
         return 1 if loop.time() < 12 else 3
 
     loops = BackgroundLoops(pool(), {}, None, router_count=count, on_router_count=seen.append)
@@ -49,3 +49,20 @@ async def test_a_loop_that_dies_fails_the_health_check():
     with pytest.raises(RuntimeError, match="background loop ended"):
         loops.check()
     await loops.stop()
+
+
+def test_the_router_count_is_the_controllers_running_replicas_not_the_configured_count():
+    """An autoscaled router's replica context knows only its configured count; the controller
+    knows how many run."""
+    from serve_app.router.replicas import ROUTER_DEPLOYMENT, DeploymentState, DeploymentStates
+
+    answers = [{ROUTER_DEPLOYMENT: DeploymentState("HEALTHY", 3, 3)}, {}, {ROUTER_DEPLOYMENT: DeploymentState("UPSCALING", 0, 2)}]
+
+    async def fetch() -> dict[str, DeploymentState]:
+        return answers.pop(0)
+
+    async def counts() -> list[int]:
+        states = DeploymentStates(fetch, ttl_s=0.0)
+        return [await states.running(ROUTER_DEPLOYMENT) for _ in range(3)]
+
+    assert asyncio.run(counts()) == [3, 1, 1]  # never below one: the caller is a router

@@ -94,6 +94,21 @@ def test_a_request_is_charged_one_token_per_item_at_most_the_burst():
     t.admit(0)  # nothing more to charge
 
 
+def test_a_request_with_more_rows_than_the_burst_passes_once_the_bucket_is_full():
+    """The router charges one token on arrival and the rest once it has read the body: the two
+    together take at most the burst, or a request with more rows could never pass."""
+    clock = Clock()
+    t = Tenant("t", bucket=TokenBucket(rate_per_s=10, burst=20, clock=clock))
+    t.admit()  # on arrival
+    t.admit(64, charged=1)  # 64 rows: the whole burst in all
+    with pytest.raises(RateLimited):
+        t.admit()
+    clock.now = 2.0  # the bucket is full again
+    t.admit()
+    t.admit(21, charged=1)
+    assert t.bucket is not None and t.bucket.tokens == 0
+
+
 def test_each_router_replica_holds_its_share_of_a_tenants_rate():
     clock = Clock()
     bucket = TokenBucket(rate_per_s=4, burst=8, clock=clock)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -61,13 +62,29 @@ class Rollback:
     reason: str
 
 
+# How sure a rollback for errors must be: the canary's error rate is judged by its interval at this
+# many standard errors (one-sided, about 1 in 700), not its point estimate. The rule is checked every
+# few seconds over a sliding window of tens of calls; judged by point estimates, a canary failing
+# exactly as often as the baseline is rolled back by chance within minutes.
+ERROR_Z = 3.0
+
+
+def wilson_bound(failed: float, n: int, z: float, upper: bool) -> float:
+    """Wilson's score interval for a rate of `failed` in `n`: its upper or lower end."""
+    p, zz = failed / n, z * z
+    centre, half = p + zz / (2 * n), z * math.sqrt(p * (1 - p) / n + zz / (4 * n * n))
+    return (centre + half if upper else centre - half) / (1 + zz / n)
+
+
 def rollback_reason(rule: RollbackConfig, canary: OutcomeWindow, baseline: OutcomeWindow) -> str | None:
-    """Why the canary should go, or None: both sides need `min_requests` calls in the window."""
+    """Why the canary should go, or None: both sides need `min_requests` calls in the window, and
+    its error rate must be over the baseline's by the margin beyond chance (ERROR_Z)."""
     n_c, err_c, p99_c = canary.summary()
     n_b, err_b, p99_b = baseline.summary()
     if n_c < rule.min_requests or n_b < rule.min_requests:
         return None
-    if err_c > err_b + rule.max_error_rate_increase:
+    canary_low = wilson_bound(err_c * n_c, n_c, ERROR_Z, upper=False)
+    if canary_low > wilson_bound(err_b * n_b, n_b, ERROR_Z, upper=True) + rule.max_error_rate_increase:
         return f"error rate {err_c:.3f} over {n_c} calls against the baseline's {err_b:.3f}"
     if rule.max_p99_ratio is not None and p99_b > 0 and p99_c > p99_b * rule.max_p99_ratio:
         return f"p99 {p99_c * 1e3:.1f} ms against the baseline's {p99_b * 1e3:.1f} ms"
@@ -105,13 +122,20 @@ class TrafficPolicy:
         self.rollbacks: list[Rollback] = []  # every rollback so far (metrics and status read it)
 
     def update(self, traffic: dict[str, TrafficConfig]) -> None:
-        """Apply a new configuration. A rollback stands until the version's weight is changed."""
+        """Apply a new configuration. A rollback stands until the version's weight is changed; a
+        version whose weight or rollback rule changed is judged afresh, not on its old outcomes."""
         models = {}
         for model, config in traffic.items():
-            kept = {}
             old = self.models.get(model)
-            if old is not None:
-                kept = {v: why for v, why in old.rolled_back.items() if config.weights.get(v) == old.config.weights.get(v)}
+            old_weights, rolled_back = (old.config.weights, old.rolled_back) if old is not None else ({}, {})
+            same_rule = old is not None and config.rollback == old.config.rollback
+            kept = {}
+            for version in set(config.weights) | set(old_weights):
+                same_weight = old is not None and config.weights.get(version) == old_weights.get(version)
+                if same_weight and version in rolled_back:
+                    kept[version] = rolled_back[version]
+                if not (same_weight and same_rule):
+                    self.windows.pop((model, version), None)
             models[model] = ModelTraffic(config, config.baseline or self.first_versions[model], kept)
         self.models = models
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from serve_app.config import TrafficConfig
-from serve_app.scheduling.traffic import OutcomeWindow, ShadowStats, TrafficPolicy
+from serve_app.scheduling.traffic import OutcomeWindow, ShadowStats, TrafficPolicy, wilson_bound
 
 
 class Clock:
@@ -91,6 +91,41 @@ def test_a_slow_canary_is_rolled_back_and_a_healthy_one_is_not():
     _feed(p, "2", 50, 0.100)
     (event,) = p.check_rollbacks()
     assert "p99" in event.reason
+
+
+def test_a_canary_failing_as_often_as_its_baseline_is_not_rolled_back_by_chance():
+    """A canary's few calls in the window are judged by the interval around their error rate, not
+    the rate itself: 3 failures in 20 calls (15%) is no evidence against a baseline's 2%."""
+    clock = Clock()
+    p = policy(clock, m={"weights": {"1": 90, "2": 10}, "rollback": ROLLBACK})
+    _feed(p, "1", 1000, 0.01, failed_every=50)
+    _feed(p, "2", 20, 0.01, failed_every=7)  # calls 0, 7, 14 fail
+    assert p.check_rollbacks() == []
+    _feed(p, "2", 180, 0.01, failed_every=3)  # now a third of 200 calls fail: that is evidence
+    (event,) = p.check_rollbacks()
+    assert "error rate" in event.reason
+
+
+def test_wilson_bounds_hold_the_rate_and_narrow_with_calls():
+    low, high = wilson_bound(3, 20, 3.0, upper=False), wilson_bound(3, 20, 3.0, upper=True)
+    assert 0 < low < 0.15 < high < 1
+    assert wilson_bound(300, 2000, 3.0, upper=False) > low and wilson_bound(0, 20, 3.0, upper=False) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_new_weight_or_rule_judges_a_version_afresh_not_on_its_old_outcomes():
+    clock = Clock()
+    p = policy(clock, m={"weights": {"1": 90, "2": 10}, "rollback": ROLLBACK})
+    _feed(p, "1", 100, 0.01)
+    _feed(p, "2", 40, 0.01, failed_every=1)
+    assert p.check_rollbacks()
+    p.update({"m": TrafficConfig.model_validate({"weights": {"1": 95, "2": 5}, "rollback": ROLLBACK})})
+    assert p.check_rollbacks() == [] and not p.models["m"].rolled_back  # the old failures went with the old weight
+    _feed(p, "1", 100, 0.01)
+    _feed(p, "2", 40, 0.01)
+    longer = {**ROLLBACK, "window_s": 300}
+    p.update({"m": TrafficConfig.model_validate({"weights": {"1": 95, "2": 5}, "rollback": longer})})
+    _feed(p, "2", 1, 0.01)
+    assert p.windows[("m", "2")].window_s == 300  # a new rule's window, not the first one's
 
 
 def test_old_outcomes_leave_the_window():

@@ -7,6 +7,7 @@ schema holds what only this application knows: the catalog and its routes.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -236,6 +237,8 @@ class TrafficConfig(BaseModel):
     def _weights_valid(self) -> TrafficConfig:
         if any(w < 0 for w in self.weights.values()) or not any(w > 0 for w in self.weights.values()):
             raise ValueError("traffic weights must be non-negative with at least one above 0")
+        if not math.isfinite(sum(self.weights.values())):  # inf or NaN, or a sum past the largest float
+            raise ValueError("traffic weights must be finite numbers of reasonable size")
         return self
 
 
@@ -355,6 +358,8 @@ class TenantConfig(BaseModel):
         sources = [x for x in (self.key_sha256, self.key_env, self.key_file) if x]
         if len(sources) != 1:
             raise ValueError(f"tenant {self.name!r} needs exactly one of key_sha256, key_env, key_file")
+        if self.key_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", self.key_sha256):
+            raise ValueError(f"tenant {self.name!r}: key_sha256 must be 64 hex characters (`serve-app keys hash`)")
         return self
 
 
@@ -460,10 +465,13 @@ class AppArgs(BaseModel):
 
 
 def check_traffic(args: AppArgs, traffic: dict[str, TrafficConfig]) -> None:
-    """Every model and version a traffic policy names exists."""
+    """Every model and version a traffic policy names exists; tenant stickiness has tenants to tell apart."""
     for model, policy in traffic.items():
         if model not in args.models:
             raise ValueError(f"traffic names unknown model {model!r}; known: {sorted(args.models)}")
+        if policy.sticky == "tenant" and not args.tenants:
+            # Every caller is then the one anonymous tenant: all traffic would go to one version.
+            raise ValueError(f"traffic for {model!r} is sticky by tenant, but no tenants are configured")
         known = args.versions(model)
         named = [
             *policy.weights,

@@ -93,6 +93,21 @@ def test_generation_settings_that_would_refuse_every_request_are_rejected(genera
         AppArgs.model_validate({"models": {"g": {"preset": "gpt-tiny", "generation": generation}}})
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"traffic": {"bert-heavy": {"weights": {"1": float("inf"), "2": 1}}}}, "finite"),
+        ({"traffic": {"bert-heavy": {"weights": {"1": 1e308, "2": 1e308}}}}, "finite"),  # the sum overflows
+        ({"traffic": {"bert-heavy": {"weights": {"1": 9, "2": 1}, "sticky": "tenant"}}}, "no tenants are configured"),
+        ({"tenants": [{"name": "t", "key_sha256": "zz"}]}, "64 hex characters"),
+    ],
+)
+def test_traffic_and_keys_that_would_misroute_or_stop_the_router_are_config_errors(change, message):
+    models = {"bert-heavy": {"preset": "bert-tiny", "versions": {"2": {"preset": "bert-tiny"}}}}
+    with pytest.raises(ValidationError, match=message):
+        AppArgs.model_validate({"models": models, **change})
+
+
 def test_model_dir_env_override(monkeypatch, tmp_path):
     monkeypatch.setenv("SERVE_APP_MODEL_DIR", str(tmp_path))
     args = AppArgs.model_validate({"models": {"x": {"preset": "bert-tiny"}}})

@@ -39,8 +39,9 @@ def part_of(role: str, model: str) -> str | None:
 
 
 def core_ms_per_request(point: dict[str, Any], model: str) -> dict[str, float] | None:
-    """Core-ms per answered request, per part, and their total (`total`); None without figures."""
-    rps = point.get("throughput_rps") or 0.0
+    """Core-ms per answered request (a 2xx: refusals and errors are work, not answers), per part,
+    and their total (`total`); None without figures."""
+    rps = point.get("goodput_rps") or 0.0
     roles = point.get("cpu_cores_by_role") or {}
     if rps <= 0 or not roles:
         return None

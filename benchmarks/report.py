@@ -142,21 +142,29 @@ def compare_markdown(res: dict[str, Any]) -> str:
             f"({limit['batch_size']}, {r['limit']['threads']} threads, {provider}). "
             "Latency of *limit* is one batch call.",
             "",
-            "| setup | throughput | p50 ms | p90 ms | p99 ms | throughput / limit | p50 / limit p50 | p99 / limit p99 |",
-            "|---|---|---|---|---|---|---|---|",
-            f"| {SETUP_TITLES['limit']} | {limit['items_per_s']} items/s | {limit['p50_ms']} | {limit['p90_ms']} | "
+            # Latency is over the answered (2xx) requests only: the non-2xx column says how many were not.
+            "| setup | throughput | non-2xx | p50 ms | p90 ms | p99 ms | throughput / limit | p50 / limit p50 | "
+            "p99 / limit p99 |",
+            "|---|---|---|---|---|---|---|---|---|",
+            f"| {SETUP_TITLES['limit']} | {limit['items_per_s']} items/s | 0 | {limit['p50_ms']} | {limit['p90_ms']} | "
             f"{limit['p99_ms']} | 1.00x | 1.00x | 1.00x |",
         ]
         for setup in SETUPS:
             p = _at(r[setup]["closed"], c)
             lines.append(
-                f"| {SETUP_TITLES[setup]} | {p['goodput_rps']} req/s | {_fmt(p['p50_ms'])} | {_fmt(p['p90_ms'])} | "
-                f"{_fmt(p['p99_ms'])} | {_ratio(p['goodput_rps'], limit['items_per_s'])} | "
+                f"| {SETUP_TITLES[setup]} | {p['goodput_rps']} req/s | {_not_answered(p)} | {_fmt(p['p50_ms'])} | "
+                f"{_fmt(p['p90_ms'])} | {_fmt(p['p99_ms'])} | {_ratio(p['goodput_rps'], limit['items_per_s'])} | "
                 f"{_ratio(p['p50_ms'], limit['p50_ms'])} | {_ratio(p['p99_ms'], limit['p99_ms'])} |"
             )
         naive, plain, ours = (_at(r[s]["closed"], c) for s in SETUPS)
+        proxied = [SETUP_TITLES[s] for s in SETUPS if r[s].get("direct_backends") is False]
         lines += [
             "",
+            *(
+                [f"- **Through Serve's Python proxy** (HAProxy never reached the replicas directly): {', '.join(proxied)}"]
+                if proxied
+                else []
+            ),
             f"- ours vs naive: throughput **{_ratio(ours['goodput_rps'], naive['goodput_rps'])}**, "
             f"p50 {_ratio(ours['p50_ms'], naive['p50_ms'])}, p99 {_ratio(ours['p99_ms'], naive['p99_ms'])}",
             f"- ours vs plain Ray Serve: throughput **{_ratio(ours['goodput_rps'], plain['goodput_rps'])}**, "
@@ -177,23 +185,29 @@ def compare_markdown(res: dict[str, Any]) -> str:
             "| setup | answered req/s | p50 ms | p90 ms | p99 ms | errors | client-dropped |",
             "|---|---|---|---|---|---|---|",
         ]
-        lines += _open_loop_and_cpu(r, c)
+        machine = res.get("machine", {})
+        lines += _open_loop_and_cpu(r, c, machine.get("usable_cores") or machine.get("cores"))
         lines += ["", *cost_table(r, m, c)]
         lines += ["", f"![latency vs throughput]({plot_name('curve', m)})", ""]
     return "\n".join(lines)
 
 
-def _open_loop_and_cpu(r: dict[str, Any], c: int) -> list[str]:
+def _not_answered(point: dict[str, Any]) -> int:
+    """Requests that got no 2xx: refused, failed, timed out or dropped by the connection."""
+    return sum(v for k, v in point.get("statuses", {}).items() if not k.startswith("2"))
+
+
+def _open_loop_and_cpu(r: dict[str, Any], c: int, cores: int | None) -> list[str]:
     """compare: the open-loop rows of each setup, then the cores each process role used at `c`."""
     lines = []
     for setup in SETUPS:
         o = r[setup]["open"]
-        errors = sum(v for k, v in o["statuses"].items() if not k.startswith("2"))
+        errors = _not_answered(o)
         lines.append(
             f"| {setup} | {o['goodput_rps']} | {_fmt(o['p50_ms'])} | {_fmt(o['p90_ms'])} | {_fmt(o['p99_ms'])} | "
             f"{errors} | {o['client_dropped']} |"
         )
-    lines += ["", f"Where the CPU went at concurrency {c} (cores, 2 = the whole machine):", ""]
+    lines += ["", f"Where the CPU went at concurrency {c} (cores; {cores} = the whole machine):", ""]
     for setup in SETUPS:
         roles = _at(r[setup]["closed"], c).get("cpu_cores_by_role", {})
         lines.append(f"- {setup}: " + ", ".join(f"{k} {v}" for k, v in roles.items()))

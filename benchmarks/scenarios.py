@@ -212,7 +212,7 @@ def compare(s: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {"models": {}}
     for m in s.models:
         out["models"][m] = {"limit": measure_limit(s.model_dir / m, workloads.bodies_for(s.model_dir / m), s.limit_batch_sizes,
-                                                   s.limit_seconds, threads=os.cpu_count() or 1,
+                                                   s.limit_seconds, threads=len(os.sched_getaffinity(0)),
                                                    gpu_ids=model_gpu_ids(s, m))}  # fmt: skip
     for m in s.models:
         wl = _workload(s, m, tmp)
@@ -228,6 +228,8 @@ def compare(s: Settings) -> dict[str, Any]:
             deploy_s = cluster.deploy(pin_replicas(plain_config(s, m), ["PlainModel"]), _probe(s, m))
             out["models"][m]["plain"] = {
                 "deploy_s": round(deploy_s, 1),
+                # False: HAProxy never reached the replicas directly, and the points measure Serve's proxy.
+                "direct_backends": cluster.direct_backends,
                 "closed": _closed_curve(url, wl, s, ("PlainModel",)),
                 "open": run_loadgen(url, wl, {"rate": rate}, s.seconds, s.warmup),
             }
@@ -239,6 +241,7 @@ def compare(s: Settings) -> dict[str, Any]:
             wl, rate = _workload(s, m, tmp), out["models"][m]["open_rate_rps"]
             out["models"][m]["ours"] = {
                 "deploy_s": round(deploy_s, 1),
+                "direct_backends": cluster.direct_backends,
                 "closed": _closed_curve(url, wl, s, (m, "router")),
                 "open": run_loadgen(url, wl, {"rate": rate}, s.seconds, s.warmup),
             }
@@ -283,7 +286,9 @@ def ingress(s: Settings) -> dict[str, Any]:
     for setting in settings:
         started = time.perf_counter()
         with RayCluster(setting, tmp, s.model_dir) as cluster:
-            deploy_s = cluster.deploy(ours_config(s), _probe(s, s.models[0]))
+            # One replica per model, as every other scenario pins it: an ingress must not win by a
+            # second model replica that the autoscaler started under its load.
+            deploy_s = cluster.deploy(pin_replicas(ours_config(s), s.models), _probe(s, s.models[0]))
             entry: dict[str, Any] = {"label": setting.label, **asdict(setting), "deploy_s": round(deploy_s, 1), "models": {}}
             url = f"http://127.0.0.1:{HTTP_PORT}"
             for m in s.models:

@@ -14,7 +14,8 @@ from serve_app.protocols import v2
 
 def test_core_ms_per_request_folds_roles_into_parts_and_leaves_the_client_out() -> None:
     point = {
-        "throughput_rps": 500.0,
+        "throughput_rps": 600.0,  # 100 of them refusals: work, not answers
+        "goodput_rps": 500.0,
         "cpu_cores_by_role": {
             "replica:router": 0.5,  # 1 ms per request
             "replica:bert-heavy": 0.25,
@@ -32,12 +33,12 @@ def test_core_ms_per_request_folds_roles_into_parts_and_leaves_the_client_out() 
 
 
 def test_baselines_count_their_server_as_the_model_and_empty_points_give_nothing() -> None:
-    plain = {"throughput_rps": 100.0, "cpu_cores_by_role": {"replica:PlainModel": 1.0, "haproxy": 0.1}}
+    plain = {"goodput_rps": 100.0, "cpu_cores_by_role": {"replica:PlainModel": 1.0, "haproxy": 0.1}}
     assert cost.core_ms_per_request(plain, "resnet-heavy") == {"ingress": 1.0, "router": 0.0, "model": 10.0, "ray": 0.0,
                                                                  "total": 11.0}  # fmt: skip
-    naive = {"throughput_rps": 200.0, "cpu_cores_by_role": {"naive-server": 1.0}}
+    naive = {"goodput_rps": 200.0, "cpu_cores_by_role": {"naive-server": 1.0}}
     assert cost.core_ms_per_request(naive, "m")["model"] == 5.0  # type: ignore[index]
-    assert cost.core_ms_per_request({"throughput_rps": 0.0, "cpu_cores_by_role": {"x": 1}}, "m") is None
+    assert cost.core_ms_per_request({"goodput_rps": 0.0, "cpu_cores_by_role": {"x": 1}}, "m") is None
     assert cost.ceiling_rps({"total": 0.0}, 16) is None
 
 

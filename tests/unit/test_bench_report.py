@@ -8,6 +8,7 @@ from pathlib import Path
 from benchmarks import report
 
 RUNS = Path(__file__).resolve().parents[2] / "benchmarks/results/priority/bench-realsize-h100-node"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results"
 
 
 def _row(markdown: str, policy: str) -> list[str]:
@@ -38,3 +39,12 @@ def test_committed_readmes_are_what_the_report_renders() -> None:
     for run in runs:
         res = json.loads((run / "result.json").read_text())
         assert report.priority_markdown(res) in (run / "README.md").read_text(), run.name
+
+
+def test_the_compare_table_counts_what_was_not_answered_beside_latencies_of_what_was() -> None:
+    """Latency covers answered requests only: a setup that refused most of its load shows it."""
+    res = json.loads((RESULTS / "compare" / "bench-gpu" / "result.json").read_text())
+    text = report.compare_markdown(res)
+    row = next(line for line in text.splitlines() if line.startswith("| ours") and "req/s" in line and "| 415 |" in line)
+    assert row.split(" | ")[2] == "415"  # the 503s of ours at c=32 on resnet-heavy
+    assert "(cores; 16 = the whole machine)" in text

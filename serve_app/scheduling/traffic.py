@@ -67,6 +67,10 @@ class Rollback:
 # few seconds over a sliding window of tens of calls; judged by point estimates, a canary failing
 # exactly as often as the baseline is rolled back by chance within minutes.
 ERROR_Z = 3.0
+# Answered calls each side needs before their p99s are compared: over fewer, a p99 is about the
+# slowest call (over 100, 1% of the way from the second slowest to it), and one slow call would
+# roll a canary back.
+P99_MIN_CALLS = 200
 
 
 def wilson_bound(failed: float, n: int, z: float, upper: bool) -> float:
@@ -86,7 +90,8 @@ def rollback_reason(rule: RollbackConfig, canary: OutcomeWindow, baseline: Outco
     canary_low = wilson_bound(err_c * n_c, n_c, ERROR_Z, upper=False)
     if canary_low > wilson_bound(err_b * n_b, n_b, ERROR_Z, upper=True) + rule.max_error_rate_increase:
         return f"error rate {err_c:.3f} over {n_c} calls against the baseline's {err_b:.3f}"
-    if rule.max_p99_ratio is not None and p99_b > 0 and p99_c > p99_b * rule.max_p99_ratio:
+    enough = min(n_c * (1 - err_c), n_b * (1 - err_b)) >= P99_MIN_CALLS
+    if rule.max_p99_ratio is not None and enough and p99_b > 0 and p99_c > p99_b * rule.max_p99_ratio:
         return f"p99 {p99_c * 1e3:.1f} ms against the baseline's {p99_b * 1e3:.1f} ms"
     return None
 

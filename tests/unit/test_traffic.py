@@ -85,10 +85,11 @@ def test_a_failing_canary_is_rolled_back_and_stays_back_until_its_weight_changes
 def test_a_slow_canary_is_rolled_back_and_a_healthy_one_is_not():
     clock = Clock()
     p = policy(clock, m={"weights": {"1": 50, "2": 50}, "rollback": ROLLBACK})
-    _feed(p, "1", 50, 0.010)
-    _feed(p, "2", 50, 0.015)
+    _feed(p, "1", 200, 0.010)
+    _feed(p, "2", 199, 0.015)
+    _feed(p, "2", 1, 1.0)  # one slow call: not the canary's p99
     assert p.check_rollbacks() == []
-    _feed(p, "2", 50, 0.100)
+    _feed(p, "2", 200, 0.100)
     (event,) = p.check_rollbacks()
     assert "p99" in event.reason
 

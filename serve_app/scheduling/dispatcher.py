@@ -21,6 +21,7 @@ flood: a batch cannot be interrupted once ONNX Runtime runs it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -378,7 +379,12 @@ class Dispatcher:
                 continue
             lane.inflight += 1
             lane.inflight_items += sum(t.items for t in batch)
-            task = asyncio.get_running_loop().create_task(self._run(lane, batch, lane.inflight, now))
+            # In a context of its own, not the request's that happened to release it: Serve ties a
+            # handle call to the request whose context makes it, and cancels the call when that
+            # request ends, which would cancel a batch that holds other clients' requests too.
+            task = asyncio.get_running_loop().create_task(
+                self._run(lane, batch, lane.inflight, now), context=contextvars.Context()
+            )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -389,7 +395,7 @@ class Dispatcher:
                 lane.timer = None
                 self._dispatch(lane)
 
-            lane.timer = asyncio.get_running_loop().call_later(delay_s, fire)
+            lane.timer = asyncio.get_running_loop().call_later(delay_s, fire, context=contextvars.Context())
 
     async def _run(self, lane: Lane, batch: list[Ticket], inflight: int, sent: float) -> None:
         for ticket in batch:
@@ -403,7 +409,9 @@ class Dispatcher:
             if spans is not None:
                 spans.end(self.clock(), error=e)
             if isinstance(e, TimeoutError):
-                e = Unavailable(f"{self.model}: batch timed out after {self.settings.batch_timeout_s:g} s")
+                e = Unavailable(f"{self.model}: batch timed out after {self.settings.batch_timeout_s:g} s", retry_after_s=1.0)
+            elif self.retryable(e):  # its replica died, and so did the retry's: Serve is replacing them
+                e = Unavailable(f"{self.model}: its replica went away; retry shortly", retry_after_s=1.0)
             if not (isinstance(e, ServeAppError) and e.status_code < 500):  # a client's bad input is no model failure
                 lane.limit.on_failure()
                 self.breaker.on_failure()
@@ -420,6 +428,9 @@ class Dispatcher:
             self.stats.batches += 1
             _answer(batch, reply.results, rtt, self.clock(), self.stats)
         finally:
+            # Whatever ended the call (this task cancelled, an error no branch above expected), no
+            # request in the batch is left without an answer.
+            _fail(batch, Unavailable(f"{self.model}: the batch ended without an answer", retry_after_s=1.0))
             lane.inflight -= 1
             lane.inflight_items -= sum(t.items for t in batch)
             self._dispatch(lane)

@@ -1,4 +1,5 @@
 import asyncio
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -482,6 +483,42 @@ async def test_a_batch_whose_replica_died_runs_once_more_and_nobody_sees_the_dea
 
 
 @virtual_time
+async def test_a_batch_call_runs_outside_the_context_of_the_request_that_released_it():
+    """Serve cancels the handle calls made in a request's context when that request ends: a batch
+    sent from one client's context would die with it, and take the others in it along."""
+    request: contextvars.ContextVar[str | None] = contextvars.ContextVar("request", default=None)
+    seen: list[object] = []
+
+    async def send(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
+        seen.append(request.get())
+        return BatchReply([p.upper() for p in payloads], 0.0, 0.01)
+
+    d = dispatcher(FakeModel(), max_batch_size=2)
+    d.send = send
+
+    async def client(name: str) -> str:
+        request.set(name)
+        return await d.submit(name, 1)
+
+    assert await asyncio.gather(client("a"), client("b")) == ["A", "B"]
+    assert seen and all(s is None for s in seen)
+
+
+@virtual_time
+async def test_a_batch_whose_call_is_cancelled_under_it_answers_every_request_with_a_503_to_retry():
+    async def cancelled(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
+        raise asyncio.CancelledError  # what a handle call raises when Serve cancels it
+
+    d = dispatcher(FakeModel(), max_batch_size=2)
+    d.send = cancelled
+    # Bounded (virtual seconds): a batch that answers nobody would otherwise hang here.
+    both = asyncio.gather(d.submit("a", 1), d.submit("b", 1), return_exceptions=True)
+    results = await asyncio.wait_for(both, 60)
+    assert all(isinstance(r, Unavailable) and r.retry_after_s == 1.0 for r in results), results
+    assert d.inflight == 0
+
+
+@virtual_time
 async def test_only_a_dead_replica_is_retried_and_only_once():
     calls = 0
 
@@ -491,9 +528,10 @@ async def test_only_a_dead_replica_is_retried_and_only_once():
         raise ReplicaDied("actor died") if calls < 10 else RuntimeError("model bug")
 
     d = Dispatcher("m", always, retryable=lambda e: isinstance(e, ReplicaDied), clock=loop_clock())
-    with pytest.raises(ReplicaDied):
+    with pytest.raises(Unavailable, match="replica went away") as refused:
         await d.submit("a", 1)
-    assert calls == 2  # the retry died too: the error is the answer, no third try
+    assert calls == 2  # the retry died too: a 503 to retry is the answer, no third try
+    assert refused.value.retry_after_s == 1.0
     calls = 9
     with pytest.raises(RuntimeError, match="model bug"):
         await d.submit("b", 1)

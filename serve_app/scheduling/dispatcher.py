@@ -24,7 +24,7 @@ import asyncio
 import contextvars
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,9 +254,8 @@ class Dispatcher:
         if deadline is not None and now + predicted > deadline:
             ahead_ms = predicted * 1000
             raise self._refuse(lane, "deadline", priority, f"cannot meet the deadline (about {ahead_ms:.0f} ms of work ahead)")
-        # The wait, not the request's own batch: an estimate inflated by one slow batch
-        # would otherwise refuse everything, and with nothing admitted it never learns
-        # that the model got fast again (the ResNet-50 sweep in benchmarks/results/sweep/bench-realsize/).
+        # The wait, not the request's own batch: an estimate inflated by one slow batch would otherwise
+        # refuse everything, and with nothing admitted it never learns that the model got fast again.
         if waiting > self.settings.max_queue_delay_s:
             raise self._refuse(lane, "queue_delay", priority, f"overloaded (about {waiting:.1f} s of work queued)")
 
@@ -379,12 +378,7 @@ class Dispatcher:
                 continue
             lane.inflight += 1
             lane.inflight_items += sum(t.items for t in batch)
-            # In a context of its own, not the request's that happened to release it: Serve ties a
-            # handle call to the request whose context makes it, and cancels the call when that
-            # request ends, which would cancel a batch that holds other clients' requests too.
-            task = asyncio.get_running_loop().create_task(
-                self._run(lane, batch, lane.inflight, now), context=contextvars.Context()
-            )
+            task = _detached(self._run(lane, batch, lane.inflight, now))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -395,7 +389,7 @@ class Dispatcher:
                 lane.timer = None
                 self._dispatch(lane)
 
-            lane.timer = asyncio.get_running_loop().call_later(delay_s, fire, context=contextvars.Context())
+            lane.timer = asyncio.get_running_loop().call_later(delay_s, fire, context=contextvars.Context())  # see _detached
 
     async def _run(self, lane: Lane, batch: list[Ticket], inflight: int, sent: float) -> None:
         for ticket in batch:
@@ -408,10 +402,7 @@ class Dispatcher:
         except Exception as e:  # the whole batch failed: every request gets the error
             if spans is not None:
                 spans.end(self.clock(), error=e)
-            if isinstance(e, TimeoutError):
-                e = Unavailable(f"{self.model}: batch timed out after {self.settings.batch_timeout_s:g} s", retry_after_s=1.0)
-            elif self.retryable(e):  # its replica died, and so did the retry's: Serve is replacing them
-                e = Unavailable(f"{self.model}: its replica went away; retry shortly", retry_after_s=1.0)
+            e = _to_retry(self.model, e, self.settings.batch_timeout_s, self.retryable(e))
             if not (isinstance(e, ServeAppError) and e.status_code < 500):  # a client's bad input is no model failure
                 lane.limit.on_failure()
                 self.breaker.on_failure()
@@ -428,8 +419,7 @@ class Dispatcher:
             self.stats.batches += 1
             _answer(batch, reply.results, rtt, self.clock(), self.stats)
         finally:
-            # Whatever ended the call (this task cancelled, an error no branch above expected), no
-            # request in the batch is left without an answer.
+            # Whatever ended the call (this task cancelled, say), no request is left without an answer.
             _fail(batch, Unavailable(f"{self.model}: the batch ended without an answer", retry_after_s=1.0))
             lane.inflight -= 1
             lane.inflight_items -= sum(t.items for t in batch)
@@ -446,6 +436,22 @@ class Dispatcher:
                 raise
         self.stats.retried_batches += 1
         return await asyncio.wait_for(self.send(payloads, self.queued_items, lane.name, traces), timeout)
+
+
+def _detached(run: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    """A batch's task, in a context of its own rather than that of the request whose admission or
+    timer released it: Serve ties a handle call to the request whose context makes it, and cancels
+    the call when that request ends, which would cancel a batch holding other clients' requests."""
+    return asyncio.get_running_loop().create_task(run, context=contextvars.Context())
+
+
+def _to_retry(model: str, error: Exception, timeout_s: float, replica_died: bool) -> Exception:
+    """A batch timeout, or a replica that died under both tries (Serve is replacing it): a 503 to retry."""
+    if isinstance(error, TimeoutError):
+        return Unavailable(f"{model}: batch timed out after {timeout_s:g} s", retry_after_s=1.0)
+    if replica_died:
+        return Unavailable(f"{model}: its replica went away; retry shortly", retry_after_s=1.0)
+    return error
 
 
 def _fail(batch: list[Ticket], error: Exception) -> None:

@@ -58,7 +58,6 @@ def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFiel
     if body.model not in generators:
         raise NotFound(f"model {body.model!r} does not generate text; available: {generators}")
     check_count(parts.args, body.model, len(prompts) * body.n)
-    tenant.admit(len(prompts) * body.n, charged=1)  # one token per generation: the first was charged on arrival
     limit = parts.args.limits.max_text_chars
     for i, p in enumerate(prompts):
         if len(p) > limit:
@@ -71,6 +70,9 @@ def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFiel
     GenerationParams.from_raw(body.sampling(body.n - 1), gen.default_max_tokens, gen.max_tokens_limit)
     if body.stream and (len(prompts) != 1 or body.n != 1):
         raise InvalidInput("streaming takes exactly one prompt and n = 1")
+    # Charged after every check of the request itself, so that a refused request costs its
+    # caller only the arrival token, as on the v2 path.
+    tenant.admit(len(prompts) * body.n, charged=1)  # one token per generation: the first was charged on arrival
     generation.check_breaker(body.model, parts.breakers[body.model])
     return parts.handles[body.model]
 

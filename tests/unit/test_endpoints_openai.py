@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.config import AppArgs
-from serve_app.errors import RateLimited
+from serve_app.errors import InvalidInput, RateLimited
 from serve_app.protocols.openai import SamplingFields
 from serve_app.router import endpoints_openai
 from serve_app.router.endpoints_openai import CallerHeaders
@@ -41,3 +41,23 @@ def test_every_prompt_and_choice_is_charged_to_the_tenant(parts: RouterParts):
     tenant.admit()
     with pytest.raises(RateLimited):
         endpoints_openai._generator_for(parts, tenant, SamplingFields(model="gpt", n=2), ["a"])
+
+
+@pytest.mark.parametrize(
+    ("fields", "prompts"),
+    [
+        (SamplingFields(model="gpt", n=4, max_tokens=10**9), ["a", "b"]),  # past the generation limit
+        (SamplingFields(model="gpt", n=4), ["a", "\ud800"]),  # a lone surrogate
+        (SamplingFields(model="gpt", n=4, stream=True), ["a", "b"]),  # streaming takes one prompt
+    ],
+)
+def test_a_refused_request_costs_its_caller_only_the_arrival_token(parts: RouterParts, fields: SamplingFields, prompts: list[str]):
+    now = [0.0]
+    tenant = Tenant("t", bucket=TokenBucket(rate_per_s=1, burst=10, clock=lambda: now[0]))
+    tenant.admit()  # the token every request pays on arrival
+    with pytest.raises(InvalidInput):
+        endpoints_openai._generator_for(parts, tenant, fields, prompts)
+    for _ in range(9):  # the other nine tokens are still there
+        tenant.admit()
+    with pytest.raises(RateLimited):
+        tenant.admit()

@@ -51,7 +51,9 @@ def test_every_prompt_and_choice_is_charged_to_the_tenant(parts: RouterParts):
         (SamplingFields(model="gpt", n=4, stream=True), ["a", "b"]),  # streaming takes one prompt
     ],
 )
-def test_a_refused_request_costs_its_caller_only_the_arrival_token(parts: RouterParts, fields: SamplingFields, prompts: list[str]):
+def test_a_refused_request_costs_its_caller_only_the_arrival_token(
+    parts: RouterParts, fields: SamplingFields, prompts: list[str]
+):
     now = [0.0]
     tenant = Tenant("t", bucket=TokenBucket(rate_per_s=1, burst=10, clock=lambda: now[0]))
     tenant.admit()  # the token every request pays on arrival

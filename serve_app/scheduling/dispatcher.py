@@ -398,7 +398,7 @@ class Dispatcher:
         queued_s = max(t.queued_s for t in batch)
         spans = BatchSpans(self.model, lane.name, batch, sent) if any(t.trace is not None for t in batch) else None
         try:
-            reply = await self._send(lane, [t.payload for t in batch], spans.traceparents() if spans else None)
+            reply, sent_batch = await self._send(lane, batch, spans)
         except Exception as e:  # the whole batch failed: every request gets the error
             if spans is not None:
                 spans.end(self.clock(), error=e)
@@ -411,13 +411,13 @@ class Dispatcher:
             self.breaker.on_success()
             rtt = self.clock() - sent
             if spans is not None:
-                spans.end(sent + rtt, reply=reply)
-            items = sum(t.items for t in batch)
+                spans.end(sent + rtt, reply=reply, sent=sent_batch)
+            items = sum(t.items for t in sent_batch)
             lane.learn(reply, items, rtt, queued_s, inflight, self.clock())
             self.settings.adopt(reply)
             self.stats.completed_items += items
             self.stats.batches += 1
-            _answer(batch, reply.results, rtt, self.clock(), self.stats)
+            _answer(sent_batch, reply.results, rtt, self.clock(), self.stats)
         finally:
             # Whatever ended the call (this task cancelled, say), no request is left without an answer.
             _fail(batch, Unavailable(f"{self.model}: the batch ended without an answer", retry_after_s=1.0))
@@ -425,17 +425,17 @@ class Dispatcher:
             lane.inflight_items -= sum(t.items for t in batch)
             self._dispatch(lane)
 
-    async def _send(self, lane: Lane, payloads: list[Any], traces: list[str | None] | None) -> BatchReply:
-        """The batch's round trip, sent once more if its replica died under it (Serve routes the
-        second try to a live replica)."""
-        timeout = self.settings.batch_timeout_s
+    async def _send(self, lane: Lane, batch: list[Ticket], spans: BatchSpans | None) -> tuple[BatchReply, list[Ticket]]:
+        """The batch's round trip and the tickets it carried. If its replica died under it, sent once
+        more (Serve routes it to a live replica) with the requests still waiting for an answer."""
         try:
-            return await asyncio.wait_for(self.send(payloads, self.queued_items, lane.name, traces), timeout)
+            return await _call(self, lane.name, spans, batch), batch
         except Exception as e:
-            if not self.retryable(e):
+            again = [t for t in batch if not t.result.done()] if self.retryable(e) else []
+            if not again:  # (a request whose deadline passed, or whose client left, has its answer)
                 raise
         self.stats.retried_batches += 1
-        return await asyncio.wait_for(self.send(payloads, self.queued_items, lane.name, traces), timeout)
+        return await _call(self, lane.name, spans, again), again
 
 
 def _detached(run: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -443,6 +443,11 @@ def _detached(run: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
     timer released it: Serve ties a handle call to the request whose context makes it, and cancels
     the call when that request ends, which would cancel a batch holding other clients' requests."""
     return asyncio.get_running_loop().create_task(run, context=contextvars.Context())
+
+
+async def _call(d: Dispatcher, lane: str, spans: BatchSpans | None, batch: list[Ticket]) -> BatchReply:
+    traces = spans.traceparents(batch) if spans is not None else None
+    return await asyncio.wait_for(d.send([t.payload for t in batch], d.queued_items, lane, traces), d.settings.batch_timeout_s)
 
 
 def _to_retry(model: str, error: Exception, timeout_s: float, replica_died: bool) -> Exception:
@@ -492,16 +497,22 @@ class BatchSpans:
             batch_attrs = {**attributes, "serve_app.batch.requests": self.requests, "serve_app.batch.items": self.items}
             self.round_trips.append(tracing.OpenSpan.start("model.batch", t.trace, sent, batch_attrs))
 
-    def traceparents(self) -> list[str | None]:
-        return [s.traceparent if s is not None else None for s in self.round_trips]
+    def traceparents(self, tickets: list[Ticket]) -> list[str | None]:
+        spans = {id(t): s for t, s in zip(self.batch, self.round_trips, strict=True)}
+        return [s.traceparent if (s := spans[id(t)]) is not None else None for t in tickets]
 
-    def end(self, at: float, reply: BatchReply | None = None, error: BaseException | None = None) -> None:
-        for i, span in enumerate(self.round_trips):
+    def end(
+        self, at: float, reply: BatchReply | None = None, error: BaseException | None = None, sent: list[Ticket] | None = None
+    ) -> None:
+        """`sent`: the tickets `reply` answers, in its order (the batch, or the part of it sent again)."""
+        answered = sent if sent is not None else self.batch
+        results = {id(t): r for t, r in zip(answered, reply.results, strict=False)} if reply else {}
+        for ticket, span in zip(self.batch, self.round_trips, strict=True):
             if span is None:
                 continue
             if reply is not None:
                 span.set("serve_app.replica.wait_ms", reply.wait_s * 1e3)
                 span.set("serve_app.replica.exec_ms", reply.exec_s * 1e3)
-                result = reply.results[i]
+                result = results.get(id(ticket))
                 error = result if isinstance(result, BaseException) else None
             span.end(at, error)

@@ -483,6 +483,35 @@ async def test_a_batch_whose_replica_died_runs_once_more_and_nobody_sees_the_dea
 
 
 @virtual_time
+async def test_a_retried_batch_carries_only_the_requests_still_waiting():
+    """A request whose client left while its batch's replica was dying is not sent again."""
+    sent: list[list[str]] = []
+    dying = asyncio.Event()
+
+    async def send(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
+        sent.append(list(payloads))
+        await asyncio.sleep(1.0)
+        if payloads == ["a", "b"]:
+            dying.set()
+            await asyncio.sleep(1.0)
+            raise ReplicaDied("actor died")
+        return BatchReply([p.upper() for p in payloads], 0.0, 0.01)
+
+    settings = DispatchSettings(max_batch_size=8)
+    d = Dispatcher(
+        "m", send, settings, limit=AdaptiveLimit(initial=1), retryable=lambda e: isinstance(e, ReplicaDied), clock=loop_clock()
+    )
+    first = asyncio.ensure_future(d.submit("x", 1))  # holds the one batch slot while a and b queue
+    await asyncio.sleep(0.1)
+    a, b = asyncio.ensure_future(d.submit("a", 1)), asyncio.ensure_future(d.submit("b", 1))
+    await dying.wait()
+    a.cancel()  # a's client leaves while the replica dies under the batch
+    assert await first == "X" and await b == "B"
+    assert sent == [["x"], ["a", "b"], ["b"]] and d.stats.retried_batches == 1
+    assert d.inflight == 0
+
+
+@virtual_time
 async def test_a_batch_call_runs_outside_the_context_of_the_request_that_released_it():
     """Serve cancels the handle calls made in a request's context when that request ends: a batch
     sent from one client's context would die with it, and take the others in it along."""

@@ -94,9 +94,9 @@ async def generate_text(handle: DeploymentHandle, prompt: str, params: dict[str,
             stream.cancel()  # the client left: stop the replica decoding for nobody
             raise
         except Exception as e:
-            record(breaker, e)
             if attempt == 1 and replica_died(e):
-                continue
+                continue  # counted against the breaker only if the retry fails too (see first_event)
+            record(breaker, e)
             raise unavailable_if_gone(e) from None
         record(breaker, None)
         return Generated("".join(text), finish, p_tok, c_tok)
@@ -168,9 +168,11 @@ async def first_event(
             return stream, await next_event(stream, deadline)
         except Exception as e:
             stream.cancel()
-            record(breaker, e)
             if attempt == 1 and replica_died(e):
+                # Not counted against the breaker unless the retry fails too: one replica's death
+                # fails every stream it held at once, and would open the circuit for everyone.
                 continue
+            record(breaker, e)
             raise unavailable_if_gone(e) from None
         except BaseException:
             stream.cancel()

@@ -216,6 +216,24 @@ def test_a_whole_generation_whose_replica_died_runs_once_more(monkeypatch):
         run_virtual(generation.generate_text(dead_twice, "p", {}, CircuitBreaker()))
 
 
+def test_a_replica_death_that_a_retry_survives_does_not_count_against_the_breaker(monkeypatch):
+    """One replica's death fails every stream it held at once; retried on a live replica, those
+    streams must not open the circuit for everyone. A retry that fails too does count."""
+    from ray.exceptions import ActorDiedError as RayActorDied
+
+    monkeypatch.setattr(generation, "open_stream", lambda handle, prompt, params: handle.next())
+    breaker = CircuitBreaker(failure_threshold=1, open_s=5.0)
+    for _ in range(3):
+        handle = Streams(Stream([], RayActorDied()), Stream([Event("a", "stop")]))
+        run_virtual(generation.generate_text(handle, "p", {}, breaker))  # type: ignore[arg-type]
+        handle = Streams(Stream([], RayActorDied()), Stream([Event("a")]))
+        run_virtual(generation.first_event(handle, "p", {}, time.monotonic() + 100, breaker))  # type: ignore[arg-type]
+    assert breaker.state == BreakerState.CLOSED
+    with pytest.raises(Unavailable):
+        run_virtual(generation.generate_text(Streams(Stream([], RayActorDied()), Stream([], RayActorDied())), "p", {}, breaker))  # type: ignore[arg-type]
+    assert breaker.state == BreakerState.OPEN
+
+
 def test_serves_queue_at_the_caller_being_full_is_a_503_with_retry_after_and_no_breaker_failure():
     """The generator deployment bounds the calls queued for its replicas (max_queued_requests);
     Serve's refusal past it reaches the client as a 503 with Retry-After and does not count as

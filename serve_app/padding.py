@@ -68,6 +68,9 @@ def batch_buckets(max_batch_size: int) -> list[int]:
     HEURISTIC search): see benchmarks/results/gpu/ for ResNet-50 on an H100.
     Padding every batch up to one of a few sizes, each run once at replica start, keeps
     that cost out of traffic, for at most 2x the rows on a device that has them to spare.
+    Text replicas use these sizes. Convolutions keep the plan of the last shape only, so a
+    change between warmed sizes costs as much as a new one: image replicas use the largest
+    alone (serve_app.models.classifier.ImageClassifier._buckets).
     """
     sizes, b = [], 1
     while b < max_batch_size:

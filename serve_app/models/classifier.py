@@ -289,9 +289,18 @@ class ImageClassifier(Classifier):
         for n in self._buckets() or [1]:
             session.run(None, {"image": np.zeros((n, 3, s, s), dtype=np.float32)})
 
+    def _buckets(self) -> list[int] | None:
+        """On a GPU, one batch size: max_batch_size. ONNX Runtime's CUDA convolutions keep the cuDNN
+        plan of the last input shape only and build a new one whenever the shape changes (for a
+        ResNet-50, CPU work that outlasts the batch many times over), so a session fed a mix of
+        batch sizes spends its time planning. A padded row costs the GPU far less."""
+        buckets = super()._buckets()
+        return None if buckets is None else buckets[-1:]
+
     def _probe_one_row(self, session: ort.InferenceSession) -> None:
-        s = self.manifest.image_size or 32
-        session.run(None, {"image": np.zeros((1, 3, s, s), dtype=np.float32)})
+        """One row, padded to the one shape the session runs on a GPU (another would cost a new plan)."""
+        s, n = self.manifest.image_size or 32, (self._buckets() or [1])[0]
+        session.run(None, {"image": np.zeros((n, 3, s, s), dtype=np.float32)})
 
     def _prepare(self, images: Any) -> np.ndarray:
         s = self.manifest.image_size

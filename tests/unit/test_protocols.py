@@ -320,6 +320,36 @@ def test_an_idle_replica_whose_session_no_longer_answers_fails_its_health_check(
     asyncio.run(replica.check_health())
 
 
+def test_on_a_gpu_an_image_replica_runs_one_batch_shape_whatever_the_batch(tiny_model_dir, monkeypatch):
+    """CUDA convolutions keep the cuDNN plan of the last input shape only: every batch, the
+    warm-up and the health probe run the same shape, and the padding rows change no answer."""
+    from serve_app.models.classifier import Classifier
+    from serve_app.padding import batch_buckets
+
+    replica = image_replica(tiny_model_dir, monkeypatch)
+    s = replica.manifest.image_size
+    rng = np.random.default_rng(0)
+    batches = [rng.random((n, 3, s, s), dtype=np.float32) for n in (1, 3, 5)]
+    on_cpu = replica._forward_all(batches, replica.session)
+
+    monkeypatch.setattr(Classifier, "_buckets", lambda self: batch_buckets(self.batching.max_batch_size))  # as on a GPU
+    shapes: list[tuple[int, ...]] = []
+
+    class Recording:
+        def run(self, outputs: Any, feed: dict[str, np.ndarray]) -> Any:
+            shapes.append(feed["image"].shape)
+            return replica.session.run(outputs, feed)
+
+    size = replica.batching.max_batch_size
+    replica._warm(Recording())
+    for batch in batches:
+        replica._forward_all([batch], Recording())
+    replica._probe_one_row(Recording())
+    assert set(shapes) == {(size, 3, s, s)} and len(shapes) == 1 + len(batches) + 1
+    on_gpu = np.concatenate([replica._forward_all([b], Recording()) for b in batches])
+    np.testing.assert_allclose(on_gpu, on_cpu, rtol=1e-4, atol=1e-5)
+
+
 def test_a_binary_output_is_sent_from_its_array_without_a_list_of_values():
     logits = np.arange(6, dtype=np.float32).reshape(3, 2)
     out = v2.encode("logits", logits)

@@ -121,10 +121,11 @@ class ModelConfig(BaseModel):
     )
     faults: FaultConfig = Field(default_factory=FaultConfig)
     stall_timeout_s: float = Field(
-        120.0,
+        30.0,
         gt=0,
         description="a batch or decode step running longer than this fails the replica's health check, and Serve "
-        "replaces the replica",
+        "replaces the replica. Keep it at or below scheduling.batch_timeout_s: past that the routers no longer wait "
+        "for the batch, and a replica stuck longer only takes more batches to fail",
     )
     precision: Literal["fp32", "int8", "fp16"] = Field(
         "fp32",

@@ -1,6 +1,7 @@
 """One ResNet-50 ONNX Runtime session outside Ray and Serve, run the ways a GPU replica runs it:
 intra-op threads 1 (a replica's num_cpus) or all cores, spinning or not, from a normal thread or
-a SCHED_IDLE one (the bulk lane's), each batch size warmed first. Prints ms per run (wall, CPU).
+a SCHED_IDLE one (the bulk lane's), each batch size warmed first; then batch sizes in turn, as
+a replica's batches come, against one size throughout. Prints ms per run (wall, CPU).
 Run on the lent GPU machine in remote.sh's environment:
   python benchmarks/results/gpu/session_probe.py [MODEL_DIR]"""
 
@@ -34,6 +35,21 @@ def bench(session: ort.InferenceSession, size: int, n: int, reps: int = 10) -> s
     return f"n={n}: {(time.perf_counter() - wall) / reps * 1e3:.1f} ms wall, {(time.thread_time() - cpu) / reps * 1e3:.1f} ms cpu"
 
 
+def alternating(session: ort.InferenceSession, size: int, sizes: tuple[int, ...], rounds: int = 4) -> str:
+    """Batch sizes in turn, as a replica's batches come (each size already run once): ONNX
+    Runtime's CUDA convolutions keep the plan of the last shape only."""
+    feeds = [np.random.rand(n, 3, size, size).astype(np.float32) for n in sizes]
+    for x in feeds:
+        session.run(None, {"image": x})
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(rounds):
+        for x in feeds:
+            session.run(None, {"image": x})
+    runs = rounds * len(feeds)
+    wall_ms, cpu_ms = (time.perf_counter() - wall) / runs * 1e3, (time.thread_time() - cpu) / runs * 1e3
+    return f"sizes {sizes} in turn: {wall_ms:.1f} ms wall, {cpu_ms:.1f} ms cpu"
+
+
 def in_idle_thread(fn: Callable[[], Any]) -> Any:
     out: list[Any] = []
 
@@ -58,6 +74,8 @@ def main(model_dir: Path) -> None:
         results = [in_idle_thread(r) if background else r() for r in runs]
         label = f"threads={threads} spinning={spinning} {'SCHED_IDLE thread' if background else 'normal thread'}"
         print(label, session.get_providers()[0], "|", " | ".join(results), flush=True)
+    session = create_session(path, providers, 1)
+    print("threads=1", alternating(session, size, (4, 2, 8, 1)), "|", alternating(session, size, (32,)), flush=True)
 
 
 def in_ray_task(model_dir: Path) -> None:

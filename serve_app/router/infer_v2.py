@@ -201,11 +201,11 @@ async def _generate(
     deployment = parts.versions.deployment(name, version, headers.session_key, tenant.name)
     prompts = v2.decode_bytes(classify.single_input(body, catalog.PROMPT_INPUT), parts.args.limits.max_text_chars)
     classify.check_count(parts.args, deployment, len(prompts))
-    tenant.admit(len(prompts), charged=1)
     sampling = {k: params[k] for k in SAMPLING_PARAMS if k in params}
     # Checked here too, so that a bad value is refused before any replica sees it.
     gen = parts.args.deployment_config(deployment).generation
     checked = GenerationParams.from_raw(sampling, gen.default_max_tokens, gen.max_tokens_limit)
+    tenant.admit(len(prompts), charged=1)  # after the request's own checks: a refusal costs the arrival token only
     answered_version = parts.versions.version_of(deployment)
     key = None
     if use_cache and repeatable(checked):

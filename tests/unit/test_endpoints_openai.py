@@ -3,12 +3,14 @@ generation timeout) and one rate-limit token per generation, however many prompt
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import pytest
 
 from serve_app.config import AppArgs
+from serve_app.contract import Priority
 from serve_app.errors import InvalidInput, RateLimited
 from serve_app.protocols.openai import SamplingFields
 from serve_app.router import endpoints_openai
@@ -59,6 +61,27 @@ def test_a_refused_request_costs_its_caller_only_the_arrival_token(
     tenant.admit()  # the token every request pays on arrival
     with pytest.raises(InvalidInput):
         endpoints_openai._generator_for(parts, tenant, fields, prompts)
+    for _ in range(9):  # the other nine tokens are still there
+        tenant.admit()
+    with pytest.raises(RateLimited):
+        tenant.admit()
+
+
+def test_on_the_v2_path_too_a_refused_generation_costs_only_the_arrival_token(parts: RouterParts):
+    from serve_app.protocols import v2
+    from serve_app.router import infer_v2
+    from serve_app.router.qos import QoS
+
+    now = [0.0]
+    tenant = Tenant("t", bucket=TokenBucket(rate_per_s=1, burst=10, clock=lambda: now[0]))
+    tenant.admit()  # the token every request pays on arrival
+    body = v2.InferRequest.model_validate(
+        {"inputs": [{"name": "text_input", "shape": [4], "datatype": "BYTES", "data": ["a", "b", "c", "d"]}]}
+    )
+    qos = QoS(Priority.NORMAL, None)
+    call = infer_v2._generate(parts, "gpt", None, body, {"max_tokens": 10**9}, qos, tenant, infer_v2.InferHeaders(), False)
+    with pytest.raises(InvalidInput):
+        asyncio.run(call)
     for _ in range(9):  # the other nine tokens are still there
         tenant.admit()
     with pytest.raises(RateLimited):

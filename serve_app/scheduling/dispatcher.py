@@ -252,8 +252,7 @@ class Dispatcher:
         waiting = self.wait_s(priority)
         predicted = waiting + lane.estimator.batch_s(items)
         if deadline is not None and now + predicted > deadline:
-            ahead_ms = predicted * 1000
-            raise self._refuse(lane, "deadline", priority, f"cannot meet the deadline (about {ahead_ms:.0f} ms of work ahead)")
+            raise self._refuse(lane, "deadline", priority, f"cannot meet the deadline (about {predicted * 1e3:.0f} ms of work)")
         # The wait, not the request's own batch: an estimate inflated by one slow batch would otherwise
         # refuse everything, and with nothing admitted it never learns that the model got fast again.
         if waiting > self.settings.max_queue_delay_s:
@@ -403,7 +402,7 @@ class Dispatcher:
             if spans is not None:
                 spans.end(self.clock(), error=e)
             e = _to_retry(self.model, e, self.settings.batch_timeout_s, self.retryable(e))
-            if not (isinstance(e, ServeAppError) and e.status_code < 500):  # a client's bad input is no model failure
+            if _model_failed(e):
                 lane.limit.on_failure()
                 self.breaker.on_failure()
             _fail(batch, e)
@@ -431,9 +430,10 @@ class Dispatcher:
         try:
             return await _call(self, lane.name, spans, batch), batch
         except Exception as e:
-            again = [t for t in batch if not t.result.done()] if self.retryable(e) else []
-            if not again:  # (a request whose deadline passed, or whose client left, has its answer)
+            if not self.retryable(e):
                 raise
+            if not (again := [t for t in batch if not t.result.done()]):  # a request whose client left has its answer
+                raise NobodyWaits(self.model) from e
         self.stats.retried_batches += 1
         return await _call(self, lane.name, spans, again), again
 
@@ -448,6 +448,17 @@ def _detached(run: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
 async def _call(d: Dispatcher, lane: str, spans: BatchSpans | None, batch: list[Ticket]) -> BatchReply:
     traces = spans.traceparents(batch) if spans is not None else None
     return await asyncio.wait_for(d.send([t.payload for t in batch], d.queued_items, lane, traces), d.settings.batch_timeout_s)
+
+
+class NobodyWaits(Exception):
+    """A batch's replica died after every request in it had its answer (deadline, client gone):
+    nothing to send again, and no model failure (the retry would have found a live replica)."""
+
+
+def _model_failed(error: Exception) -> bool:
+    """Whether a failed batch counts against the model's breaker and in-flight limit."""
+    client_error = isinstance(error, ServeAppError) and error.status_code < 500
+    return not client_error and not isinstance(error, NobodyWaits)
 
 
 def _to_retry(model: str, error: Exception, timeout_s: float, replica_died: bool) -> Exception:
@@ -506,13 +517,22 @@ class BatchSpans:
     ) -> None:
         """`sent`: the tickets `reply` answers, in its order (the batch, or the part of it sent again)."""
         answered = sent if sent is not None else self.batch
-        results = {id(t): r for t, r in zip(answered, reply.results, strict=False)} if reply else {}
+        results = {id(t): r for t, r in zip(answered, reply.results, strict=True)} if reply else {}
         for ticket, span in zip(self.batch, self.round_trips, strict=True):
             if span is None:
                 continue
-            if reply is not None:
+            if reply is not None and id(ticket) in results:
                 span.set("serve_app.replica.wait_ms", reply.wait_s * 1e3)
                 span.set("serve_app.replica.exec_ms", reply.exec_s * 1e3)
-                result = results.get(id(ticket))
-                error = result if isinstance(result, BaseException) else None
-            span.end(at, error)
+                result = results[id(ticket)]
+                span.end(at, result if isinstance(result, BaseException) else None)
+            elif reply is not None:  # not sent again: answered meanwhile (its deadline, or its client left)
+                span.end(at, _settled_error(ticket))
+            else:
+                span.end(at, error)
+
+
+def _settled_error(ticket: Ticket) -> BaseException:
+    if ticket.result.cancelled():
+        return asyncio.CancelledError("the client left")
+    return ticket.result.exception() or asyncio.CancelledError("answered before the retry")

@@ -512,6 +512,38 @@ async def test_a_retried_batch_carries_only_the_requests_still_waiting():
 
 
 @virtual_time
+async def test_a_replica_death_after_every_request_had_its_answer_is_no_model_failure():
+    """Nobody waits for a retry, so none is sent, and the death neither opens the breaker nor
+    shrinks the in-flight limit (a retry would have found a live replica)."""
+    sent: list[list[str]] = []
+    dying = asyncio.Event()
+
+    async def send(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
+        sent.append(list(payloads))
+        await asyncio.sleep(1.0)
+        if payloads == ["a"]:
+            dying.set()
+            await asyncio.sleep(1.0)
+            raise ReplicaDied("actor died")
+        return BatchReply([p.upper() for p in payloads], 0.0, 0.01)
+
+    settings = DispatchSettings(max_batch_size=8, breaker_failures=1)
+    limit = AdaptiveLimit(initial=2)
+    d = Dispatcher("m", send, settings, limit=limit, retryable=lambda e: isinstance(e, ReplicaDied), clock=loop_clock())
+    slots = limit.slots
+    first, second = asyncio.ensure_future(d.submit("x", 1)), asyncio.ensure_future(d.submit("y", 1))
+    await asyncio.sleep(0.1)
+    a = asyncio.ensure_future(d.submit("a", 1))
+    await dying.wait()
+    a.cancel()
+    assert await first == "X" and await second == "Y"
+    await asyncio.sleep(2.0)
+    assert sent[-1] == ["a"] and d.stats.retried_batches == 0 and d.inflight == 0
+    assert d.snapshot()["breaker"] == "closed" and limit.slots >= slots
+    assert await d.submit("b", 1) == "B"
+
+
+@virtual_time
 async def test_a_batch_call_runs_outside_the_context_of_the_request_that_released_it():
     """Serve cancels the handle calls made in a request's context when that request ends: a batch
     sent from one client's context would die with it, and take the others in it along."""

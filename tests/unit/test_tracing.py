@@ -128,6 +128,55 @@ def test_a_failed_batch_marks_each_traced_requests_round_trip_as_an_error(receiv
     assert batch.status_code == 2 and batch.attributes["error.type"] == "ModelFailure"  # STATUS_CODE_ERROR
 
 
+class ReplicaDied(Exception):
+    """Stands in for Ray's error when the replica running a batch dies."""
+
+
+def test_a_batch_sent_again_after_its_replica_died_carries_only_the_waiting_requests_traces(receiver):
+    (trace_a, span_a), (trace_b, span_b) = caller(), caller()
+    sent: list[tuple[list[Any], list[str | None] | None]] = []
+
+    async def scenario() -> None:
+        dying = asyncio.Event()
+
+        async def send(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
+            sent.append((list(payloads), traces))
+            await asyncio.sleep(0.5 if payloads == ["x"] else 0.05)  # x's batch outlasts a and b's arrival
+            if payloads == ["a", "b"]:
+                dying.set()
+                await asyncio.sleep(0.05)
+                raise ReplicaDied("actor died")
+            return BatchReply([str(p).upper() for p in payloads], wait_s=0.001, exec_s=0.004)
+
+        d = Dispatcher(
+            "m",
+            send,
+            DispatchSettings(max_batch_size=4),
+            limit=AdaptiveLimit(initial=1),
+            retryable=lambda e: isinstance(e, ReplicaDied),
+        )
+
+        async def traced(name: str, trace_id: str, span_id: str) -> Any:
+            with tracing.server_span("POST /", {"traceparent": traceparent(trace_id, span_id)}, {}):
+                return await d.submit(name, 1)
+
+        first = asyncio.ensure_future(d.submit("x", 1))  # holds the one batch slot while a and b queue
+        await asyncio.sleep(0.01)
+        a, b = asyncio.ensure_future(traced("a", trace_a, span_a)), asyncio.ensure_future(traced("b", trace_b, span_b))
+        await dying.wait()
+        a.cancel()  # a's client leaves while the replica dies under the batch
+        assert await b == "B" and await first == "X"
+
+    asyncio.run(scenario())
+    tracing.flush()
+    (batch_b,) = by_name(receiver.trace(trace_b))["model.batch"]
+    (batch_a,) = by_name(receiver.trace(trace_a))["model.batch"]
+    assert [p for p, _ in sent] == [["x"], ["a", "b"], ["b"]]
+    assert sent[-1][1] == [traceparent(trace_b, batch_b.span_id)]  # the retry carries b's context alone
+    assert batch_b.status_code != 2 and "serve_app.replica.exec_ms" in batch_b.attributes
+    assert batch_a.status_code == 2 and "serve_app.replica.exec_ms" not in batch_a.attributes
+
+
 def test_a_caller_that_does_not_sample_gets_no_spans_recorded(receiver):
     trace_id, span_id = caller()
     sampled_id, sampled_span = caller()

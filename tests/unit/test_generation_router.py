@@ -223,15 +223,23 @@ def test_a_replica_death_that_a_retry_survives_does_not_count_against_the_breake
 
     monkeypatch.setattr(generation, "open_stream", lambda handle, prompt, params: handle.next())
     breaker = CircuitBreaker(failure_threshold=1, open_s=5.0)
+    failures: list[int] = []
+    counted = breaker.on_failure
+
+    def on_failure() -> None:
+        failures.append(1)
+        counted()
+
+    monkeypatch.setattr(breaker, "on_failure", on_failure)
     for _ in range(3):
         handle = Streams(Stream([], RayActorDied()), Stream([Event("a", "stop")]))
         run_virtual(generation.generate_text(handle, "p", {}, breaker))  # type: ignore[arg-type]
         handle = Streams(Stream([], RayActorDied()), Stream([Event("a")]))
         run_virtual(generation.first_event(handle, "p", {}, time.monotonic() + 100, breaker))  # type: ignore[arg-type]
-    assert breaker.state == BreakerState.CLOSED
+    assert breaker.state == BreakerState.CLOSED and not failures  # (a later success would close it again)
     with pytest.raises(Unavailable):
         run_virtual(generation.generate_text(Streams(Stream([], RayActorDied()), Stream([], RayActorDied())), "p", {}, breaker))  # type: ignore[arg-type]
-    assert breaker.state == BreakerState.OPEN
+    assert breaker.state == BreakerState.OPEN and len(failures) == 1
 
 
 def test_serves_queue_at_the_caller_being_full_is_a_503_with_retry_after_and_no_breaker_failure():

@@ -291,9 +291,10 @@ class ImageClassifier(Classifier):
 
     def _buckets(self) -> list[int] | None:
         """On a GPU, one batch size: max_batch_size. ONNX Runtime's CUDA convolutions keep the cuDNN
-        plan of the last input shape only and build a new one whenever the shape changes (for a
-        ResNet-50, CPU work that outlasts the batch many times over), so a session fed a mix of
-        batch sizes spends its time planning. A padded row costs the GPU far less."""
+        plan of the last input shape only and build a new one whenever the shape changes
+        (`Conv::UpdateState` in onnxruntime/core/providers/cuda/nn/conv.cc; onnxruntime issue
+        23006): for a ResNet-50, CPU work that outlasts the batch many times over, so a session fed
+        a mix of batch sizes spends its time planning. A padded row costs the GPU far less."""
         buckets = super()._buckets()
         return None if buckets is None else buckets[-1:]
 

@@ -4,11 +4,11 @@ Run on the lent GPU machine by remote.sh's environment:  python benchmarks/resul
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -94,4 +94,6 @@ def main(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", type=Path, help="where lane_probe.json and the py-spy stacks go")
+    main(parser.parse_args().out_dir)

@@ -5,6 +5,7 @@
 # Python 3.12, builds the benchmark models there and runs `bench compare` on the GPU config.
 # Usage: bash benchmarks/results/gpu/remote.sh prepare   (unpack, check, build the models, start and stop Ray)
 #        bash benchmarks/results/gpu/remote.sh probe   (lane_probe.py: ResNet-50 with and without the urgent lane)
+#        bash benchmarks/results/gpu/remote.sh session   (session_probe.py: one ResNet-50 session outside Serve)
 #        bash benchmarks/results/gpu/remote.sh compare [compare args...]   (results under $OUT/compare)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}

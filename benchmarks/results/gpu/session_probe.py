@@ -7,8 +7,8 @@ Run on the lent GPU machine in remote.sh's environment:
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -96,6 +96,8 @@ def in_ray_task(model_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    model_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "models-realsize/resnet-heavy").resolve()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir", type=Path, nargs="?", default=Path("models-realsize/resnet-heavy"))
+    model_dir = parser.parse_args().model_dir.resolve()
     main(model_dir)
     in_ray_task(model_dir)

@@ -29,12 +29,32 @@ from benchmarks.scenarios import (
 MODEL = "resnet-heavy"
 
 
+def _start_profiles(py_spy: str, out_dir: Path, variant: str) -> list[tuple[str, Path, subprocess.Popen[bytes]]]:
+    """py-spy on the model replica and the router for the first load point (6 s)."""
+    procs = []
+    for role in (MODEL, "router"):
+        pid, f = _pids(f"replica:{role}")[0], out_dir / f"{variant}_{role}.txt"
+        cmd = [py_spy, "record", "--pid", str(pid), "--duration", "6", "--rate", "40", "--format", "raw", "--output", str(f)]
+        procs.append((role, f, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+    return procs
+
+
+def _report_profiles(procs: list[tuple[str, Path, subprocess.Popen[bytes]]]) -> None:
+    for role, f, p in procs:
+        _, err = p.communicate(timeout=60)
+        print(role, "py-spy rc", p.returncode, err.decode()[-300:], flush=True)
+        if f.exists():
+            for frame, share in top_frames(f, 10):
+                print(f"  self {share:6.1%} {frame}", flush=True)
+            for frame, share in inclusive_frames(f, 25):
+                print(f"  incl {share:6.1%} {frame}", flush=True)
+
+
 def main(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = Path(os.environ.get("PROBE_CONFIG", "configs/bench-gpu.yaml")).resolve()
-    s = Settings(
-        models=[MODEL], model_dir=Path(os.environ.get("PROBE_MODEL_DIR", "models-realsize")).resolve(), config=config_path
-    )
+    model_dir = Path(os.environ.get("PROBE_MODEL_DIR", "models-realsize")).resolve()
+    s = Settings(models=[MODEL], model_dir=model_dir, config=config_path)
     s.measured_models_only = True
     tmp = Path(tempfile.mkdtemp())
     py_spy = shutil.which("py-spy")
@@ -45,51 +65,16 @@ def main(out_dir: Path) -> None:
         with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
             cluster.deploy(config, _probe(s, MODEL))
             url = f"http://127.0.0.1:{HTTP_PORT}"
-            procs = []
-            if py_spy and variant == "lanes":
-                for role in (MODEL, "router"):
-                    pid = _pids(f"replica:{role}")[0]
-                    f = out_dir / f"{variant}_{role}.txt"
-                    procs.append(
-                        (
-                            role,
-                            f,
-                            subprocess.Popen(
-                                [
-                                    py_spy,
-                                    "record",
-                                    "--pid",
-                                    str(pid),
-                                    "--duration",
-                                    "6",
-                                    "--rate",
-                                    "40",
-                                    "--format",
-                                    "raw",
-                                    "--output",
-                                    str(f),
-                                ],
-                                stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE,
-                            ),
-                        )
-                    )
+            procs = _start_profiles(py_spy, out_dir, variant) if py_spy and variant == "lanes" else []
             for binary in (True, False):
                 wl = _workload(s, MODEL, tmp, binary=binary)
                 r = run_loadgen(url, wl, {"concurrency": 32}, 5.0, 2.0, (MODEL, "router"))
                 status = _router_status(url)
                 key = f"{variant}-{'binary' if binary else 'json'}"
                 results[key] = {k: r[k] for k in ("throughput_rps", "p50_ms", "p99_ms", "cpu_cores_by_role", "statuses")}
-                results[key]["router_status_model"] = {k: v for k, v in status.items() if MODEL in json.dumps(v)[:100000]}
+                results[key]["router_status_model"] = {k: v for k, v in status.items() if MODEL in json.dumps(v)}
                 print(key, r["throughput_rps"], r["p50_ms"], r["p99_ms"], r["cpu_cores_by_role"], flush=True)
-            for role, f, p in procs:
-                _, err = p.communicate(timeout=60)
-                print(role, "py-spy rc", p.returncode, err.decode()[-300:], flush=True)
-                if f.exists():
-                    for frame, share in top_frames(f, 10):
-                        print(f"  self {share:6.1%} {frame}", flush=True)
-                    for frame, share in inclusive_frames(f, 25):
-                        print(f"  incl {share:6.1%} {frame}", flush=True)
+            _report_profiles(procs)
     (out_dir / "lane_probe.json").write_text(json.dumps(results, indent=1, default=str))
 
 

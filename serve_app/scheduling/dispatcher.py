@@ -498,19 +498,18 @@ class BatchSpans:
         self.requests = len(batch)
         self.items = sum(t.items for t in batch)
         attributes = {"serve_app.model": model, "serve_app.lane": lane}
-        self.round_trips: list[tracing.OpenSpan | None] = []
+        self.round_trips: dict[int, tracing.OpenSpan | None] = {}  # by id() of the ticket
         for t in batch:
             if t.trace is None:
-                self.round_trips.append(None)
+                self.round_trips[id(t)] = None
                 continue
             queue_attrs = {**attributes, "serve_app.priority": t.priority.name.lower(), "serve_app.items": t.items}
             tracing.record("router.queue", t.trace, t.enqueued, sent, queue_attrs)
             batch_attrs = {**attributes, "serve_app.batch.requests": self.requests, "serve_app.batch.items": self.items}
-            self.round_trips.append(tracing.OpenSpan.start("model.batch", t.trace, sent, batch_attrs))
+            self.round_trips[id(t)] = tracing.OpenSpan.start("model.batch", t.trace, sent, batch_attrs)
 
     def traceparents(self, tickets: list[Ticket]) -> list[str | None]:
-        spans = {id(t): s for t, s in zip(self.batch, self.round_trips, strict=True)}
-        return [s.traceparent if (s := spans[id(t)]) is not None else None for t in tickets]
+        return [s.traceparent if (s := self.round_trips[id(t)]) is not None else None for t in tickets]
 
     def end(
         self, at: float, reply: BatchReply | None = None, error: BaseException | None = None, sent: list[Ticket] | None = None
@@ -518,8 +517,8 @@ class BatchSpans:
         """`sent`: the tickets `reply` answers, in its order (the batch, or the part of it sent again)."""
         answered = sent if sent is not None else self.batch
         results = {id(t): r for t, r in zip(answered, reply.results, strict=True)} if reply else {}
-        for ticket, span in zip(self.batch, self.round_trips, strict=True):
-            if span is None:
+        for ticket in self.batch:
+            if (span := self.round_trips[id(ticket)]) is None:
                 continue
             if reply is not None and id(ticket) in results:
                 span.set("serve_app.replica.wait_ms", reply.wait_s * 1e3)

@@ -20,6 +20,35 @@ api = APIRouter()
 PARTS = Depends(router_parts)
 
 
+# First: Serve names each request's route by trying the routes in order (serve_app.router.http).
+@api.post("/v2/models/{name}/infer", openapi_extra=INFER_BODY, responses={200: {"model": v2.InferResponse}, **V2_ERRORS})
+@api.post(
+    "/v2/models/{name}/versions/{version}/infer",
+    openapi_extra=INFER_BODY,
+    responses={200: {"model": v2.InferResponse}, **V2_ERRORS},
+)
+async def infer(
+    request: Request,
+    name: str,
+    version: str | None = None,
+    x_priority: str | None = Header(None, description=PRIORITY_DOC),
+    x_request_timeout_ms: str | None = Header(None, description=TIMEOUT_DOC),
+    authorization: str | None = Header(None, description="Bearer <API key>, when keys are configured"),
+    inference_header_content_length: str | None = Header(
+        None, description="binary tensor data extension: length of the JSON part of the body"
+    ),
+    x_session_key: str | None = Header(None, description=SESSION_DOC),
+    cache_control: str | None = Header(None, description="no-cache or no-store: answer without the response cache"),
+    parts: RouterParts = PARTS,
+) -> Response:
+    # Declared here for routing fallbacks and the OpenAPI document; requests normally arrive
+    # through the fast path (serve_app.router.fastpath), which calls the same function.
+    headers = InferHeaders(
+        x_priority, x_request_timeout_ms, authorization, inference_header_content_length, x_session_key, cache_control
+    )
+    return await answer_infer(parts, name, version, request.body, headers)
+
+
 @api.get("/v2/health/live")
 async def live() -> dict[str, bool]:
     return {"live": True}
@@ -104,31 +133,3 @@ async def config(parts: RouterParts, name: str, version: str | None) -> dict[str
     manifest = await _manifest(parts, name, version)
     max_batch_size = int(parts.catalog.batching[parts.catalog.deployment(name, version)]["max_batch_size"])
     return catalog.triton_config(name, manifest, max_batch_size, parts.catalog.platform(name))
-
-
-@api.post("/v2/models/{name}/infer", openapi_extra=INFER_BODY, responses={200: {"model": v2.InferResponse}, **V2_ERRORS})
-@api.post(
-    "/v2/models/{name}/versions/{version}/infer",
-    openapi_extra=INFER_BODY,
-    responses={200: {"model": v2.InferResponse}, **V2_ERRORS},
-)
-async def infer(
-    request: Request,
-    name: str,
-    version: str | None = None,
-    x_priority: str | None = Header(None, description=PRIORITY_DOC),
-    x_request_timeout_ms: str | None = Header(None, description=TIMEOUT_DOC),
-    authorization: str | None = Header(None, description="Bearer <API key>, when keys are configured"),
-    inference_header_content_length: str | None = Header(
-        None, description="binary tensor data extension: length of the JSON part of the body"
-    ),
-    x_session_key: str | None = Header(None, description=SESSION_DOC),
-    cache_control: str | None = Header(None, description="no-cache or no-store: answer without the response cache"),
-    parts: RouterParts = PARTS,
-) -> Response:
-    # Declared here for routing fallbacks and the OpenAPI document; requests normally arrive
-    # through the fast path (serve_app.router.fastpath), which calls the same function.
-    headers = InferHeaders(
-        x_priority, x_request_timeout_ms, authorization, inference_header_content_length, x_session_key, cache_control
-    )
-    return await answer_infer(parts, name, version, request.body, headers)

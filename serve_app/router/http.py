@@ -25,39 +25,73 @@ from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
 from serve_app.router.edge import BodyLimit, KeyGate
 from serve_app.router.fastpath import InferFastPath
 from serve_app.router.parts import RouterParts
-from serve_app.router.shedgate import HeaderCheck, ShedGate
+from serve_app.router.shedgate import ASGIApp, HeaderCheck, Receive, Scope, Send, ShedGate
 from serve_app.router.traced import TraceContext
 
 logger = logging.getLogger("ray.serve")
 
 
+class RouterApp(FastAPI):
+    """The FastAPI app behind the router's edge.
+
+    The edge checks (trace context, key, header-only shedding, body limit) and the v2 infer
+    fast path run before FastAPI's own middleware stack rather than inside it: nearly every
+    request is an infer call, and each layer of that stack wraps its send and receive once
+    more. Every other request goes on through the stack, errors and all, as before.
+    """
+
+    edge: ASGIApp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.edge(scope, receive, send)
+
+    async def through_fastapi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+
+
 def build_http_app(
     parts: RouterParts, startup: Callable[[], Awaitable[None]], shutdown: Callable[[], Awaitable[None]]
-) -> FastAPI:
+) -> RouterApp:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await startup()
         yield
         await shutdown()
 
-    app = FastAPI(
+    # The docs' routes are added after the endpoints (`setup` below): Serve names each request's
+    # route by trying the app's routes in order, and v2 infer, declared first, then matches at once.
+    app = RouterApp(
         title="serve-app",
         version=__version__,
         description="Multi-model inference: Open Inference Protocol v2 and OpenAI-compatible generation.",
         lifespan=lifespan,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.parts = parts
     for endpoints in (endpoints_v2, endpoints_openai, endpoints_status):
         app.include_router(endpoints.api)
-    # Outermost last: the trace context, the key, then what admission would refuse from the headers alone, then the
+    app.openapi_url, app.docs_url, app.redoc_url = "/openapi.json", "/docs", "/redoc"
+    app.setup()
+    # Outermost first: the trace context, the key, then what admission would refuse from the headers alone, then the
     # body limit; all before routing and the body parse. Innermost, v2 infer leaves FastAPI out.
     limits = parts.args.limits
-    app.add_middleware(InferFastPath, parts=parts)
-    app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes, inflight=parts.inflight_bytes)
     check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.loop_lag, parts.lag_shedding)
-    app.add_middleware(ShedGate, check=check, guard=parts.guard)
-    app.add_middleware(KeyGate, authenticate=parts.callers.authenticate)
-    app.add_middleware(TraceContext)
+    app.edge = TraceContext(
+        KeyGate(
+            ShedGate(
+                BodyLimit(
+                    InferFastPath(app.through_fastapi, parts),
+                    max_bytes=limits.max_request_bytes,
+                    inflight=parts.inflight_bytes,
+                ),
+                check=check,
+                guard=parts.guard,
+            ),
+            authenticate=parts.callers.authenticate,
+        )
+    )
     add_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -1,0 +1,139 @@
+"""The router's uvicorn patch (serve_app.router.coalesce) against a real uvicorn server:
+one socket write per plain response, and every kind of response still byte-for-byte right."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+import uvicorn
+from uvicorn.protocols.http import httptools_impl
+
+from serve_app.router import coalesce
+
+
+class CountingTransport:
+    """Counts the writes a cycle makes on its connection."""
+
+    writes: ClassVar[list[bytes]] = []
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        CountingTransport.writes.append(bytes(data))
+        self.transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    path = scope["path"]
+    if path == "/fail-after-start":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"10")]})
+        raise RuntimeError("boom")
+    if path == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for chunk in (b"one", b"two", b"three"):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return
+    body = b"hello " + path.encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture
+def patched(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    cycle = httptools_impl.RequestResponseCycle
+    monkeypatch.setattr(cycle, "send", cycle.send)  # undone after the test, patch and all
+    monkeypatch.delattr(cycle, "_serve_app_coalesced", raising=False)
+    init = cycle.__init__
+
+    def counting_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.transport = CountingTransport(self.transport)
+
+    monkeypatch.setattr(cycle, "__init__", counting_init)
+    assert coalesce.install()
+    assert not coalesce.install()  # once per process
+    CountingTransport.writes = []
+    yield
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def exchange(port: int, raw: bytes, until_closed: bool = False) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    await writer.drain()
+    data = b""
+    try:
+        while True:
+            chunk = await asyncio.wait_for(reader.read(65536), 0.5 if not until_closed else 5)
+            if not chunk:
+                break
+            data += chunk
+    except TimeoutError:
+        pass
+    writer.close()
+    return data
+
+
+def serve_and(port: int, client: Any) -> Any:
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", loop="asyncio", log_level="critical")
+    server = uvicorn.Server(config)
+
+    async def main() -> Any:
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        try:
+            return await client()
+        finally:
+            server.should_exit = True
+            await task
+
+    return asyncio.run(main())
+
+
+def test_a_plain_response_is_one_write_and_keep_alive_holds(patched: None) -> None:
+    port = free_port()
+    two = b"GET /a HTTP/1.1\r\nhost: x\r\n\r\nGET /b HTTP/1.1\r\nhost: x\r\n\r\n"  # pipelined on one connection
+    data = serve_and(port, lambda: exchange(port, two))
+    assert data.count(b"HTTP/1.1 200 OK") == 2
+    assert data.endswith(b"hello /b") and b"hello /a" in data
+    assert len(CountingTransport.writes) == 2  # one per response: head and body together
+    first, second = CountingTransport.writes
+    assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"hello /a")
+    assert second.startswith(b"HTTP/1.1 200") and second.endswith(b"hello /b")
+
+
+def test_head_chunks_close_and_failures_are_uvicorns_own(patched: None) -> None:
+    port = free_port()
+
+    async def client() -> list[bytes]:
+        return [
+            await exchange(port, b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n"),
+            await exchange(port, b"HEAD /h HTTP/1.1\r\nhost: x\r\n\r\n"),
+            await exchange(port, b"GET /c HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n", until_closed=True),
+            await exchange(port, b"GET /fail-after-start HTTP/1.1\r\nhost: x\r\n\r\n", until_closed=True),
+        ]
+
+    stream, head, closed, failed = serve_and(port, client)
+    assert stream.startswith(b"HTTP/1.1 200 OK") and b"transfer-encoding: chunked" in stream
+    assert stream.endswith(b"3\r\none\r\n3\r\ntwo\r\n5\r\nthree\r\n0\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"content-length: 8" in head and not head.endswith(b"hello /h")
+    assert closed.startswith(b"HTTP/1.1 200 OK") and b"connection: close" in closed and closed.endswith(b"hello /c")
+    # The head was held when the app failed: it still goes out before uvicorn closes the connection.
+    assert failed.startswith(b"HTTP/1.1 200 OK") and b"content-length: 10" in failed

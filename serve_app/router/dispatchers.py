@@ -88,11 +88,12 @@ def payload_bytes(payloads: list[Any]) -> int:
 def handle_sender(handle: Any, router_id: str) -> SendBatch:
     """A batch as one call to a classifier deployment (`serve_app.models.classifier.Classifier.run`);
     a heavy one by reference (see BY_REFERENCE_BYTES)."""
-    by_reference = handle.options(_by_reference=True)
+    # Bound once: each `handle.run` would build a new handle, per batch.
+    by_value, by_reference = handle.run, handle.options(_by_reference=True).run
 
     async def send(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
-        target = by_reference if payload_bytes(payloads) > BY_REFERENCE_BYTES else handle
-        reply: BatchReply = await target.run.remote(payloads, router_id, queued, lane, traces)
+        target = by_reference if payload_bytes(payloads) > BY_REFERENCE_BYTES else by_value
+        reply: BatchReply = await target.remote(payloads, router_id, queued, lane, traces)
         return reply
 
     return send

@@ -43,7 +43,19 @@ class RouterApp(FastAPI):
     edge: ASGIApp
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.edge(scope, receive, send)
+        try:
+            await self.edge(scope, receive, send)
+        except Exception as e:
+            if scope["type"] != "http":
+                raise
+            # As FastAPI's last-resort handler would, for a fault in the edge itself: the protocol's
+            # shape, never bare text. Past the edge, FastAPI has answered already.
+            logger.exception("unhandled error on %s", scope["path"])
+            failure = ModelFailure(f"internal error: {type(e).__name__}")
+            try:
+                await error_response(scope["path"], failure)(scope, receive, send)
+            except RuntimeError:
+                pass  # a response had started: the server closes the connection, as for any broken answer
 
     async def through_fastapi(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)

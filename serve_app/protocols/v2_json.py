@@ -1,0 +1,83 @@
+"""A v2 infer body's JSON part, decoded without a Python object per tensor element.
+
+A JSON image is thousands of numbers. Parsed as a Python list, each one becomes an object
+that is then type-checked and copied into numpy, which costs the router more than the rest of
+the request. Here msgspec decodes the body's structure and keeps each input's `data` as its
+raw JSON text; a flat array of integers for a small integer type (UINT8 pixels, INT32 token
+ids) then goes straight into numpy (`numbers`), and anything else (strings, nesting,
+booleans, nulls, fractions) is decoded as a list, for `serve_app.protocols.v2` to check and
+explain as before. Floats are left to pydantic's parser, which reads them faster than this
+path could (`serve_app.protocols.v2.parse_request` keeps float bodies off it).
+
+`decode` gives None for a body it does not take whole: pydantic's full validation then
+parses it, and says what is wrong with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+# JSON text that can only be integers, commas and brackets: no quotes, letters, fractions or exponents.
+_INTEGER_TEXT = b"0123456789-,[] \t\r\n"
+# Integer types whose every value fits in int64 with room: a value past their range is then
+# seen by the range check, never wrapped.
+_SMALL_INTEGERS = {np.dtype(t) for t in (np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32)}
+
+
+class Input(msgspec.Struct):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: msgspec.Raw = msgspec.Raw()  # empty when absent
+
+
+class Output(msgspec.Struct):
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class Request(msgspec.Struct):
+    inputs: list[Input]
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    outputs: list[Output] | None = None
+
+
+_REQUEST = msgspec.json.Decoder(Request)
+_ANY = msgspec.json.Decoder()
+
+
+def decode(json_part: bytes) -> Request | None:
+    try:
+        request = _REQUEST.decode(json_part)
+    except msgspec.DecodeError:
+        return None
+    return request if request.inputs else None
+
+
+def data_of(raw: msgspec.Raw) -> Any:
+    """An input's `data` as Python values (None when absent or null)."""
+    return _ANY.decode(raw) if len(raw) else None
+
+
+def numbers(raw: msgspec.Raw, dtype: np.dtype[Any], count: int) -> np.ndarray | None:
+    """A flat JSON array of `count` numbers as a 1-D array of `dtype`, exactly as numpy would
+    convert the parsed values; None when only the full path can say (the text holds anything
+    else, or a value does not fit)."""
+    text = bytes(raw)
+    if count == 0 or dtype not in _SMALL_INTEGERS or not text.startswith(b"[") or text.count(b"[") != 1:
+        return None
+    if text.translate(None, _INTEGER_TEXT):
+        return None
+    # msgspec has checked the text is JSON, and the check above that it holds integers only.
+    parsed = np.fromstring(text[1:-1], dtype=np.int64, sep=",")
+    if parsed.size != count:
+        return None
+    info = np.iinfo(dtype)
+    if parsed.min() < info.min or parsed.max() > info.max:
+        return None
+    return parsed.astype(dtype)

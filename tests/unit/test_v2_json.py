@@ -82,10 +82,10 @@ def test_every_body_comes_to_what_the_full_path_gives(name: str, monkeypatch: py
 def test_small_integer_tensors_skip_python_values() -> None:
     for name, dtype in (("uint8 pixels", np.uint8), ("spaced", np.uint8), ("int32 token ids", np.int32), ("int16", np.int16)):
         tensor = v2.parse_request(BODIES[name], None).inputs[0]
-        assert tensor.data is None and tensor._array is not None and tensor._array.dtype == dtype, name
+        assert tensor.data is None and tensor.array is not None and tensor.array.dtype == dtype, name
     # The rest of the request is the model pydantic would give.
     full = v2.parse_request(BODIES["with outputs and parameters"], None)
     assert full.outputs is not None and full.outputs[0].wants_binary(False) and full.parameters == {"x": 1}
     # Floats stay on pydantic's path: its parser reads them faster.
     floats = v2.parse_request(body([p / 255 for p in PIXELS], "FP32"), None)
-    assert floats.inputs[0]._array is None and floats.inputs[0].data is not None
+    assert floats.inputs[0].array is None and floats.inputs[0].data is not None

@@ -247,8 +247,8 @@ def _decoded_fast(json_part: bytes) -> InferRequest | None:
         if dtype is not None and len(t.data) and (array := v2_json.numbers(t.data, np.dtype(dtype), count)) is not None:
             tensor._array = array
         else:
-            data = v2_json.data_of(t.data)
-            if data is not None and not isinstance(data, list):
+            ok, data = v2_json.data_of(t.data)
+            if not ok or (data is not None and not isinstance(data, list)):
                 return None
             tensor.data = data
         inputs.append(tensor)

@@ -51,17 +51,30 @@ _REQUEST = msgspec.json.Decoder(Request)
 _ANY = msgspec.json.Decoder()
 
 
+# Nesting deeper than pydantic's parser allows is refused there; a body that could nest that
+# deep (this many brackets and braces in all) is left to it.
+MAX_BRACKETS = 64
+
+
 def decode(json_part: bytes) -> Request | None:
+    if json_part.count(b"[") + json_part.count(b"{") > MAX_BRACKETS:
+        return None
     try:
         request = _REQUEST.decode(json_part)
-    except msgspec.DecodeError:
+    except Exception:  # anything msgspec refuses (bad JSON, bad UTF-8, wrong types): pydantic says why
         return None
     return request if request.inputs else None
 
 
-def data_of(raw: msgspec.Raw) -> Any:
-    """An input's `data` as Python values (None when absent or null)."""
-    return _ANY.decode(raw) if len(raw) else None
+def data_of(raw: msgspec.Raw) -> tuple[bool, Any]:
+    """An input's `data` as Python values (None when absent or null), and False when msgspec
+    refuses them (a number past its range) and pydantic should judge."""
+    if not len(raw):
+        return True, None
+    try:
+        return True, _ANY.decode(raw)
+    except Exception:
+        return False, None
 
 
 def numbers(raw: msgspec.Raw, dtype: np.dtype[Any], count: int) -> np.ndarray | None:
@@ -72,6 +85,9 @@ def numbers(raw: msgspec.Raw, dtype: np.dtype[Any], count: int) -> np.ndarray | 
     if count == 0 or dtype not in _SMALL_INTEGERS or not text.startswith(b"[") or text.count(b"[") != 1:
         return None
     if text.translate(None, _INTEGER_TEXT):
+        return None
+    # In JSON, n commas separate n + 1 values unless the array is empty (which numpy would read as one 0).
+    if text.count(b",") + 1 != count or not text[1:-1].strip():
         return None
     # msgspec has checked the text is JSON, and the check above that it holds integers only.
     parsed = np.fromstring(text[1:-1], dtype=np.int64, sep=",")

@@ -6,7 +6,8 @@ second write. Each write is a send() on the socket: for the small answers of an
 inference router the two system calls cost more than anything the router does in Python
 for the request. `install` makes the router process's uvicorn hold the head of a response
 until its first body message, and write both at once. Nothing else changes: the bytes, their
-order, flow control, keep-alive and closing are uvicorn's own.
+order, flow control, keep-alive and closing are uvicorn's own. Only responses that declare
+their length are held: a stream's head goes out at once, as before.
 
 The patch keys on uvicorn's `RequestResponseCycle.send` and its `transport` attribute; the
 unit test runs a real uvicorn server with it, so an upgrade that moves either fails there.
@@ -36,10 +37,10 @@ class HeldTransport:
         self.pending.append(data)
 
     def flush(self) -> None:
-        if self.pending:
-            data = self.pending[0] if len(self.pending) == 1 else b"".join(self.pending)
-            self.pending = []
-            self.transport.write(data)
+        pending, self.pending = self.pending, []
+        # A client gone meanwhile: uvicorn writes nothing to it either (and uvloop would raise).
+        if pending and not self.transport.is_closing():
+            self.transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
     def close(self) -> None:
         self.flush()
@@ -47,6 +48,12 @@ class HeldTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.transport, name)
+
+
+def _sized(start: Any) -> bool:
+    """A response that declares its length: held until its body. A stream's head (server-sent
+    events) goes out at once, so its client hears back before the first event is ready."""
+    return any(name.lower() == b"content-length" for name, _ in start.get("headers", ()))
 
 
 def install() -> bool:
@@ -59,7 +66,7 @@ def install() -> bool:
     async def send(self: Any, message: Any) -> None:
         held = self.transport
         if not isinstance(held, HeldTransport):
-            if message["type"] != "http.response.start" or self.response_started:
+            if message["type"] != "http.response.start" or self.response_started or not _sized(message):
                 await original(self, message)
                 return
             held = self.transport = HeldTransport(held)

@@ -25,7 +25,7 @@ from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
 from serve_app.router.edge import BodyLimit, KeyGate
 from serve_app.router.fastpath import InferFastPath
 from serve_app.router.parts import RouterParts
-from serve_app.router.shedgate import ASGIApp, HeaderCheck, Receive, Scope, Send, ShedGate
+from serve_app.router.shedgate import ASGIApp, HeaderCheck, Message, Receive, Scope, Send, ShedGate
 from serve_app.router.traced import TraceContext
 
 logger = logging.getLogger("ray.serve")
@@ -43,19 +43,25 @@ class RouterApp(FastAPI):
     edge: ASGIApp
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
+        if scope["type"] != "http":
             await self.edge(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.edge(scope, receive, tracked)
         except Exception as e:
-            if scope["type"] != "http":
+            if started:  # answered already (FastAPI's last-resort handler re-raises after its 500): Serve's to log
                 raise
             # As FastAPI's last-resort handler would, for a fault in the edge itself: the protocol's
-            # shape, never bare text. Past the edge, FastAPI has answered already.
+            # shape, never bare text.
             logger.exception("unhandled error on %s", scope["path"])
-            failure = ModelFailure(f"internal error: {type(e).__name__}")
-            try:
-                await error_response(scope["path"], failure)(scope, receive, send)
-            except RuntimeError:
-                pass  # a response had started: the server closes the connection, as for any broken answer
+            await error_response(scope["path"], ModelFailure(f"internal error: {type(e).__name__}"))(scope, receive, send)
 
     async def through_fastapi(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)

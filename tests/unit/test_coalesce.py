@@ -132,8 +132,36 @@ def test_head_chunks_close_and_failures_are_uvicorns_own(patched: None) -> None:
 
     stream, head, closed, failed = serve_and(port, client)
     assert stream.startswith(b"HTTP/1.1 200 OK") and b"transfer-encoding: chunked" in stream
+    # A stream's head is not held for its first chunk (server-sent events reach the client at once).
+    assert CountingTransport.writes[0].startswith(b"HTTP/1.1 200") and CountingTransport.writes[0].endswith(b"\r\n\r\n")
     assert stream.endswith(b"3\r\none\r\n3\r\ntwo\r\n5\r\nthree\r\n0\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK") and b"content-length: 8" in head and not head.endswith(b"hello /h")
     assert closed.startswith(b"HTTP/1.1 200 OK") and b"connection: close" in closed and closed.endswith(b"hello /c")
     # The head was held when the app failed: it still goes out before uvicorn closes the connection.
     assert failed.startswith(b"HTTP/1.1 200 OK") and b"content-length: 10" in failed
+
+
+class Closing:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closing, "written after close (uvloop raises here)"
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+def test_a_held_head_is_dropped_when_the_client_has_gone() -> None:
+    transport = Closing()
+    held = coalesce.HeldTransport(transport)  # type: ignore[arg-type]
+    held.write(b"head")
+    held.write(b"body")
+    held.flush()
+    assert transport.written == [b"headbody"]
+    held.write(b"late head")
+    transport.closing = True
+    held.flush()
+    assert transport.written == [b"headbody"] and held.pending == []

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from serve_app.router.http import RouterApp, add_error_handlers
-from serve_app.router.shedgate import Receive, Scope, Send
+from serve_app.router.shedgate import Message, Receive, Scope, Send
 
 pytestmark = pytest.mark.anyio
 
@@ -46,19 +46,43 @@ async def call(app: RouterApp, method: str, path: str) -> httpx.Response:
         return await client.request(method, path, content=b"{}")
 
 
+async def messages(app: RouterApp, method: str, path: str) -> tuple[list[Message], Exception | None]:
+    """What the app sends for one request, as Serve's replica would pass it on (a send that
+    never refuses a second answer), and what it raised."""
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "headers": [], "query_string": b"", "root_path": ""}
+    try:
+        await app(scope, receive, send)
+    except Exception as e:
+        return sent, e
+    return sent, None
+
+
 async def test_a_fault_in_the_edge_answers_500_in_each_protocols_shape() -> None:
     v2 = await call(app_with_edge("/v2/models"), "POST", "/v2/models/m/infer")
     assert v2.status_code == 500 and v2.json() == {"error": "internal error: KeyError"}
     openai = await call(app_with_edge("/v1"), "POST", "/v1/completions")
     assert openai.status_code == 500 and openai.json()["error"]["message"] == "internal error: KeyError"
+    sent, raised = await messages(app_with_edge("/v2/models"), "POST", "/v2/models/m/infer")
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"] and raised is None
 
 
 async def test_requests_past_the_edge_are_fastapis_as_before() -> None:
     app = app_with_edge("/nowhere")
     live = await call(app, "GET", "/v2/health/live")
     assert live.status_code == 200 and live.json() == {"live": True}
-    # FastAPI's own last-resort handler answered first; the shell does not answer twice.
     boom = await call(app, "GET", "/v2/boom")
     assert boom.status_code == 500 and boom.json() == {"error": "internal error: KeyError"}
     missing = await call(app, "GET", "/v2/nothing-here")
     assert missing.status_code == 404 and "error" in missing.json()
+    # FastAPI's last-resort handler answered, then raised: one answer, and the error goes on to Serve.
+    sent, raised = await messages(app, "GET", "/v2/boom")
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert isinstance(raised, KeyError)

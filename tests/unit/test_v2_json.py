@@ -30,6 +30,15 @@ def outcome(raw: bytes) -> tuple[str, Any]:
 
 
 PIXELS = [i % 256 for i in range(N)]
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 7
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BODIES = {
     "uint8 pixels": body(PIXELS),
     "spaced": json.dumps({"inputs": [{"name": "image", "shape": [N], "datatype": "UINT8", "data": PIXELS}]}, indent=2).encode(),
@@ -58,6 +67,12 @@ BODIES = {
     "shape of floats": body(PIXELS, shape=[float(N)]),  # type: ignore[list-item]
     "no inputs": json.dumps({"inputs": [], "id": "x" * 1100}).encode(),
     "not JSON": body(PIXELS)[:-3],
+    "invalid UTF-8": body(PIXELS).replace(b'"image"', b'"im\xffage"'),
+    "data nested deep": body(_nested(300), shape=[1], id="x" * 1100),
+    "parameters nested deep": body(PIXELS, parameters={"p": _nested(300)}),
+    "a number past every range": body(PIXELS).replace(b"[0, 1, 2", b"[1e400, 1, 2"),
+    "past range in an int64 tensor": body(PIXELS, "INT64").replace(b"[0, 1, 2", b"[1e400, 1, 2"),
+    "an empty array, spaced": body([], shape=[1], id="x" * 1100).replace(b'"data": []', b'"data": [ ]'),
     "with outputs and parameters": body(
         PIXELS, outputs=[{"name": "label", "parameters": {"binary_data": True}}], parameters={"x": 1}
     ),

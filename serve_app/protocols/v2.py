@@ -243,7 +243,10 @@ def _decoded_fast(json_part: bytes) -> InferRequest | None:
     for t in fast.inputs:
         tensor = RequestInput(name=t.name, shape=t.shape, datatype=t.datatype, parameters=t.parameters)
         dtype = NUMPY_DTYPES.get(t.datatype)
-        count = math.prod(t.shape) if len(t.shape) <= MAX_DIMS and min(t.shape, default=0) >= 0 else 0
+        try:
+            count = tensor.element_count()
+        except InvalidInput:  # pydantic's path gives the same refusal, in decode_numeric
+            count = 0
         if dtype is not None and len(t.data) and (array := v2_json.numbers(t.data, np.dtype(dtype), count)) is not None:
             tensor._array = array
         else:
@@ -328,7 +331,7 @@ def decode_numeric(tensor: RequestInput) -> np.ndarray:
             )
         # A read-only view of the body where the byte order is already native (no copy).
         return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype, copy=False).reshape(tensor.shape)
-    if array is not None and array.dtype == np.dtype(dtype) and array.size == n:
+    if array is not None:  # decoded for this datatype and shape (v2_json.numbers)
         return array.reshape(tensor.shape)
     values, kinds = _flatten_typed(tensor.data or [])
     if len(values) != n:
@@ -361,7 +364,8 @@ def binary_blob(output: ResponseOutput) -> bytes:
             parts.append(struct.pack("<I", len(b)) + b)
         return b"".join(parts)
     wire = np.dtype(NUMPY_DTYPES[output.datatype]).newbyteorder("<")
-    values = output.array if output.array is not None else (output.data or [])
+    array = output.array
+    values: np.ndarray | list[Any] = array if array is not None else (output.data or [])
     return np.ascontiguousarray(values, dtype=wire).tobytes()
 
 

@@ -7,6 +7,7 @@ import base64
 import binascii
 import io
 import warnings
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -29,7 +30,7 @@ MAX_REQUEST_PIXELS = 4 * MAX_PIXELS
 _BROKEN = (OSError, ValueError, SyntaxError, Image.DecompressionBombWarning, Image.DecompressionBombError)
 
 
-def _open(value: bytes | str, index: int) -> Image.Image:
+def _open(value: bytes | memoryview | str, index: int) -> Image.Image:
     """The image's header read (not its pixels), with its format and size checked.
 
     JSON cannot carry raw bytes, so a str element is base64 (the binary extension sends bytes as they are).
@@ -72,12 +73,12 @@ def _pixels(img: Image.Image, size: int, index: int) -> np.ndarray:
     return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
 
 
-def decode_image(value: bytes | str, size: int, index: int = 0) -> np.ndarray:
+def decode_image(value: bytes | memoryview | str, size: int, index: int = 0) -> np.ndarray:
     """One encoded image as uint8 (3, size, size), resized when it is another size."""
     return _pixels(_open(value, index), size, index)
 
 
-def decode_images(values: list[bytes | str], size: int) -> np.ndarray:
+def decode_images(values: Sequence[bytes | memoryview | str], size: int) -> np.ndarray:
     """A request's images, every header checked (and their pixels counted) before any is decoded."""
     images = [_open(v, i) for i, v in enumerate(values)]
     if (total := sum(img.width * img.height for img in images)) > MAX_REQUEST_PIXELS:
@@ -95,5 +96,5 @@ def decode_images(values: list[bytes | str], size: int) -> np.ndarray:
 DECODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="image-decode", initializer=lower_thread_priority)
 
 
-async def decode_images_off_loop(values: list[bytes | str], size: int) -> np.ndarray:
+async def decode_images_off_loop(values: Sequence[bytes | memoryview | str], size: int) -> np.ndarray:
     return await asyncio.get_running_loop().run_in_executor(DECODER, decode_images, values, size)

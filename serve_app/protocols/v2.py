@@ -58,15 +58,16 @@ class RequestInput(BaseModel):
     datatype: str
     parameters: dict[str, Any] | None = None
     data: list[Any] | None = Field(None, description="row-major values; omitted when the tensor travels as binary data")
-    # The tensor's bytes when it came in the binary extension, not in `data`.
-    _raw: bytes | None = PrivateAttr(None)
+    # The tensor's bytes when it came in the binary extension, not in `data`: a view of the
+    # request's body (no copy of it).
+    _raw: bytes | memoryview | None = PrivateAttr(None)
     # The tensor's values, flat, when its JSON `data` was numbers decoded straight into numpy
     # (serve_app.protocols.v2_json); `data` is then None.
     _array: np.ndarray | None = PrivateAttr(None)
 
     @property
-    def raw(self) -> bytes | None:
-        raw: bytes | None = _private(self, "_raw")
+    def raw(self) -> bytes | memoryview | None:
+        raw: bytes | memoryview | None = _private(self, "_raw")
         return raw
 
     @property
@@ -192,9 +193,15 @@ def _flatten(data: list[Any]) -> list[Any]:
     return out
 
 
-def parse_request(body: bytes, header_length: str | None) -> InferRequest:
-    """An infer request from its raw body, JSON or binary-extension; every fault is an InvalidInput."""
-    json_part, rest = body, b""
+def parse_request(body: bytes | bytearray, header_length: str | None) -> InferRequest:
+    """An infer request from its raw body, JSON or binary-extension; every fault is an InvalidInput.
+
+    Binary tensors are views of `body`, not copies: a body of megabytes (a request of images)
+    would otherwise be copied once per slice on the router's event loop, holding up every other
+    request meanwhile."""
+    view = memoryview(body)
+    json_part: bytes | bytearray = body
+    rest = view[len(body) :]
     if header_length is not None:
         try:
             n = int(header_length)
@@ -202,7 +209,7 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
             raise InvalidInput(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
         if not 0 < n <= len(body):
             raise InvalidInput(f"Inference-Header-Content-Length is {n}, but the body has {len(body)} bytes")
-        json_part, rest = body[:n], body[n:]
+        json_part, rest = bytes(view[:n]), view[n:]
     # Only for a body with a tensor worth decoding apart, and none of floats (see v2_json).
     fast = len(json_part) >= FAST_JSON_BYTES and b'"FP' not in json_part
     request = _decoded_fast(json_part) if fast else None
@@ -233,7 +240,7 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
 FAST_JSON_BYTES = 1024
 
 
-def _decoded_fast(json_part: bytes) -> InferRequest | None:
+def _decoded_fast(json_part: bytes | bytearray) -> InferRequest | None:
     """The request with its integer `data` decoded straight into numpy; None for a body only
     pydantic's validation should judge (it then says what is wrong)."""
     fast = v2_json.decode(json_part)
@@ -259,7 +266,7 @@ def _decoded_fast(json_part: bytes) -> InferRequest | None:
     return InferRequest(id=fast.id, parameters=fast.parameters, inputs=inputs, outputs=outputs)
 
 
-def _validated(json_part: bytes) -> InferRequest:
+def _validated(json_part: bytes | bytearray) -> InferRequest:
     # One pass in pydantic-core's parser, straight into the model: no intermediate Python objects
     # from a separate json.loads.
     try:
@@ -272,30 +279,30 @@ def _validated(json_part: bytes) -> InferRequest:
         raise InvalidInput(f"malformed request body: {problems}") from None
 
 
-def _split_bytes_elements(name: str, raw: bytes) -> list[bytes]:
-    out, i = [], 0
+def _split_bytes_elements(name: str, raw: bytes | memoryview) -> list[memoryview]:
+    """The elements of a binary BYTES tensor, each a view of `raw` (no copy)."""
+    view, out, i = memoryview(raw), [], 0
     while i < len(raw):
         if i + 4 > len(raw):
             raise InvalidInput(f"input {name!r}: binary BYTES data ends inside a 4-byte length prefix")
         (n,) = struct.unpack_from("<I", raw, i)
         if i + 4 + n > len(raw):
             raise InvalidInput(f"input {name!r}: a BYTES element declares {n} bytes, past the end of its data")
-        out.append(raw[i + 4 : i + 4 + n])
+        out.append(view[i + 4 : i + 4 + n])
         i += 4 + n
     return out
 
 
-def decode_raw_bytes(tensor: RequestInput) -> list[bytes | str]:
-    """BYTES elements as sent: bytes from the binary extension, str from JSON."""
+def decode_raw_bytes(tensor: RequestInput) -> list[memoryview | str]:
+    """BYTES elements as sent: views of the body's bytes from the binary extension, str from JSON."""
     if tensor.datatype != "BYTES":
         raise InvalidInput(f"input {tensor.name!r} must have datatype BYTES, got {tensor.datatype}")
     n = tensor.element_count()
-    values: list[Any] = (
-        _split_bytes_elements(tensor.name, raw) if (raw := tensor.raw) is not None else _flatten_typed(tensor.data or [])[0]
-    )
+    raw = tensor.raw
+    values: list[Any] = _split_bytes_elements(tensor.name, raw) if raw is not None else _flatten_typed(tensor.data or [])[0]
     if len(values) != n:
         raise InvalidInput(f"input {tensor.name!r}: shape {tensor.shape} needs {n} elements, got {len(values)}")
-    if not all(isinstance(v, str | bytes) for v in values):
+    if raw is None and not all(isinstance(v, str) for v in values):
         raise InvalidInput(f"input {tensor.name!r}: BYTES elements must be strings in JSON")
     return values
 
@@ -304,9 +311,9 @@ def decode_bytes(tensor: RequestInput, max_chars: int | None = None) -> list[str
     """BYTES elements as text: binary elements must be valid UTF-8."""
     texts: list[str] = []
     for i, v in enumerate(decode_raw_bytes(tensor)):
-        if isinstance(v, bytes):
+        if not isinstance(v, str):
             try:
-                v = v.decode("utf-8")
+                v = str(v, "utf-8")
             except UnicodeDecodeError as e:
                 raise InvalidInput(
                     f"input {tensor.name!r}: element {i} is not valid UTF-8 ({e.reason} at byte {e.start})"

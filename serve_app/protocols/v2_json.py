@@ -56,7 +56,7 @@ _ANY = msgspec.json.Decoder()
 MAX_BRACKETS = 64
 
 
-def decode(json_part: bytes) -> Request | None:
+def decode(json_part: bytes | bytearray) -> Request | None:
     if json_part.count(b"[") + json_part.count(b"{") > MAX_BRACKETS:
         return None
     try:

@@ -63,7 +63,7 @@ async def answer_infer(
     parts: RouterParts,
     name: str,
     version: str | None,
-    read_body: Callable[[], Awaitable[bytes]],
+    read_body: Callable[[], Awaitable[bytes | bytearray]],
     headers: InferHeaders,
 ) -> Response:
     started = time.perf_counter()

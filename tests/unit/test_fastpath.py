@@ -84,6 +84,21 @@ def test_infer_is_answered_with_the_body_read_in_chunks_and_the_headers_passed()
     assert _body(sent) == (200, {"ok": True})
 
 
+def test_a_body_of_many_chunks_is_grown_as_they_come_and_a_single_chunk_is_not_copied() -> None:
+    seen: list[Any] = []
+
+    async def answer(parts: Any, name: str, version: Any, read_body: Any, headers: Any) -> Response:
+        seen.append(await read_body())
+        return Response(b"{}", media_type="application/json")
+
+    chunks = [{"type": "http.request", "body": bytes([i]) * 1000, "more_body": True} for i in range(5)]
+    _call("/v2/models/m/infer", answer, [*chunks, {"type": "http.request", "body": b"end"}])
+    assert isinstance(seen[0], bytearray) and seen[0] == b"".join(c["body"] for c in chunks) + b"end"
+    only = b'{"inputs": []}'
+    _call("/v2/models/m/infer", answer, [{"type": "http.request", "body": only}])
+    assert seen[1] is only
+
+
 def test_other_requests_go_on_to_fastapi() -> None:
     sent, passed = _call("/v2/models/m/ready", None, [], method="GET")
     assert passed == ["/v2/models/m/ready"] and sent == []

@@ -45,6 +45,34 @@ def test_binary_numeric_and_bytes_tensors_round_trip_tritonclient_encoding():
     assert v2.decode_bytes(req.inputs[1]) == ["héllo", "", "x" * 300]
 
 
+def test_binary_tensors_are_views_of_the_body_not_copies():
+    # A body of megabytes (a request of images) copied per slice would hold up the router's loop.
+    image = np.arange(2 * 3 * 4 * 4, dtype=np.float32).reshape(2, 3, 4, 4)
+    pngs = np.array([b"\x89PNG" + b"a" * 1000, b"\x89PNG" + b"b" * 2000], dtype=object)
+    encoded, n = _binary_body(
+        [("image", "FP32", image, image.tobytes()), ("image", "BYTES", pngs, serialize_byte_tensor(pngs).item())]
+    )
+    body = bytearray(encoded)  # as the router's fast path reads a body of several chunks
+    req = v2.parse_request(body, n)
+    whole = np.frombuffer(body, dtype=np.uint8)
+    pixels = v2.decode_numeric(req.inputs[0])
+    np.testing.assert_array_equal(pixels, image)
+    assert np.shares_memory(pixels, whole)
+    elements = v2.decode_raw_bytes(req.inputs[1])
+    assert [bytes(e) for e in elements] == list(pngs)
+    assert all(isinstance(e, memoryview) and np.shares_memory(np.frombuffer(e, np.uint8), whole) for e in elements)
+
+
+def test_binary_texts_decode_from_their_views_and_bad_utf8_names_its_element():
+    texts = np.array(["héllo".encode(), b"ok", b"\xff"], dtype=object)
+    body, n = _binary_body([("text", "BYTES", texts, serialize_byte_tensor(texts).item())])
+    with pytest.raises(InvalidInput, match=r"element 2 is not valid UTF-8 \(invalid start byte at byte 0\)"):
+        v2.decode_bytes(v2.parse_request(bytearray(body), n).inputs[0])
+    texts = texts[:2]
+    body, n = _binary_body([("text", "BYTES", texts, serialize_byte_tensor(texts).item())])
+    assert v2.decode_bytes(v2.parse_request(bytearray(body), n).inputs[0]) == ["héllo", "ok"]
+
+
 def test_json_body_still_parses_without_the_header():
     body = json.dumps({"inputs": [{"name": "t", "shape": [2], "datatype": "INT64", "data": [[1], [2]]}]}).encode()
     assert v2.decode_numeric(v2.parse_request(body, None).inputs[0]).tolist() == [1, 2]

@@ -100,6 +100,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="chaos: the phases to run, in order (default: all five)",
     )
     p.add_argument(
+        "--bodies-only",
+        action="store_true",
+        help="images: the burst's bodies are sent to the text model, which refuses them once read (their transport alone)",
+    )
+    p.add_argument(
         "--rounds", type=int, default=2, help="generation: phases of each setup per concurrency (default: %(default)s)"
     )
 
@@ -146,6 +151,10 @@ def _with_settings(
 def _chaos_options(settings: Any, ns: argparse.Namespace) -> None:
     if ns.phases:
         settings.phases = tuple(ns.phases)
+
+
+def _images_options(settings: Any, ns: argparse.Namespace) -> None:
+    settings.bodies_only = ns.bodies_only
 
 
 def _flood_options(settings: Any, ns: argparse.Namespace) -> None:
@@ -214,7 +223,7 @@ RUNNERS: dict[str, Callable[[Invocation], Any]] = {
     "flood": _with_settings("flood", "FloodSettings", options=_flood_options),
     "soak": _with_settings("soak", "SoakSettings"),
     "routers": _with_settings("routers", "RoutersSettings"),
-    "images": _with_settings("images", "ImageSettings"),
+    "images": _with_settings("images", "ImageSettings", options=_images_options),
     "lifecycle": _with_settings("lifecycle", "LifecycleSettings"),
     "scaling": _with_settings("scaling", "ScalingSettings", seconds_field="spike_s"),
     "contention": _contention,

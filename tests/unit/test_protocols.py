@@ -200,6 +200,45 @@ def test_a_jpeg_with_further_pictures_decodes_as_its_first():
     assert np.abs(decode_image(buf.getvalue(), 8).astype(int) - 200).max() <= 2
 
 
+def _photo(px: int) -> np.ndarray:
+    y, x = np.mgrid[0:px, 0:px] / px
+    return (np.stack([np.sin(6 * x), np.cos(5 * y), np.sin(3 * (x + y))], axis=-1) * 100 + 128).astype(np.uint8)
+
+
+def _reference(encoded: bytes, size: int) -> np.ndarray:
+    """A full decode and a plain bilinear resize, as the router did before."""
+    img = Image.open(io.BytesIO(encoded)).convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
+    return np.asarray(img).transpose(2, 0, 1).astype(int)
+
+
+def test_a_large_jpeg_decodes_at_a_reduced_scale_and_a_large_png_resizes_in_two_steps(monkeypatch):
+    from PIL import JpegImagePlugin
+
+    from serve_app.protocols import images
+
+    drafts: list[object] = []  # what each JPEG draft did: None when it changed nothing
+    draft = JpegImagePlugin.JpegImageFile.draft
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", lambda self, *a: drafts.append(draft(self, *a)))
+    for fmt in ("JPEG", "PNG"):
+        encoded = _png(_photo(512), fmt)
+        got = decode_image(encoded, 32).astype(int)
+        assert got.shape == (3, 32, 32)
+        assert np.abs(got - _reference(encoded, 32)).mean() < 2.0  # what the model sees barely moves
+    assert len(drafts) == 1 and drafts[0] is not None  # the JPEG decoded at a reduced scale; PNG has none
+    assert images.REDUCING_GAP >= 2.0
+
+
+@pytest.mark.parametrize("mode", ["L", "CMYK", "RGBA", "P"])
+def test_images_of_other_colour_modes_decode_to_rgb(mode):
+    pixels = Image.fromarray(_photo(256)).convert(mode)
+    fmt = "JPEG" if mode in ("L", "CMYK") else "PNG"
+    buf = io.BytesIO()
+    pixels.save(buf, format=fmt)
+    got = decode_image(buf.getvalue(), 32).astype(int)
+    assert got.shape == (3, 32, 32)
+    assert np.abs(got - _reference(buf.getvalue(), 32)).mean() < 3.0
+
+
 def test_one_requests_images_are_bounded_in_pixels_before_any_is_decoded(monkeypatch):
     from serve_app.protocols import images
 

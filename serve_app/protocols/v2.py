@@ -199,7 +199,7 @@ def parse_request(body: bytes | bytearray, header_length: str | None) -> InferRe
     Binary tensors are views of `body`, not copies: a body of megabytes (a request of images)
     would otherwise be copied once per slice on the router's event loop, holding up every other
     request meanwhile."""
-    view = memoryview(body)
+    view = memoryview(body).toreadonly()  # what is made of it cannot write into the body
     json_part: bytes | bytearray = body
     rest = view[len(body) :]
     if header_length is not None:
@@ -293,8 +293,9 @@ def _split_bytes_elements(name: str, raw: bytes | memoryview) -> list[memoryview
     return out
 
 
-def decode_raw_bytes(tensor: RequestInput) -> list[memoryview | str]:
-    """BYTES elements as sent: views of the body's bytes from the binary extension, str from JSON."""
+def decode_raw_bytes(tensor: RequestInput) -> list[memoryview | bytes | str]:
+    """BYTES elements as sent: views of the body's bytes from the binary extension, str from JSON,
+    bytes from gRPC's typed contents."""
     if tensor.datatype != "BYTES":
         raise InvalidInput(f"input {tensor.name!r} must have datatype BYTES, got {tensor.datatype}")
     n = tensor.element_count()
@@ -302,7 +303,7 @@ def decode_raw_bytes(tensor: RequestInput) -> list[memoryview | str]:
     values: list[Any] = _split_bytes_elements(tensor.name, raw) if raw is not None else _flatten_typed(tensor.data or [])[0]
     if len(values) != n:
         raise InvalidInput(f"input {tensor.name!r}: shape {tensor.shape} needs {n} elements, got {len(values)}")
-    if raw is None and not all(isinstance(v, str) for v in values):
+    if raw is None and not all(isinstance(v, str | bytes) for v in values):
         raise InvalidInput(f"input {tensor.name!r}: BYTES elements must be strings in JSON")
     return values
 

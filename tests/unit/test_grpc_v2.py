@@ -51,6 +51,10 @@ def test_typed_contents_are_read_like_json_data():
     t.contents.int64_contents.extend([1, 2, 3, 4])
     body = grpc_v2.request_from_proto(req)
     assert v2.decode_numeric(body.inputs[0]).tolist() == [[1, 2], [3, 4]]
+    req = pb.ModelInferRequest(model_name="m")
+    t = req.inputs.add(name="text", datatype="BYTES", shape=[2])
+    t.contents.bytes_contents.extend([b"hello", "naïve".encode()])
+    assert v2.decode_bytes(grpc_v2.request_from_proto(req).inputs[0]) == ["hello", "naïve"]
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,7 @@ def test_binary_tensors_are_views_of_the_body_not_copies():
     whole = np.frombuffer(body, dtype=np.uint8)
     pixels = v2.decode_numeric(req.inputs[0])
     np.testing.assert_array_equal(pixels, image)
-    assert np.shares_memory(pixels, whole)
+    assert np.shares_memory(pixels, whole) and not pixels.flags.writeable  # nothing downstream writes into the body
     elements = v2.decode_raw_bytes(req.inputs[1])
     assert [bytes(e) for e in elements] == list(pngs)
     assert all(isinstance(e, memoryview) and np.shares_memory(np.frombuffer(e, np.uint8), whole) for e in elements)

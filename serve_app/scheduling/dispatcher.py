@@ -44,15 +44,21 @@ class RequestTiming:
     (a route visits two): what the `Server-Timing` response header reports."""
 
     queue_s: float = 0.0  # waiting in the router's queues
-    model_s: float = 0.0  # round trips to the model replicas (their queue and the run)
+    model_s: float = 0.0  # round trips to the model replicas
+    replica_s: float = 0.0  # of those, the replicas' own time (their queue and the run)
 
     def add(self, ticket: Ticket) -> None:
         self.queue_s += ticket.queued_s
         self.model_s += ticket.model_s
+        self.replica_s += ticket.replica_s
 
     def header(self, total_s: float) -> str:
-        """W3C Server-Timing, in milliseconds; `total` is the router's whole handling."""
-        return f"queue;dur={self.queue_s * 1e3:.2f}, model;dur={self.model_s * 1e3:.2f}, total;dur={total_s * 1e3:.2f}"
+        """W3C Server-Timing, in milliseconds; `total` is the router's whole handling. `model` less
+        `replica` is the calls' transport and the router's own delay in taking the answers."""
+        return (
+            f"queue;dur={self.queue_s * 1e3:.2f}, model;dur={self.model_s * 1e3:.2f}, "
+            f"replica;dur={self.replica_s * 1e3:.2f}, total;dur={total_s * 1e3:.2f}"
+        )
 
 
 # (payloads, rows still queued in this router for the model, lane name, each payload's
@@ -416,7 +422,7 @@ class Dispatcher:
             self.settings.adopt(reply)
             self.stats.completed_items += items
             self.stats.batches += 1
-            _answer(sent_batch, reply.results, rtt, self.clock(), self.stats)
+            _answer(sent_batch, reply, rtt, self.clock(), self.stats)
         finally:
             # Whatever ended the call (this task cancelled, say), no request is left without an answer.
             _fail(batch, Unavailable(f"{self.model}: the batch ended without an answer", retry_after_s=1.0))
@@ -476,10 +482,10 @@ def _fail(batch: list[Ticket], error: Exception) -> None:
             ticket.result.set_exception(error)
 
 
-def _answer(batch: list[Ticket], results: list[Any], rtt: float, answered: float, stats: DispatchStats) -> None:
+def _answer(batch: list[Ticket], reply: BatchReply, rtt: float, answered: float, stats: DispatchStats) -> None:
     """Each request its own result (an error for its row alone, or its answer), unless already answered."""
-    for ticket, result in zip(batch, results, strict=True):
-        ticket.model_s = rtt
+    for ticket, result in zip(batch, reply.results, strict=True):
+        ticket.model_s, ticket.replica_s = rtt, reply.wait_s + reply.exec_s
         if ticket.result.done():
             continue
         if isinstance(result, BaseException):

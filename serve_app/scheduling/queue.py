@@ -36,6 +36,7 @@ class Ticket:
     result: Any = field(default=None, repr=False)  # the dispatcher's future
     queued_s: float = 0.0  # set when its batch is sent: time waiting in this queue
     model_s: float = 0.0  # set when its batch returns: the round trip to the model
+    replica_s: float = 0.0  # of which the replica's own time: its queue and the run (the rest is transport)
     trace: Any = field(default=None, repr=False)  # the request's trace context (OpenTelemetry), None untraced
 
 

@@ -377,8 +377,9 @@ async def test_request_timing_adds_queue_and_model_time_per_request():
     await asyncio.gather(d.submit("a", 1, timing=first), d.submit("b", 1, timing=second))
     assert first.queue_s == 0.0 and second.queue_s == pytest.approx(0.05)
     assert first.model_s == pytest.approx(0.05) and second.model_s == pytest.approx(0.05)
+    assert second.replica_s == pytest.approx(0.05)  # the replica's own account of that round trip
     header = second.header(total_s=0.123)
-    assert header.startswith("queue;dur=") and "model;dur=" in header and header.endswith("total;dur=123.00")
+    assert header == "queue;dur=50.00, model;dur=50.00, replica;dur=50.00, total;dur=123.00"
 
 
 @virtual_time

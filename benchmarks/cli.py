@@ -105,6 +105,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="images: the burst's bodies are sent to the text model, which refuses them once read (their transport alone)",
     )
     p.add_argument(
+        "--idle-load",
+        type=int,
+        default=0,
+        help="images: instead of the burst, this many SCHED_IDLE busy-loop processes beside the text requests",
+    )
+    p.add_argument(
         "--rounds", type=int, default=2, help="generation: phases of each setup per concurrency (default: %(default)s)"
     )
 
@@ -155,6 +161,7 @@ def _chaos_options(settings: Any, ns: argparse.Namespace) -> None:
 
 def _images_options(settings: Any, ns: argparse.Namespace) -> None:
     settings.bodies_only = ns.bodies_only
+    settings.idle_load = ns.idle_load
 
 
 def _flood_options(settings: Any, ns: argparse.Namespace) -> None:

@@ -15,7 +15,11 @@ import base64
 import io
 import json
 import struct
+import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,10 @@ class ImageSettings:
     # The burst's requests go to the text model, which refuses them (400, no input named 'image')
     # once the router has read them: what carrying the bodies alone costs the text requests.
     bodies_only: bool = False
+    # Instead of the burst: this many busy-loop processes under SCHED_IDLE beside the text requests,
+    # sharing nothing with them (no requests, no GIL, no memory to speak of): what CPU-bound work
+    # in the lowest CPU class costs the text path on this machine, whatever that work is.
+    idle_load: int = 0
 
     @classmethod
     def smoke(cls) -> ImageSettings:
@@ -95,6 +103,21 @@ def workload(
     return path
 
 
+IDLE_LOOP = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass"
+
+
+@contextmanager
+def idle_loops(n: int) -> Iterator[None]:
+    """`n` busy-loop processes under SCHED_IDLE for the duration."""
+    procs = [subprocess.Popen([sys.executable, "-c", IDLE_LOOP]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def run(s: ImageSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
     config = single_versions(yaml.safe_load(config_path.read_text()))
     config["applications"][0]["args"]["model_dir"] = str(model_dir)
@@ -124,11 +147,13 @@ def run(s: ImageSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
             png_model = TEXT_MODEL if s.bodies_only else IMAGE_MODEL
             for _ in range(s.rounds):
                 phases: dict[str, Any] = {}
-                for name, png_rate in (("alone", 0.0), ("with_burst", s.png_rate)):
+                burst_rate = 0.0 if s.idle_load else s.png_rate
+                for name, png_rate in (("alone", 0.0), ("with_burst", burst_rate)):
                     wl = workload(tmp / f"{name}.json", text_rate, png_rate, bodies, png_model)
-                    load = run_loadgen(
-                        BASE_URL, wl, {"rate": text_rate + png_rate}, s.seconds, s.warmup, max_in_flight=64, raw=True
-                    )
+                    with idle_loops(s.idle_load if name == "with_burst" else 0):
+                        load = run_loadgen(
+                            BASE_URL, wl, {"rate": text_rate + png_rate}, s.seconds, s.warmup, max_in_flight=64, raw=True
+                        )
                     text = [rec for rec in load.pop("records") if rec[0] == "text" and rec[3] == 200]
                     pooled[name] += [rec[2] for rec in text]
                     pooled[f"{name}_server"] += [rec[5] for rec in text if rec[5] is not None]
@@ -157,6 +182,11 @@ def markdown(res: dict[str, Any]) -> str:
         if s.get("bodies_only")
         else "decoded and resized by the router"
     )
+    if s.get("idle_load"):
+        burst = (
+            f"**not sent**: in its place, {s['idle_load']} busy-loop process(es) under SCHED_IDLE, sharing nothing "
+            "with the text requests"
+        )
     lines = [
         f"Text (`{TEXT_MODEL}`, v2 JSON) open loop at {r['text_rate_rps']} req/s ({s['text_share']:.0%} of its "
         f"closed-loop capacity, {r['text_capacity_rps']} req/s); the burst: {s['png_rate']} req/s to `{IMAGE_MODEL}`, "

@@ -91,7 +91,7 @@ def test_a_body_of_many_chunks_is_grown_as_they_come_and_a_single_chunk_is_not_c
         seen.append(await read_body())
         return Response(b"{}", media_type="application/json")
 
-    chunks = [{"type": "http.request", "body": bytes([i]) * 1000, "more_body": True} for i in range(5)]
+    chunks: list[dict[str, Any]] = [{"type": "http.request", "body": bytes([i]) * 1000, "more_body": True} for i in range(5)]
     _call("/v2/models/m/infer", answer, [*chunks, {"type": "http.request", "body": b"end"}])
     assert isinstance(seen[0], bytearray) and seen[0] == b"".join(c["body"] for c in chunks) + b"end"
     only = b'{"inputs": []}'

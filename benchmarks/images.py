@@ -145,9 +145,9 @@ def run(s: ImageSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
             # where the two grow alike, the time went inside the router and the replicas behind it.
             pooled: dict[str, list[float]] = {"alone": [], "with_burst": [], "alone_server": [], "with_burst_server": []}
             png_model = TEXT_MODEL if s.bodies_only else IMAGE_MODEL
+            burst_rate = 0.0 if s.idle_load else s.png_rate
             for _ in range(s.rounds):
                 phases: dict[str, Any] = {}
-                burst_rate = 0.0 if s.idle_load else s.png_rate
                 for name, png_rate in (("alone", 0.0), ("with_burst", burst_rate)):
                     wl = workload(tmp / f"{name}.json", text_rate, png_rate, bodies, png_model)
                     with idle_loops(s.idle_load if name == "with_burst" else 0):
@@ -177,16 +177,15 @@ def run(s: ImageSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
 def markdown(res: dict[str, Any]) -> str:
     r = res["result"]
     s = r["settings"]
-    burst = (
-        f"sent to `{TEXT_MODEL}`, which refuses them (400) once the router has read them: the bodies' transport alone"
-        if s.get("bodies_only")
-        else "decoded and resized by the router"
-    )
     if s.get("idle_load"):
         burst = (
             f"**not sent**: in its place, {s['idle_load']} busy-loop process(es) under SCHED_IDLE, sharing nothing "
             "with the text requests"
         )
+    elif s.get("bodies_only"):
+        burst = f"sent to `{TEXT_MODEL}`, which refuses them (400) once the router has read them: the bodies' transport alone"
+    else:
+        burst = "decoded and resized by the router"
     lines = [
         f"Text (`{TEXT_MODEL}`, v2 JSON) open loop at {r['text_rate_rps']} req/s ({s['text_share']:.0%} of its "
         f"closed-loop capacity, {r['text_capacity_rps']} req/s); the burst: {s['png_rate']} req/s to `{IMAGE_MODEL}`, "

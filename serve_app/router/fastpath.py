@@ -71,23 +71,24 @@ class InferFastPath:
             await self.app(scope, receive, send)
             return
 
-        async def read_body() -> bytes | bytearray:
+        async def next_chunk() -> tuple[bytes, bool]:
             message = await receive()
             if message["type"] == "http.disconnect":
                 raise ClientDisconnect()
-            if not message.get("more_body", False):
-                return message.get("body", b"")  # one chunk: as it came, no copy
+            return message.get("body", b""), message.get("more_body", False)
+
+        async def read_body() -> bytes | bytearray:
+            chunk, more = await next_chunk()
+            if not more:
+                return chunk  # one chunk: as it came, no copy
             # Grown chunk by chunk as they arrive: a body of megabytes (a request of images) is
             # copied a chunk at a time between other requests' turns on the loop, not in one
             # join at its end that holds up every other request meanwhile.
-            body = bytearray(message.get("body", b""))
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientDisconnect()
-                body += message.get("body", b"")
-                if not message.get("more_body", False):
-                    return body
+            body = bytearray(chunk)
+            while more:
+                chunk, more = await next_chunk()
+                body += chunk
+            return body
 
         h = wanted_headers(scope["headers"])
         path = scope["path"]

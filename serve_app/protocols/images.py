@@ -6,7 +6,6 @@ import asyncio
 import base64
 import binascii
 import io
-import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,7 +26,7 @@ MAX_PIXELS = 4096 * 4096
 # hold them all for seconds. Checked from the headers, before anything is decoded.
 MAX_REQUEST_PIXELS = 4 * MAX_PIXELS
 
-_BROKEN = (OSError, ValueError, SyntaxError, Image.DecompressionBombWarning, Image.DecompressionBombError)
+_BROKEN = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
 def _open(value: bytes | memoryview | str, index: int) -> Image.Image:
@@ -41,9 +40,10 @@ def _open(value: bytes | memoryview | str, index: int) -> Image.Image:
         except (binascii.Error, ValueError):
             raise InvalidInput(f"image {index}: a BYTES image in JSON must be base64-encoded PNG or JPEG") from None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(value))
+        # Pillow only warns below twice its own pixel limit; MAX_PIXELS, checked below before any
+        # pixel is decoded, is far lower. No `warnings.catch_warnings` here: it swaps the process's
+        # warning filters, which two decoder threads would restore in the wrong order.
+        img = Image.open(io.BytesIO(value))
     except Image.UnidentifiedImageError:
         raise InvalidInput(f"image {index}: not a PNG or JPEG image (its bytes match no known image format)") from None
     except _BROKEN:
@@ -72,15 +72,30 @@ def _pixels(img: Image.Image, size: int, index: int) -> np.ndarray:
         # a camera's picture for a model input costs a fraction of its full decode.
         img.draft("RGB", (size, size))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img.load()
-            rgb = img if img.mode == "RGB" else img.convert("RGB")  # RGB already: no copy of its pixels
+        img.load()
+        rgb = _rgb(img)
     except _BROKEN:
         raise _undecodable(index) from None
     if rgb.size != (size, size):
         rgb = rgb.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=REDUCING_GAP)
     return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
+
+
+# The modes Pillow gives a 16-bit greyscale PNG (and "I", which such a PNG may become).
+WIDE_GREY = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
+
+def _rgb(img: Image.Image) -> Image.Image:
+    if img.mode == "RGB":
+        return img  # no copy of its pixels
+    if img.mode in WIDE_GREY:
+        # Pillow's own conversion clips every value above 255, so a 16-bit picture would come
+        # out almost white; its high byte is the 8-bit picture (as Pillow keeps of 16-bit RGB).
+        wide = np.asarray(img)
+        if wide.dtype != np.uint16:  # "I" is 32-bit
+            wide = wide.clip(0, 65535)
+        return Image.fromarray((wide >> 8).astype(np.uint8)).convert("RGB")
+    return img.convert("RGB")
 
 
 def decode_image(value: bytes | memoryview | str, size: int, index: int = 0) -> np.ndarray:

@@ -8,7 +8,9 @@ import base64
 import io
 import json
 import os
+import struct
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -427,3 +429,40 @@ def test_a_binary_output_is_sent_from_its_array_without_a_list_of_values():
     np.testing.assert_array_equal(np.frombuffer(body[n:], "<f4").reshape(3, 2), logits)
     body, _ = v2.render_response(v2.InferResponse(model_name="m", outputs=[out]), set())
     assert json.loads(body)["outputs"][0]["data"] == logits.ravel().tolist()
+
+
+def test_a_16_bit_greyscale_png_keeps_its_tones():
+    """Pillow's own conversion clips 16-bit grey at 255: the picture would come out almost white."""
+    ramp = np.linspace(0, 65535, 32 * 32).reshape(32, 32).astype(np.uint16)
+    buf = io.BytesIO()
+    Image.fromarray(ramp).save(buf, format="PNG")
+    assert Image.open(io.BytesIO(buf.getvalue())).mode.startswith("I")
+    got = decode_image(buf.getvalue(), 32)
+    want = (ramp >> 8).astype(np.uint8)
+    for channel in got:
+        np.testing.assert_array_equal(channel, want)
+
+
+def _png_header_only(side: int) -> bytes:
+    """A PNG whose header claims side x side pixels, with no pixel data: what a decompression bomb declares."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize(
+    ("side", "needle"),
+    [
+        (5000, "5000x5000 pixels; at most 16777216 are allowed"),
+        # Past Pillow's own warning threshold: still refused by the size, with the size named.
+        (10000, "10000x10000 pixels; at most 16777216 are allowed"),
+        (20000, "cannot decode it"),  # past twice Pillow's limit, Pillow refuses it itself
+    ],
+)
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow's own, on open
+def test_an_image_too_large_is_refused_from_its_header(side, needle):
+    with pytest.raises(InvalidInput, match=needle):
+        decode_image(_png_header_only(side), 4)

@@ -124,8 +124,9 @@ class ModelConfig(BaseModel):
         30.0,
         gt=0,
         description="a batch or decode step running longer than this fails the replica's health check, and Serve "
-        "replaces the replica. Keep it at or below scheduling.batch_timeout_s: past that the routers no longer wait "
-        "for the batch, and a replica stuck longer only takes more batches to fail",
+        "replaces the replica. Classifiers: at most scheduling.batch_timeout_s (a larger value is refused; the default "
+        "follows a lower batch timeout), as past it the routers no longer wait for the batch, and a replica stuck "
+        "longer only takes more batches to fail",
     )
     precision: Literal["fp32", "int8", "fp16"] = Field(
         "fp32",
@@ -424,6 +425,7 @@ class AppArgs(BaseModel):
         if len(self.served) != sum(1 + len(m.versions) for m in self.models.values()):
             raise ValueError("two versions map to one deployment name; rename a model or a version")
         check_traffic(self, self.traffic)
+        self._check_stall_timeouts()
         for name in self.cache.models or []:
             if not self.is_name(name):
                 raise ValueError(f"cache.models names unknown model {name!r}")
@@ -437,6 +439,21 @@ class AppArgs(BaseModel):
             if len(families) != 1 or families & {"gpt"}:
                 raise ValueError(f"route {name!r} must join two classifiers of one family, got {sorted(map(str, families))}")
         return self
+
+    def _check_stall_timeouts(self) -> None:
+        # Past the routers' batch timeout a stuck classifier still passes its health check while
+        # every batch sent to it fails: Serve would replace it only after more batches were lost.
+        limit = self.scheduling.batch_timeout_s
+        for s in self._served.values():
+            if s.config.family == "gpt" or s.config.stall_timeout_s <= limit:
+                continue
+            if "stall_timeout_s" not in s.config.model_fields_set:
+                s.config.stall_timeout_s = limit  # the default follows a lowered batch timeout
+            else:
+                raise ValueError(
+                    f"{s.deployment}: stall_timeout_s {s.config.stall_timeout_s:g} is above scheduling.batch_timeout_s "
+                    f"{limit:g}; keep it at or below, so that a replica stuck on a batch fails its health check"
+                )
 
     _served: dict[str, ServedVersion] = PrivateAttr(default_factory=dict)
     # model -> version -> deployment, made with `_served`: the router asks for it on every call.

@@ -140,3 +140,16 @@ def test_calls_waiting_for_a_full_generator_are_bounded_and_classifiers_are_not(
     generation = args.models["gpt"].generation
     assert gpt.max_queued_requests == generation.kv_slots + generation.max_waiting > 0
     assert all(h._bound_deployment.max_queued_requests == -1 for name, h in handles.items() if name != "gpt")
+
+
+def test_a_classifiers_stall_timeout_past_the_routers_batch_timeout_is_a_config_error():
+    args = _args()
+    args["scheduling"] = {"batch_timeout_s": 20}
+    args["models"]["g"]["stall_timeout_s"] = 60  # a decode step: the routers' batch timeout is not its bound
+    args["models"]["a"]["stall_timeout_s"] = 20
+    valid = AppArgs.model_validate(args)
+    assert valid.deployment_config("b").stall_timeout_s == 20  # its default follows the lowered batch timeout
+    assert valid.deployment_config("g").stall_timeout_s == 60
+    args["models"]["b"]["versions"] = {"2": {"preset": "bert-tiny", "stall_timeout_s": 25}}
+    with pytest.raises(ValidationError, match=r"b-v2: stall_timeout_s 25 is above scheduling\.batch_timeout_s 20"):
+        AppArgs.model_validate(args)

@@ -92,22 +92,31 @@ class Classifier(OnnxModel):
         urgent_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-urgent")
         self.lanes[URGENT] = BatchExecutor(partial(self._run_payloads, session=self.session), size, urgent_pool)
 
-    def warm_up(self) -> None:
+    def warm_up(self, max_batch_size: int | None = None) -> None:
+        """Every session runs the shapes batches of up to `max_batch_size` (default: the current
+        batching's) are padded to."""
+        buckets = self._buckets(max_batch_size)
         for session in self.sessions:
-            self._warm(session)
+            self._warm(session, buckets)
 
-    def _warm(self, session: ort.InferenceSession) -> None:
+    def _warm(self, session: ort.InferenceSession, buckets: list[int] | None) -> None:
         """Run the graph once so the first real request doesn't pay for lazy init."""
         raise NotImplementedError
 
-    def _buckets(self) -> list[int] | None:
+    def _buckets(self, max_batch_size: int | None = None) -> list[int] | None:
         """On a GPU, the few batch sizes every batch is padded to (batching.batch_buckets); None on CPU,
         where a padded row costs as much as a real one and a new shape costs nothing extra."""
         if self.session.get_providers()[0] == "CPUExecutionProvider":  # what runs, not what was asked
             return None
-        return batch_buckets(self.batching.max_batch_size)
+        return batch_buckets(max_batch_size or self.batching.max_batch_size)
 
     def apply_batching(self, batching: BatchingConfig) -> None:
+        new = self._buckets(batching.max_batch_size)
+        if new is not None and new != self._buckets():
+            # A live batch size change (`user_config`): the new shapes run once here, before any
+            # batch is formed for them, not in the first requests that meet them. Serve runs this
+            # in a thread, so the batches meanwhile go on at the old size.
+            self.warm_up(batching.max_batch_size)
         super().apply_batching(batching)
         for lane in self.lanes.values():
             lane.max_items = batching.max_batch_size
@@ -218,11 +227,10 @@ class TextClassifier(Classifier):
         self.tokenizer: TextTokenizer | None = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file)
         self.warm_up()
 
-    def _warm(self, session: ort.InferenceSession) -> None:
+    def _warm(self, session: ort.InferenceSession, buckets: list[int] | None) -> None:
         """On a GPU, every (batch size, length) shape that `_forward` pads batches to, once: each new
         shape's first run is slow there (see serve_app.padding.batch_buckets). On CPU, one run."""
         assert self.tokenizer is not None
-        buckets = self._buckets()
         if buckets is None:
             self._forward([[self.tokenizer.pad_id]], session)
             return
@@ -284,18 +292,18 @@ class ImageClassifier(Classifier):
         super().__init__(name, model_path, config)
         self.warm_up()
 
-    def _warm(self, session: ort.InferenceSession) -> None:
+    def _warm(self, session: ort.InferenceSession, buckets: list[int] | None) -> None:
         s = self.manifest.image_size or 32
-        for n in self._buckets() or [1]:
+        for n in buckets or [1]:
             session.run(None, {"image": np.zeros((n, 3, s, s), dtype=np.float32)})
 
-    def _buckets(self) -> list[int] | None:
+    def _buckets(self, max_batch_size: int | None = None) -> list[int] | None:
         """On a GPU, one batch size: max_batch_size. ONNX Runtime's CUDA convolutions keep the cuDNN
         plan of the last input shape only and build a new one whenever the shape changes
         (`Conv::UpdateState` in onnxruntime/core/providers/cuda/nn/conv.cc; onnxruntime issue
         23006): for a ResNet-50, CPU work that outlasts the batch many times over, so a session fed
         a mix of batch sizes spends its time planning. A padded row costs the GPU far less."""
-        buckets = super()._buckets()
+        buckets = super()._buckets(max_batch_size)
         return None if buckets is None else buckets[-1:]
 
     def _probe_one_row(self, session: ort.InferenceSession) -> None:

@@ -401,7 +401,7 @@ def test_on_a_gpu_an_image_replica_runs_one_batch_shape_whatever_the_batch(tiny_
     batches = [rng.random((n, 3, s, s), dtype=np.float32) for n in (1, 3, 5)]
     on_cpu = replica._forward_all(batches, replica.session)
 
-    monkeypatch.setattr(Classifier, "_buckets", lambda self: batch_buckets(self.batching.max_batch_size))  # as on a GPU
+    monkeypatch.setattr(Classifier, "_buckets", lambda self, n=None: batch_buckets(n or self.batching.max_batch_size))  # GPU
     shapes: list[tuple[int, ...]] = []
 
     class Recording:
@@ -410,7 +410,7 @@ def test_on_a_gpu_an_image_replica_runs_one_batch_shape_whatever_the_batch(tiny_
             return replica.session.run(outputs, feed)
 
     size = replica.batching.max_batch_size
-    replica._warm(Recording())
+    replica._warm(Recording(), replica._buckets())
     for batch in batches:
         replica._forward_all([batch], Recording())
     replica._probe_one_row(Recording())

@@ -47,9 +47,9 @@ def test_on_a_gpu_text_runs_only_the_shapes_warmed_at_start_and_answers_as_on_cp
     prepared = replica._prepare(texts)
     on_cpu = replica._forward_all([prepared], replica.session)
 
-    replica._buckets = lambda: BUCKETS  # as on a GPU
+    replica._buckets = lambda n=None: BUCKETS  # as on a GPU
     session = Recording(replica.session)
-    replica._warm(session)
+    replica._warm(session, BUCKETS)
     warmed = set(session.shapes)
     assert len(session.shapes) == len(warmed) == len(BUCKETS) * len(length_edges(replica.max_len))
     assert warmed == {(b, t) for b in BUCKETS for t in length_edges(replica.max_len)}
@@ -75,3 +75,29 @@ def test_a_text_the_tokenizer_cannot_take_fails_alone_in_its_batch(tiny_model_di
     assert results[0].shape[0] == 1 and results[2].shape[0] == 2
     alone = replica._run_payloads([["the food"]], session=replica.session)[0]
     assert np.allclose(results[0], alone, atol=1e-5)
+
+
+def test_a_live_batch_size_change_runs_its_new_shapes_before_batches_use_them(tiny_model_dir, monkeypatch):
+    replica = text_replica(tiny_model_dir, monkeypatch)
+    seen: list[int] = []  # max_batch_size when each warm-up run happened
+    session = Recording(replica.session)
+    original = session.run
+
+    def run(outputs: Any, feed: dict[str, np.ndarray]) -> Any:
+        seen.append(replica.batching.max_batch_size)
+        return original(outputs, feed)
+
+    session.run = run  # type: ignore[method-assign]
+    replica.sessions = [session]
+    replica.reconfigure({"max_batch_size": 16})
+    assert session.shapes == []  # on CPU a new shape costs nothing extra: nothing to warm
+
+    monkeypatch.setattr(type(replica), "_buckets", lambda self, n=None: batch_buckets(n or self.batching.max_batch_size))
+    replica.reconfigure({"max_batch_size": 32})
+    edges = length_edges(replica.max_len)
+    assert set(session.shapes) == {(b, t) for b in batch_buckets(32) for t in edges}
+    assert set(seen) == {16}  # all run before the switch
+    assert replica.batching.max_batch_size == 32 and all(lane.max_items == 32 for lane in replica.lanes.values())
+    session.shapes.clear()
+    replica.reconfigure({"max_batch_size": 32, "batch_wait_timeout_s": 0.01})  # same shapes: nothing to run
+    assert session.shapes == []

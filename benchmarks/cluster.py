@@ -497,6 +497,13 @@ def cpu_snapshot() -> dict[int, tuple[str, float]]:
     return snap
 
 
+def idle_cores_by_role(seconds: float) -> dict[str, float]:
+    """The cores each role uses with no load: what a deployment costs the node whatever it serves."""
+    before, t0 = cpu_snapshot(), time.perf_counter()
+    time.sleep(seconds)
+    return cpu_by_role(before, cpu_snapshot(), time.perf_counter() - t0)
+
+
 def cpu_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float) -> dict[str, float]:
     """Cores used per role between two snapshots (1.0 = one core busy all the time)."""
     used: dict[str, float] = {}

@@ -9,6 +9,14 @@ the whole server, for baselines that are one process), and Ray's own overhead
 (controller, daemons, HAProxy's manager, other models' idle replicas). The load
 generator is the client and is left out.
 
+Part of what each role uses does not grow with requests: Ray's controller and daemons,
+health checks, metric pushes, other models' idle replicas. Where a run measured the
+setup with no load (`idle_cores_by_role`), the ceiling keeps those cores as a fixed
+cost of the node and divides the rest by what each request adds above them:
+(cores - idle cores) / (core-ms per request above idle). Without an idle measurement
+it divides all cores by the whole per-request cost, which counts the fixed part once
+per request and so understates a large node.
+
 The ceiling assumes the per-request cost stays what it was at the measured point and
 every core does serving work: an upper bound that says which part runs out first when
 a node grows, not a promise (batching changes the model's share with load).
@@ -38,24 +46,32 @@ def part_of(role: str, model: str) -> str | None:
     return "ray"  # Ray's processes, and other models' replicas idling beside this one
 
 
-def core_ms_per_request(point: dict[str, Any], model: str) -> dict[str, float] | None:
+def core_ms_per_request(point: dict[str, Any], model: str, idle: dict[str, float] | None = None) -> dict[str, float] | None:
     """Core-ms per answered request (a 2xx: refusals and errors are work, not answers), per part,
-    and their total (`total`); None without figures."""
+    and their total (`total`); None without figures. With `idle` (cores per role with no load),
+    only what each role used above its idle use: what a request adds."""
     rps = point.get("goodput_rps") or 0.0
     roles = point.get("cpu_cores_by_role") or {}
     if rps <= 0 or not roles:
         return None
+    idle = idle or {}
     out = dict.fromkeys(PARTS, 0.0)
     for role, cores in roles.items():
         part = part_of(role, model)
         if part is not None:
-            out[part] += cores * 1000.0 / rps
+            out[part] += max(0.0, cores - idle.get(role, 0.0)) * 1000.0 / rps
     out = {k: round(v, 3) for k, v in out.items()}
     out["total"] = round(sum(out[p] for p in PARTS), 3)
     return out
 
 
-def ceiling_rps(cost: dict[str, float], cores: int) -> float | None:
-    """Requests/s a node of `cores` would answer if every core spent this much per request."""
+def fixed_cores(idle: dict[str, float] | None) -> float:
+    """The cores a setup uses with no load, the client left out: a node's fixed cost."""
+    return round(sum(c for role, c in (idle or {}).items() if role not in CLIENT_ROLES), 3)
+
+
+def ceiling_rps(cost: dict[str, float], cores: int, fixed: float = 0.0) -> float | None:
+    """Requests/s a node of `cores` would answer if `fixed` of them went to idle work and the
+    rest spent `cost["total"]` per request (`cost` above idle where `fixed` is given)."""
     total = cost.get("total") or 0.0
-    return round(cores * 1000.0 / total, 1) if total > 0 else None
+    return round((cores - fixed) * 1000.0 / total, 1) if total > 0 and cores > fixed else None

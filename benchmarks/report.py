@@ -217,24 +217,30 @@ def _open_loop_and_cpu(r: dict[str, Any], c: int, cores: int | None) -> list[str
 def cost_table(r: dict[str, Any], model: str, c: int) -> list[str]:
     """Core-ms per request by part at concurrency `c`, and the ceilings they imply (benchmarks/cost.py)."""
     lines = [
-        f"CPU per request at concurrency {c}, core-ms (the load generator left out), and the throughput a node would "
-        "reach if every core did this work at this cost (benchmarks/cost.py):",
+        f"CPU per request at concurrency {c}, core-ms (the load generator left out); the cores each setup used with no "
+        "load; and the throughput a node would reach if, beyond those idle cores, every core did what a request adds "
+        "above idle (benchmarks/cost.py; without an idle measurement, all cores at the whole cost):",
         "",
-        "| setup | inputs | ingress | router | model | Ray | total | throughput | ceiling, 2 cores | ceiling, 16 cores |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| setup | inputs | ingress | router | model | Ray | total | throughput | idle cores | total above idle "
+        "| ceiling, 2 cores | ceiling, 16 cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for setup in (*SETUPS, "ours-binary"):
         if setup not in r:
             continue
         point = _at(r[setup]["closed"], c)
         cost_ = cost.core_ms_per_request(point, model)
-        if cost_ is None:
+        idle = r[setup].get("idle_cores_by_role")
+        above = cost.core_ms_per_request(point, model, idle)
+        if cost_ is None or above is None:
             continue
+        fixed = cost.fixed_cores(idle)
         name, inputs = ("ours", "binary") if setup == "ours-binary" else (setup, "JSON")
         parts = " | ".join(_fmt(cost_[p], 3) for p in (*cost.PARTS, "total"))
+        idle_cells = f"{_fmt(fixed, 3)} | {_fmt(above['total'], 3)}" if idle else "- | -"
         lines.append(
-            f"| {name} | {inputs} | {parts} | {point['throughput_rps']} req/s | "
-            f"{_fmt(cost.ceiling_rps(cost_, 2))} req/s | {_fmt(cost.ceiling_rps(cost_, 16))} req/s |"
+            f"| {name} | {inputs} | {parts} | {point['throughput_rps']} req/s | {idle_cells} | "
+            f"{_fmt(cost.ceiling_rps(above, 2, fixed))} req/s | {_fmt(cost.ceiling_rps(above, 16, fixed))} req/s |"
         )
     return lines
 

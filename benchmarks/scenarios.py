@@ -39,6 +39,7 @@ from benchmarks.cluster import (
     Ingress,
     Probe,
     RayCluster,
+    idle_cores_by_role,
     naive_server,
     replica_rss_mb,
     run_loadgen,
@@ -66,6 +67,7 @@ class Settings:
     sweep_concurrency: int = 32
     ingress_concurrencies: list[int] = field(default_factory=lambda: [8, 32])
     profile_seconds: float = 15.0
+    idle_seconds: float = 5.0  # compare: each served setup's CPU with no load, before its load points
     high_share: float = 0.1  # high-priority rate, as a share of the measured capacity
     overload: float = 2.0  # low-priority rate, as a multiple of the measured capacity
     # Measured window of the priority scenario's open-loop runs: ~200 high requests, so a p99
@@ -82,7 +84,7 @@ class Settings:
         return cls(
             models=models, model_dir=model_dir, config=config, seconds=1.5, warmup=0.5, concurrencies=[4],
             headline_concurrency=4, limit_batch_sizes=[1, 4], limit_seconds=0.3, sweep_batch_sizes=[1, 4],
-            sweep_concurrency=4, ingress_concurrencies=[4], profile_seconds=3.0, priority_seconds=1.5,
+            sweep_concurrency=4, ingress_concurrencies=[4], profile_seconds=3.0, priority_seconds=1.5, idle_seconds=0.5,
             smoke_ingress=True, measured_models_only=True,
         )  # fmt: skip
 
@@ -228,6 +230,7 @@ def compare(s: Settings) -> dict[str, Any]:
             deploy_s = cluster.deploy(pin_replicas(plain_config(s, m), ["PlainModel"]), _probe(s, m))
             out["models"][m]["plain"] = {
                 "deploy_s": round(deploy_s, 1),
+                "idle_cores_by_role": idle_cores_by_role(s.idle_seconds),
                 # False: HAProxy never reached the replicas directly, and the points measure Serve's proxy.
                 "direct_backends": cluster.direct_backends,
                 "closed": _closed_curve(url, wl, s, ("PlainModel",)),
@@ -237,10 +240,12 @@ def compare(s: Settings) -> dict[str, Any]:
         # adds a model load, and one that the autoscaler starts late in a model's phase runs into
         # the next model's (measured: 1.1 cores of bert-heavy during ResNet-50's c=32 point).
         deploy_s = cluster.deploy(pin_replicas(ours_config(s), s.models), _probe(s, s.models[0]))
+        idle = idle_cores_by_role(s.idle_seconds)
         for m in s.models:
             wl, rate = _workload(s, m, tmp), out["models"][m]["open_rate_rps"]
             out["models"][m]["ours"] = {
                 "deploy_s": round(deploy_s, 1),
+                "idle_cores_by_role": idle,
                 "direct_backends": cluster.direct_backends,
                 "closed": _closed_curve(url, wl, s, (m, "router")),
                 "open": run_loadgen(url, wl, {"rate": rate}, s.seconds, s.warmup),
@@ -249,7 +254,7 @@ def compare(s: Settings) -> dict[str, Any]:
             # the headline concurrency: what a tritonclient user's requests cost.
             binary = _workload(s, m, tmp, binary=True)
             point = run_loadgen(url, binary, {"concurrency": s.headline_concurrency}, s.seconds, s.warmup, (m, "router"))
-            out["models"][m]["ours-binary"] = {"closed": [point]}
+            out["models"][m]["ours-binary"] = {"closed": [point], "idle_cores_by_role": idle}
     out["ingress"] = DEFAULT_INGRESS.label
     shutil.rmtree(tmp, ignore_errors=True)
     return out

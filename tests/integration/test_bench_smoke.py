@@ -86,9 +86,12 @@ def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
         assert {"replica:router", f"replica:{model}"} <= set(r["ours"]["closed"][-1]["cpu_cores_by_role"])
         assert r["ours"]["closed"][-1]["served_by"] == {model: r["ours"]["closed"][-1]["requests"]}
         _answered(r["ours-binary"]["closed"][0])  # the binary tensor extension, end to end
+        # Each served setup measured with no load too: the cost model's fixed cores.
+        assert all(isinstance(r[s]["idle_cores_by_role"], dict) for s in ("plain", "ours", "ours-binary"))
     assert sorted(res["plots"]) == ["curve_resnet-heavy.png"]
     readme = (tmp_path / "README.md").read_text()
     assert "ours vs plain Ray Serve" in readme and "| ours | binary |" in readme and "ceiling, 16 cores" in readme
+    assert "| idle cores | total above idle |" in readme
 
 
 @pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy not installed")

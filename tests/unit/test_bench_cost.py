@@ -55,3 +55,20 @@ def test_a_binary_body_decodes_to_the_same_tensors_as_its_json(body: dict) -> No
         assert np.array_equal(v2.decode_numeric(a), v2.decode_numeric(b))
     spec = workloads.StreamSpec("s", "/p", [body], binary=True).to_json()["bodies"][0]
     assert base64.b64decode(spec["base64"]) == raw and spec["header_length"] == header_length
+
+
+def test_idle_cores_are_the_nodes_fixed_cost_and_a_request_pays_only_what_it_adds_above_them() -> None:
+    point = {
+        "goodput_rps": 1000.0,
+        "cpu_cores_by_role": {"replica:router": 0.6, "replica:m": 0.4, "serve-controller": 0.05, "haproxy": 0.1, "loadgen": 0.1},
+    }
+    idle = {"replica:router": 0.05, "replica:m": 0.02, "serve-controller": 0.05, "ray-system": 0.03, "loadgen": 0.01}
+    above = cost.core_ms_per_request(point, "m", idle)
+    assert above == {"ingress": 0.1, "router": 0.55, "model": 0.38, "ray": 0.0, "total": 1.03}
+    fixed = cost.fixed_cores(idle)
+    assert fixed == 0.15  # the client's idle share left out
+    # 16 cores: 0.15 of them idle work, the rest at 1.03 core-ms a request.
+    assert cost.ceiling_rps(above, 16, fixed) == pytest.approx((16 - 0.15) * 1000 / 1.03, abs=0.1)
+    whole = cost.core_ms_per_request(point, "m")
+    assert whole is not None and cost.ceiling_rps(whole, 16) < cost.ceiling_rps(above, 16, fixed)  # type: ignore[operator]
+    assert cost.ceiling_rps(above, 1, fixed=1.5) is None  # idle work alone fills the node

@@ -4,10 +4,10 @@ with N cores would serve at that cost.
 A load point records the cores each process role used over the measured window
 (`cpu_cores_by_role`) and the requests answered in it; cores x 1000 / requests per
 second is the CPU each request cost that role. Roles fold into the parts an operator
-sizes: the ingress proxy (HAProxy, Serve's proxy), the router, the model replica (or
-the whole server, for baselines that are one process), and Ray's own overhead
-(controller, daemons, HAProxy's manager, other models' idle replicas). The load
-generator is the client and is left out.
+sizes: the ingress proxy (HAProxy, its manager, which parses HAProxy's log line of every
+request for Serve's metrics, and Serve's proxy), the router, the model replica (or the
+whole server, for baselines that are one process), and Ray's own overhead (controller,
+daemons, other models' idle replicas). The load generator is the client and is left out.
 
 Part of what each role uses does not grow with requests: Ray's controller and daemons,
 health checks, metric pushes, other models' idle replicas. Where a run measured the
@@ -27,8 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 PARTS = ("ingress", "router", "model", "ray")
-INGRESS_ROLES = ("haproxy", "serve-proxy")
-RAY_ROLES = ("serve-controller", "haproxy-manager", "ray-system")
+INGRESS_ROLES = ("haproxy", "haproxy-manager", "serve-proxy")
+RAY_ROLES = ("serve-controller", "ray-system")
 CLIENT_ROLES = ("loadgen",)
 MODEL_ROLES = ("replica:PlainModel", "naive-server")
 

@@ -20,7 +20,8 @@ def test_core_ms_per_request_folds_roles_into_parts_and_leaves_the_client_out() 
             "replica:router": 0.5,  # 1 ms per request
             "replica:bert-heavy": 0.25,
             "replica:resnet-heavy": 0.01,  # another model idling: Ray's overhead, not this model's
-            "haproxy": 0.1,
+            "haproxy": 0.07,
+            "haproxy-manager": 0.03,  # parses HAProxy's log line of every request: the ingress's
             "serve-proxy": 0.05,
             "serve-controller": 0.04,
             "loadgen": 0.3,

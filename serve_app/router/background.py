@@ -17,6 +17,7 @@ from serve_app.router.heaptrim import HeapTrim
 from serve_app.router.telemetry import RouterTelemetry
 from serve_app.router.versions import VersionedModels
 from serve_app.scheduling.overload import LoopLag
+from serve_app.scheduling.traffic import TrafficPolicy
 
 logger = logging.getLogger("ray.serve")
 GC_POLL_S = 0.25
@@ -41,6 +42,7 @@ class BackgroundLoops:
         on_lag: Callable[[float], None] | None = None,
         versions: VersionedModels | None = None,
         cache: ResponseCache | None = None,
+        share_rollbacks: Callable[[TrafficPolicy], Awaitable[object]] | None = None,
     ) -> None:
         self.dispatchers = dispatchers
         self.cascades = cascades
@@ -51,6 +53,7 @@ class BackgroundLoops:
         self.loop_lag = loop_lag  # fed by its own loop when the router's overload control is on
         self.on_lag = on_lag  # told the smoothed lateness after each sample (priority protection)
         self.versions, self.cache = versions, cache  # rollback checks, and their metrics
+        self.share_rollbacks = share_rollbacks  # with the application's other routers (rollback_ledger.py)
         self.heap_trim = HeapTrim()
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -63,7 +66,7 @@ class BackgroundLoops:
         if self.loop_lag is not None:
             self._spawn(self._measure_lag(self.loop_lag, self.on_lag))
         if self.versions is not None and self.cache is not None:
-            self._spawn(self._lifecycle(self.versions, self.cache))
+            self._spawn(self._lifecycle(self.versions, self.cache, self.share_rollbacks))
         if self.heap_trim.available:
             self._spawn(self._trim_heap(self.heap_trim))
         if self.full_gc_max_interval_s is not None:
@@ -99,8 +102,12 @@ class BackgroundLoops:
                 logger.exception("exporting router metrics failed")
 
     @staticmethod
-    async def _lifecycle(versions: VersionedModels, cache: ResponseCache) -> None:
-        """Canary rollbacks checked every tick; version and cache metrics exported every other."""
+    async def _lifecycle(
+        versions: VersionedModels,
+        cache: ResponseCache,
+        share: Callable[[TrafficPolicy], Awaitable[object]] | None = None,
+    ) -> None:
+        """Canary rollbacks checked (and shared) every tick; version and cache metrics exported every other."""
         from serve_app.router.telemetry_lifecycle import LifecycleTelemetry
 
         telemetry = LifecycleTelemetry()
@@ -110,6 +117,8 @@ class BackgroundLoops:
             tick += 1
             try:
                 versions.policy.check_rollbacks()
+                if share is not None and versions.policy.judges:
+                    await share(versions.policy)
                 if tick % 2 == 0:
                     await telemetry.export(versions, cache)
             except Exception:  # a rollback check or a metric must never take the router down

@@ -23,6 +23,7 @@ from serve_app.router.grpc_service import MODEL_INFER, GrpcInference, fail, head
 from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
 from serve_app.router.replicas import ROUTER_DEPLOYMENT, DeploymentStates, controller_states
+from serve_app.router.rollback_ledger import SharedRollbacks
 from serve_app.router.startup import prepare_process
 from serve_app.scheduling.autoscale import ROUTER_CPU
 from serve_app.scheduling.overload import CpuMeter
@@ -45,6 +46,7 @@ class Router:
             lambda model: handle_sender(handles[model], router_id),
             router_count=lambda: states.running(ROUTER_DEPLOYMENT),
             states=states,
+            share_rollbacks=SharedRollbacks(context.app_name).exchange,
         )
         self.grpc = GrpcInference(self.parts)
         self.cpu = CpuMeter()

@@ -26,6 +26,7 @@ from serve_app.router.versions import VersionedModels
 from serve_app.scheduling.breaker import CircuitBreaker
 from serve_app.scheduling.overload import LagShedding, LoopLag
 from serve_app.scheduling.protection import ClassProtection
+from serve_app.scheduling.traffic import TrafficPolicy
 
 
 @dataclass
@@ -64,6 +65,7 @@ def build_parts(
     send_for: SenderFor,
     router_count: Callable[[], Awaitable[int]] | None = None,
     states: DeploymentStates | None = None,
+    share_rollbacks: Callable[[TrafficPolicy], Awaitable[object]] | None = None,
 ) -> RouterParts:
     """Wire a router's parts from its config; starts nothing (see BackgroundLoops.start)."""
 
@@ -97,6 +99,7 @@ def build_parts(
             on_lag=protection.follow if protection is not None else None,
             versions=versions,
             cache=cache,
+            share_rollbacks=share_rollbacks,
         ),
         gc_pauses=GcPauses(),
         versions=versions,

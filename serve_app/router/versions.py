@@ -188,6 +188,8 @@ class VersionedModels:
         return {
             "weights": weights,
             "rollbacks": [{"model": r.model, "version": r.version, "reason": r.reason} for r in self.policy.rollbacks],
+            # Decided by another router of the application (or by this one before it restarted).
+            "adopted_rollbacks": [{"model": r.model, "version": r.version, "reason": r.reason} for r in self.policy.adopted],
             "calls": {f"{m}/{v}/{o}": n for (m, v, o), n in sorted(self.calls.items())},
             "shadows": shadows,
         }

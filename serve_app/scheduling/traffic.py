@@ -62,6 +62,12 @@ class Rollback:
     reason: str
 
 
+# A rollback as routers share it: (model, version, the version's configured weight, why). The
+# weight ties it to the configuration it was decided under: as in `TrafficPolicy.update`, a rollback
+# stands until the version's weight is changed, so one decided under another weight does not apply.
+SharedRollback = tuple[str, str, float, str]
+
+
 # How sure a rollback for errors must be: the canary's error rate is judged by its interval at this
 # many standard errors (one-sided, about 1 in 700), not its point estimate. The rule is checked every
 # few seconds over a sliding window of tens of calls; judged by point estimates, a canary failing
@@ -124,7 +130,8 @@ class TrafficPolicy:
         self.rng = rng
         self.models: dict[str, ModelTraffic] = {}
         self.windows: dict[tuple[str, str], OutcomeWindow] = {}
-        self.rollbacks: list[Rollback] = []  # every rollback so far (metrics and status read it)
+        self.rollbacks: list[Rollback] = []  # every rollback this router decided (metrics and status read it)
+        self.adopted: list[Rollback] = []  # rollbacks other routers decided, applied here
 
     def update(self, traffic: dict[str, TrafficConfig]) -> None:
         """Apply a new configuration. A rollback stands until the version's weight is changed; a
@@ -203,6 +210,37 @@ class TrafficPolicy:
                     logger.warning("traffic: rolled back %s version %s to weight 0: %s", model, version, reason)
                     new.append(event)
         self.rollbacks.extend(new)
+        return new
+
+    @property
+    def judges(self) -> bool:
+        """Whether any model's canaries are judged here (a rollback rule is configured)."""
+        return any(p.config.rollback is not None for p in self.models.values())
+
+    def standing(self) -> list[SharedRollback]:
+        """The rollbacks in effect here, decided here or adopted, as other routers adopt them."""
+        return [
+            (model, version, policy.config.weights.get(version, 0.0), reason)
+            for model, policy in self.models.items()
+            for version, reason in policy.rolled_back.items()
+        ]
+
+    def adopt(self, shared: list[SharedRollback]) -> list[Rollback]:
+        """Apply rollbacks other routers decided, where this router runs the same weight for that
+        version; returns those new here. Each router sees only its share of a canary's calls, and
+        a router started later saw none of the calls that condemned it."""
+        new = []
+        for model, version, weight, reason in shared:
+            policy = self.models.get(model)
+            if policy is None or version in policy.rolled_back or policy.config.weights.get(version) != weight:
+                continue
+            if version == policy.baseline:
+                continue  # the baseline is what canaries are judged against, never rolled back
+            policy.rolled_back[version] = reason
+            event = Rollback(model, version, reason)
+            logger.warning("traffic: %s version %s rolled back by another router: %s", model, version, reason)
+            new.append(event)
+        self.adopted.extend(new)
         return new
 
     def effective_weights(self) -> dict[tuple[str, str], float]:

@@ -601,3 +601,34 @@ def test_every_metric_the_dashboard_and_alert_rules_read_is_exported(app):
         lines = [line for line in text.splitlines() if line and line[0] != "#"]
         exported = {line.split("{")[0].split(" ")[0] for line in lines}
         high = [x for x in lines if x.startswith("ray_serve_app_request_latency_ms_count") and 'priority="high"' in x]
+
+
+LEDGER = """
+import sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+ledger = ray.get_actor("rollbacks:default", namespace="serve_app")
+for model, version, weight, _ in ray.get(ledger.exchange.remote([])):
+    print(f"{model}/{version}/{weight:g}")
+"""
+
+
+def test_a_router_replacing_a_dead_one_keeps_the_canary_rolled_back(app):
+    """The rollback above was decided by the one router from the calls it saw; the router Serve
+    starts in its place saw none of them and finds it in the application's rollback ledger.
+    Runs after the metrics test: it restarts the router."""
+    assert "canaried/3/50" in _script(app, LEDGER)  # the router sent what it decided
+    (router,) = [r for r in _script(app, ALIVE_REPLICAS) if "#router#" in r]
+    _script(app, KILL_REPLICAS, router)
+    _wait_for(lambda: router not in _script(app, ALIVE_REPLICAS) and _ready(), 90, "no router replaced the dead one")
+
+    def adopted() -> bool:
+        try:
+            return bool(_status()["versions"]["adopted_rollbacks"])
+        except (httpx.HTTPError, ValueError, KeyError):  # a router still starting
+            return False
+
+    _wait_for(adopted, 30, "the new router never adopted the rollback")
+    load = SteadyLoad("canaried")
+    asyncio.run(load.run(lambda: len(load.answers) >= 60))
+    # Version 3 fails every batch: one request routed to it would be a 5xx here.
+    assert {(s, v) for _, s, v in load.answers} == {(200, "1")}, load.answers[:5]

@@ -152,3 +152,28 @@ def test_shadow_stats_count_label_agreement_and_probability_differences():
 def test_weights_must_leave_some_traffic():
     with pytest.raises(ValueError, match="at least one above 0"):
         TrafficConfig.model_validate({"weights": {"1": 0}})
+
+
+def test_a_rollback_another_router_decided_applies_here_under_the_same_weight_only():
+    decided = policy(m={"weights": {"1": 90, "2": 10}, "rollback": ROLLBACK})
+    _feed(decided, "1", 100, 0.01)
+    _feed(decided, "2", 20, 0.01, failed_every=1)
+    assert decided.judges and len(decided.check_rollbacks()) == 1
+    (shared,) = decided.standing()
+    assert shared[:3] == ("m", "2", 10.0) and "error rate" in shared[3]
+
+    # A router that saw none of those calls (started later, or routed other clients).
+    fresh = policy(m={"weights": {"1": 90, "2": 10}, "rollback": ROLLBACK})
+    (adopted,) = fresh.adopt([shared])
+    assert (adopted.model, adopted.version) == ("m", "2")
+    assert fresh.effective_weights()[("m", "2")] == 0.0 and all(fresh.choose("m") == "1" for _ in range(200))
+    assert fresh.rollbacks == [] and fresh.adopted == [adopted]  # counted where it was decided, once
+    assert fresh.adopt([shared]) == []  # already applied
+    assert fresh.standing() == [shared]  # and passed on, so a third router learns it from either
+
+    # Under another weight (the operator gave the version a new chance), or for the baseline, or a
+    # model this router has no policy for: not applied.
+    renewed = policy(m={"weights": {"1": 80, "2": 20}, "rollback": ROLLBACK})
+    assert renewed.adopt([shared]) == [] and renewed.effective_weights()[("m", "2")] == 0.2
+    assert renewed.adopt([("m", "1", 80.0, "why")]) == [] and renewed.adopt([("other", "2", 10.0, "why")]) == []
+    assert not policy(m={"weights": {"1": 1}}).judges

@@ -134,10 +134,6 @@ class VersionedModels:
 
     def _mirror(self, model: str, version: str, payload: Payload, items: int, primary: np.ndarray) -> None:
         stats = self.shadows.setdefault((model, version), ShadowStats())
-        if isinstance(payload, np.ndarray) and not payload.flags.owndata:
-            # A binary tensor is a view of its request's whole body: a mirror waiting for idle time
-            # keeps only its own rows alive, not the body.
-            payload = payload.copy()
         mirror = Mirror(stats, self.args.versions(model)[version], payload, items, primary)
         offer = self.mirrors.offer(mirror, self.policy.shadow_limit(model))
         if offer.refused:

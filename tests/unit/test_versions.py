@@ -182,18 +182,3 @@ def test_an_idle_router_sends_the_shadows_batch_of_mirrors_at_once(batch: int):
         await v.stop()
 
     virtual_time(main)()
-
-
-def test_a_waiting_mirror_keeps_its_own_rows_not_the_request_body():
-    async def main() -> None:
-        models = Models()
-        v = VersionedModels(args(m={"weights": {"1": 1}, "shadow": {"version": "2", "max_inflight": 2}}), models.submit)
-        body = bytearray(np.arange(16, dtype=np.float32).tobytes()) + bytearray(1 << 20)  # tensor, then the rest
-        tensor = np.frombuffer(memoryview(body)[:64], dtype=np.float32).reshape(2, 8)
-        await v.submit("m", tensor, 2, Priority.NORMAL, None, None)
-        (waiting,) = v.mirrors.waiting  # not sent yet: it waits for the router's idle time
-        assert isinstance(waiting.payload, np.ndarray) and not np.shares_memory(waiting.payload, tensor)
-        np.testing.assert_array_equal(waiting.payload, tensor)
-        await v.stop()
-
-    virtual_time(main)()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -444,11 +444,16 @@ class AppArgs(BaseModel):
         # Past the routers' batch timeout a stuck classifier still passes its health check while
         # every batch sent to it fails: Serve would replace it only after more batches were lost.
         limit = self.scheduling.batch_timeout_s
-        for s in self._served.values():
+        for name, s in list(self._served.items()):
             if s.config.family == "gpt" or s.config.stall_timeout_s <= limit:
                 continue
             if "stall_timeout_s" not in s.config.model_fields_set:
-                s.config.stall_timeout_s = limit  # the default follows a lowered batch timeout
+                # The default follows a lowered batch timeout; in a copy, as the caller may hold this config.
+                config = s.config.model_copy(update={"stall_timeout_s": limit})
+                config.model_fields_set.add("stall_timeout_s")
+                self._served[name] = replace(s, config=config)
+                if name == s.model:
+                    self.models[s.model] = config
             else:
                 raise ValueError(
                     f"{s.deployment}: stall_timeout_s {s.config.stall_timeout_s:g} is above scheduling.batch_timeout_s "

@@ -92,10 +92,9 @@ class Classifier(OnnxModel):
         urgent_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-urgent")
         self.lanes[URGENT] = BatchExecutor(partial(self._run_payloads, session=self.session), size, urgent_pool)
 
-    def warm_up(self, max_batch_size: int | None = None) -> None:
-        """Every session runs the shapes batches of up to `max_batch_size` (default: the current
-        batching's) are padded to."""
-        buckets = self._buckets(max_batch_size)
+    def warm_up(self, buckets: list[int] | None = None) -> None:
+        """Every session runs the shapes of these batch sizes (default: the current batching's)."""
+        buckets = buckets or self._buckets()
         for session in self.sessions:
             self._warm(session, buckets)
 
@@ -111,12 +110,12 @@ class Classifier(OnnxModel):
         return batch_buckets(max_batch_size or self.batching.max_batch_size)
 
     def apply_batching(self, batching: BatchingConfig) -> None:
-        new = self._buckets(batching.max_batch_size)
-        if new is not None and new != self._buckets():
-            # A live batch size change (`user_config`): the new shapes run once here, before any
+        new, old = self._buckets(batching.max_batch_size), self._buckets() or []
+        if added := [b for b in new or [] if b not in old]:
+            # A live batch size change (`user_config`): the shapes it adds run once here, before any
             # batch is formed for them, not in the first requests that meet them. Serve runs this
             # in a thread, so the batches meanwhile go on at the old size.
-            self.warm_up(batching.max_batch_size)
+            self.warm_up(added)
         super().apply_batching(batching)
         for lane in self.lanes.values():
             lane.max_items = batching.max_batch_size

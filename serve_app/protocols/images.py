@@ -6,6 +6,7 @@ import asyncio
 import base64
 import binascii
 import io
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,6 +28,12 @@ MAX_PIXELS = 4096 * 4096
 MAX_REQUEST_PIXELS = 4 * MAX_PIXELS
 
 _BROKEN = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+# Pillow warns about an image over its own pixel limit, MAX_PIXELS refuses it anyway, and the
+# warning's text names the size: each new size would print a line and stay in the warnings
+# registry for good, a leak any client could drive with headers of a few bytes. Set once here, at
+# import, not per call (warnings.catch_warnings swaps the process's filters, which two decoder
+# threads would restore in the wrong order). Past twice that limit Pillow still refuses it itself.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
 def _open(value: bytes | memoryview | str, index: int) -> Image.Image:
@@ -40,10 +47,7 @@ def _open(value: bytes | memoryview | str, index: int) -> Image.Image:
         except (binascii.Error, ValueError):
             raise InvalidInput(f"image {index}: a BYTES image in JSON must be base64-encoded PNG or JPEG") from None
     try:
-        # Pillow only warns below twice its own pixel limit; MAX_PIXELS, checked below before any
-        # pixel is decoded, is far lower. No `warnings.catch_warnings` here: it swaps the process's
-        # warning filters, which two decoder threads would restore in the wrong order.
-        img = Image.open(io.BytesIO(value))
+        img = Image.open(io.BytesIO(value))  # the header only: MAX_PIXELS is checked before any pixel
     except Image.UnidentifiedImageError:
         raise InvalidInput(f"image {index}: not a PNG or JPEG image (its bytes match no known image format)") from None
     except _BROKEN:

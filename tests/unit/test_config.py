@@ -153,3 +153,13 @@ def test_a_classifiers_stall_timeout_past_the_routers_batch_timeout_is_a_config_
     args["models"]["b"]["versions"] = {"2": {"preset": "bert-tiny", "stall_timeout_s": 25}}
     with pytest.raises(ValidationError, match=r"b-v2: stall_timeout_s 25 is above scheduling\.batch_timeout_s 20"):
         AppArgs.model_validate(args)
+
+
+def test_a_stall_timeout_default_that_follows_the_batch_timeout_leaves_the_callers_config_alone():
+    from serve_app.config import ModelConfig
+
+    held = ModelConfig.model_validate({"preset": "bert-tiny"})
+    args = AppArgs.model_validate({"models": {"b": held}, "scheduling": {"batch_timeout_s": 10}})
+    assert args.deployment_config("b").stall_timeout_s == 10 and args.models["b"].stall_timeout_s == 10
+    assert held.stall_timeout_s == 30  # another AppArgs may take it under another batch timeout
+    assert AppArgs.model_validate({"models": {"b": held}}).deployment_config("b").stall_timeout_s == 30

@@ -466,3 +466,27 @@ def _png_header_only(side: int) -> bytes:
 def test_an_image_too_large_is_refused_from_its_header(side, needle):
     with pytest.raises(InvalidInput, match=needle):
         decode_image(_png_header_only(side), 4)
+
+
+def test_oversized_headers_of_many_sizes_print_nothing_and_leave_nothing_behind():
+    """Pillow's warning names the size: without a filter, each new size prints a line and stays in
+    the warnings registry for good, a leak that headers of a few bytes would drive."""
+    import subprocess
+
+    script = (
+        "import sys, warnings\n"
+        "from PIL import Image\n"
+        "from serve_app.errors import InvalidInput\n"
+        "from serve_app.protocols.images import decode_image\n"
+        "from tests.unit.test_protocols import _png_header_only\n"
+        "for side in range(9500, 9600):\n"
+        "    try:\n"
+        "        decode_image(_png_header_only(side), 4)\n"
+        "    except InvalidInput:\n"
+        "        pass\n"
+        "print(sum(key != 'version' for key in getattr(Image, '__warningregistry__', {})))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr == "" and done.stdout.split() == ["0"]

@@ -95,9 +95,11 @@ def test_a_live_batch_size_change_runs_its_new_shapes_before_batches_use_them(ti
     monkeypatch.setattr(type(replica), "_buckets", lambda self, n=None: batch_buckets(n or self.batching.max_batch_size))
     replica.reconfigure({"max_batch_size": 32})
     edges = length_edges(replica.max_len)
-    assert set(session.shapes) == {(b, t) for b in batch_buckets(32) for t in edges}
+    assert set(session.shapes) == {(32, t) for t in edges}  # the one size it adds; 1-16 were the old sizes
     assert set(seen) == {16}  # all run before the switch
     assert replica.batching.max_batch_size == 32 and all(lane.max_items == 32 for lane in replica.lanes.values())
     session.shapes.clear()
     replica.reconfigure({"max_batch_size": 32, "batch_wait_timeout_s": 0.01})  # same shapes: nothing to run
     assert session.shapes == []
+    replica.reconfigure({"max_batch_size": 24})  # 24 is new; 1-16 ran already
+    assert {b for b, _ in session.shapes} == {24}

@@ -234,8 +234,9 @@ class TextClassifier(Classifier):
             self._forward([[self.tokenizer.pad_id]], session)
             return
         for length in length_edges(self.max_len):
-            for n in buckets:
-                self._forward([[self.tokenizer.pad_id]] * n, session, length)
+            for n in buckets:  # exactly this shape: `_forward` would pad to the buckets in use now
+                ids, mask = pad_right([[self.tokenizer.pad_id]] * n, self.tokenizer.pad_id, length)
+                session.run(None, {"input_ids": ids, "attention_mask": mask})
 
     def _probe_one_row(self, session: ort.InferenceSession) -> None:
         assert self.tokenizer is not None

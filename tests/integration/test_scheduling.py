@@ -232,10 +232,12 @@ def test_deadline_that_cannot_be_met_is_refused_before_the_model_runs(app):
 
 
 def test_breaker_opens_on_a_failing_replica_falls_back_and_closes_when_it_heals(app):
+    # Read before the failures (they shed nothing): between the third and the next request, a
+    # status round trip could outlast the breaker's 1 s open window on a busy machine.
+    before = _status()["models"]["flaky"]
     failures = [_post(f"{URL}/v2/models/flaky/infer", json=_body()) for _ in range(3)]
     assert [r.status_code for r in failures] == [500] * 3
     assert all("injected fault" in r.json()["error"] for r in failures)
-    before = _status()["models"]["flaky"]
     fast = _post(f"{URL}/v2/models/flaky/infer", json=_body())
     assert fast.status_code == 503 and "circuit open" in fast.json()["error"], fast.text
     assert int(fast.headers["Retry-After"]) >= 1
@@ -287,11 +289,11 @@ def _replicas(env: dict[str, str], deployment: str) -> int:
 
 def test_router_held_load_scales_the_model_up_and_back_down(app):
     assert _replicas(app, "autoscaled") == 1
-    stop = False
+    stop = scaled = False
     peak_queue = 0
 
     async def load() -> None:
-        nonlocal peak_queue, stop
+        nonlocal peak_queue, stop, scaled
         async with httpx.AsyncClient(base_url=URL, timeout=60, headers=AUTH) as client:
 
             async def worker() -> None:
@@ -306,12 +308,14 @@ def test_router_held_load_scales_the_model_up_and_back_down(app):
                     q = (await client.get("/router/status")).json()["models"].get("autoscaled", {})
                     peak_queue = max(peak_queue, sum(q.get("queued_items", {}).values()))
                 if await asyncio.to_thread(_replicas, app, "autoscaled") == 2:
+                    scaled = True
                     break
             stop = True
             await asyncio.gather(*tasks)
 
     asyncio.run(load())
-    assert _replicas(app, "autoscaled") == 2, "router-held load never scaled the model up"
+    # Seen under load; asked again once it ended, the answer could already be the scale-down's.
+    assert scaled, "router-held load never scaled the model up"
     assert peak_queue >= 4, "the load was held in the router's queue"
     _wait_for(lambda: _replicas(app, "autoscaled") == 1, 90, "the model never scaled back down")
 
@@ -337,7 +341,7 @@ def test_a_model_at_zero_replicas_is_ready_answers_its_first_requests_and_goes_b
     assert [status for status, _, _ in answers] == [200] * 4, [r.text for _, _, r in answers]
     assert all(r.headers["X-Served-By"] == "cold" for _, _, r in answers)
     assert hurried_status in (503, 504) and hurried_s < 5, (hurried_status, hurried_s)
-    assert _replicas(app, "cold") == 1
+    # (Answered by `cold`, so it had a replica: asking Serve now could meet the idle scale-down.)
     _wait_for(lambda: _replicas(app, "cold") == 0, 60, "the idle model never went back to zero")
 
 

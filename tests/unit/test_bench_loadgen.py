@@ -84,7 +84,7 @@ def _workload(tmp_path: Path) -> Path:
 def test_closed_loop_counts_every_status_and_model(server_url: str, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     argv = ["--url", server_url, "--workload", str(_workload(tmp_path)), "--concurrency", "4",
-            "--seconds", "0.6", "--warmup", "0.2", "--out", str(out), "--raw"]  # fmt: skip
+            "--seconds", "1.5", "--warmup", "0.2", "--out", str(out), "--raw"]  # fmt: skip
     assert loadgen.main(argv) == 0
     r = json.loads(out.read_text())
     assert r["mode"] == "closed" and 0 < r["requests"] <= len(r["records"])
@@ -132,18 +132,20 @@ def test_in_flight_cap_is_per_stream(server_url: str, tmp_path: Path) -> None:
     client must not drop the fast stream's arrivals on the flood's account."""
     workload = workloads.write(
         [
-            workloads.StreamSpec("flood", "/slow", [{"x": 1}], weight=4),
+            # Fine's share of the rate is so small that all its arrivals together stay under the
+            # cap: however long this machine stalls the test server, fine cannot fill it itself.
+            workloads.StreamSpec("flood", "/slow", [{"x": 1}], weight=9),
             workloads.StreamSpec("fine", "/infer", [{"x": 2}], weight=1),
         ],
         tmp_path / "w.json",
     )
     out = tmp_path / "r.json"
     argv = ["--url", server_url, "--workload", str(workload), "--rate", "300", "--seconds", "0.6",
-            "--warmup", "0.1", "--max-in-flight", "20", "--out", str(out)]  # fmt: skip
+            "--warmup", "0.1", "--max-in-flight", "40", "--out", str(out)]  # fmt: skip
     assert loadgen.main(argv) == 0
     r = json.loads(out.read_text())
     flood, fine = r["streams"]["flood"], r["streams"]["fine"]
-    assert flood["client_dropped"] > 50 and flood["requests"] <= 20
+    assert flood["client_dropped"] > 50 and flood["requests"] <= 40
     assert fine["client_dropped"] == 0 and fine["statuses"] == {"200": fine["requests"]} and fine["requests"] > 10
     assert r["client_dropped"] == flood["client_dropped"]
 

@@ -42,6 +42,12 @@ def by_name(spans: list[ReceivedSpan]) -> dict[str, list[ReceivedSpan]]:
     return out
 
 
+def named(receiver: OtlpReceiver, trace_id: str, *names: str) -> dict[str, list[ReceivedSpan]]:
+    """The trace's spans by name, once every one of `names` is in (flush gives up silently after
+    its timeout, which a stalled machine can outlast)."""
+    return by_name(receiver.wait_for(trace_id, lambda spans: set(names) <= {x.name for x in spans}))
+
+
 class Model:
     """One batch at a time; remembers the trace context each batch carried."""
 
@@ -101,7 +107,7 @@ def test_a_queued_request_gets_queue_and_batch_spans_under_its_own_trace_and_the
 
     asyncio.run(scenario())
     tracing.flush()
-    spans = by_name(receiver.trace(trace_id))
+    spans = named(receiver, trace_id, "POST /v2/models/{model}/infer", "router.queue", "model.batch")
     (server,) = spans["POST /v2/models/{model}/infer"]
     (queue,) = spans["router.queue"]
     (batch,) = spans["model.batch"]
@@ -124,7 +130,7 @@ def test_a_failed_batch_marks_each_traced_requests_round_trip_as_an_error(receiv
 
     asyncio.run(scenario())
     tracing.flush()
-    (batch,) = by_name(receiver.trace(trace_id))["model.batch"]
+    (batch,) = named(receiver, trace_id, "model.batch")["model.batch"]
     assert batch.status_code == 2 and batch.attributes["error.type"] == "ModelFailure"  # STATUS_CODE_ERROR
 
 
@@ -169,8 +175,8 @@ def test_a_batch_sent_again_after_its_replica_died_carries_only_the_waiting_requ
 
     asyncio.run(scenario())
     tracing.flush()
-    (batch_b,) = by_name(receiver.trace(trace_b))["model.batch"]
-    (batch_a,) = by_name(receiver.trace(trace_a))["model.batch"]
+    (batch_b,) = named(receiver, trace_b, "model.batch")["model.batch"]
+    (batch_a,) = named(receiver, trace_a, "model.batch")["model.batch"]
     assert [p for p, _ in sent] == [["x"], ["a", "b"], ["b"]]
     assert sent[-1][1] == [traceparent(trace_b, batch_b.span_id)]  # the retry carries b's context alone
     assert batch_b.status_code != 2 and "serve_app.replica.exec_ms" in batch_b.attributes
@@ -204,7 +210,8 @@ def test_a_generation_records_its_prefill_and_each_decode_step_under_the_callers
     h.submit("an untraced neighbour", max_tokens=5)
     h.run()
     tracing.flush()
-    spans = by_name(receiver.trace(trace_id))
+    decodes = len(seq.tokens) - 1
+    spans = by_name(receiver.wait_for(trace_id, lambda got: sum(x.name == "decode" for x in got) >= decodes))
     assert len(spans["prefill"]) >= 1 and len(spans["decode"]) == len(seq.tokens) - 1
     assert {s.parent_span_id for s in spans["prefill"] + spans["decode"]} == {span_id}
     assert max(s.attributes["serve_app.step.rows"] for s in spans["decode"]) == 2  # the neighbour shared steps

@@ -692,7 +692,8 @@ def test_a_client_that_leaves_a_stream_frees_its_kv_slot(app_url):
     left = time.monotonic()
     short = {"model": "gpt-slow", "prompt": "a", "max_tokens": 2, "temperature": 0}
     assert httpx.post(f"{app_url}/v1/completions", json=short, timeout=30).status_code == 200
-    assert time.monotonic() - left < 60 * STEP_S / 2, "the next request waited for a generation nobody reads"
+    # Well under the ~5.9 s the abandoned generation had left, with room for a loaded machine.
+    assert time.monotonic() - left < 60 * STEP_S * 0.75, "the next request waited for a generation nobody reads"
     status = _generator(app_url)
     assert status["cancelled"] == before + 1 and status["kv_slots_used"] == 0, status
 

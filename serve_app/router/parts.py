@@ -115,11 +115,18 @@ def build_parts(
             for g in ModelCatalog.generator_names(args)
         },
     )
-    for name, route in args.routes.items():
-        policy = route_policy(name, route, Manifest.load(args.model_path(route.light)))
-        parts.cascades[name] = Cascade(name, route.light, route.heavy, policy, versions.submit)
+    parts.cascades.update(_cascades(args, versions))
     parts.loops.cascades = parts.cascades
     return parts
+
+
+def _cascades(args: AppArgs, versions: VersionedModels) -> dict[str, Cascade]:
+    """Each route's cascade, its threshold read from its light model's manifest."""
+    cascades = {}
+    for name, route in args.routes.items():
+        policy = route_policy(name, route, Manifest.load(args.model_path(route.light)))
+        cascades[name] = Cascade(name, route.light, route.heavy, policy, versions.submit)
+    return cascades
 
 
 def _overload(args: AppArgs) -> tuple[LoopLag | None, LagShedding | None, ClassProtection | None]:

@@ -46,9 +46,9 @@ def main(argv: list[str]) -> int:
     result: dict[str, Any] = {"config": str(config), "model": model, "rate_rps": RATE}
     with cluster.RayCluster(scenarios.DEFAULT_INGRESS, tmp, s.model_dir) as c:
         deployed = scenarios.pin_replicas(scenarios.ours_config(s, scheduling={"max_queue_delay_s": 0.2}), [model])
-        c.deploy(deployed, scenarios._probe(s, model))
+        c.deploy(deployed, scenarios.probe(s, model))
         closed = cluster.run_loadgen(url, low, {"concurrency": 32}, 8.0, 2.0, (model, "router"))
-        router_pid = scenarios._pids("replica:router")[0]
+        router_pid = scenarios.pids("replica:router")[0]
         profile = out.with_suffix(".pyspy.txt")
         py_spy = shutil.which("py-spy")
         spy = None

@@ -47,11 +47,11 @@ def main(argv: list[str]) -> int:
     url = f"http://127.0.0.1:{cluster.HTTP_PORT}"
     res: dict[str, Any] = {}
     with cluster.RayCluster(scenarios.DEFAULT_INGRESS, tmp, s.model_dir) as c:
-        c.deploy(scenarios.pin_replicas(scenarios.ours_config(s), MODELS), scenarios._probe(s, MODELS[0]))
+        c.deploy(scenarios.pin_replicas(scenarios.ours_config(s), MODELS), scenarios.probe(s, MODELS[0]))
         for m in MODELS:
             for conc in concurrencies:
                 before = _router_model_view(url, m) if routers == 1 else None
-                r = cluster.run_loadgen(url, scenarios._workload(s, m, tmp), {"concurrency": conc}, 6, 2, (m, "router"))
+                r = cluster.run_loadgen(url, scenarios.workload(s, m, tmp), {"concurrency": conc}, 6, 2, (m, "router"))
                 # Requests spread over the router replicas: ask twice as often as there are replicas.
                 status = [httpx.get(url + "/router/status", timeout=10).json() for _ in range(2 * routers)]
                 views = [x["models"].get(m, {}) for x in status]

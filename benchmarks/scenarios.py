@@ -92,12 +92,12 @@ class Settings:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
 
 
-def _workload(s: Settings, model: str, tmp: Path, binary: bool = False) -> Path:
+def workload(s: Settings, model: str, tmp: Path, binary: bool = False) -> Path:
     stream = workloads.v2_infer(model, s.model_dir / model, binary=binary)
     return workloads.write([stream], tmp / f"{model}{'.binary' if binary else ''}.workload.json")
 
 
-def _probe(s: Settings, model: str) -> Probe:
+def probe(s: Settings, model: str) -> Probe:
     return Probe(f"/v2/models/{model}/infer", workloads.bodies_for(s.model_dir / model, 1)[0])
 
 
@@ -217,8 +217,8 @@ def compare(s: Settings) -> dict[str, Any]:
                                                    s.limit_seconds, threads=len(os.sched_getaffinity(0)),
                                                    gpu_ids=model_gpu_ids(s, m))}  # fmt: skip
     for m in s.models:
-        wl = _workload(s, m, tmp)
-        with naive_server(s.model_dir / m, m, _probe(s, m), model_gpu_ids(s, m)) as url:
+        wl = workload(s, m, tmp)
+        with naive_server(s.model_dir / m, m, probe(s, m), model_gpu_ids(s, m)) as url:
             curve = _closed_curve(url, wl, s, ())
             rate = round(max(p["goodput_rps"] for p in curve) * s.open_rate_share, 1) or 1.0
             out["models"][m]["open_rate_rps"] = rate
@@ -226,8 +226,8 @@ def compare(s: Settings) -> dict[str, Any]:
     with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
         url = f"http://127.0.0.1:{HTTP_PORT}"
         for m in s.models:
-            wl, rate = _workload(s, m, tmp), out["models"][m]["open_rate_rps"]
-            deploy_s = cluster.deploy(pin_replicas(plain_config(s, m), ["PlainModel"]), _probe(s, m))
+            wl, rate = workload(s, m, tmp), out["models"][m]["open_rate_rps"]
+            deploy_s = cluster.deploy(pin_replicas(plain_config(s, m), ["PlainModel"]), probe(s, m))
             out["models"][m]["plain"] = {
                 "deploy_s": round(deploy_s, 1),
                 "idle_cores_by_role": idle_cores_by_role(s.idle_seconds),
@@ -239,10 +239,10 @@ def compare(s: Settings) -> dict[str, Any]:
         # Replicas pinned to one, in both served setups: a second replica on a small machine only
         # adds a model load, and one that the autoscaler starts late in a model's phase runs into
         # the next model's (measured: 1.1 cores of bert-heavy during ResNet-50's c=32 point).
-        deploy_s = cluster.deploy(pin_replicas(ours_config(s), s.models), _probe(s, s.models[0]))
+        deploy_s = cluster.deploy(pin_replicas(ours_config(s), s.models), probe(s, s.models[0]))
         idle = idle_cores_by_role(s.idle_seconds)
         for m in s.models:
-            wl, rate = _workload(s, m, tmp), out["models"][m]["open_rate_rps"]
+            wl, rate = workload(s, m, tmp), out["models"][m]["open_rate_rps"]
             out["models"][m]["ours"] = {
                 "deploy_s": round(deploy_s, 1),
                 "idle_cores_by_role": idle,
@@ -252,7 +252,7 @@ def compare(s: Settings) -> dict[str, Any]:
             }
             # The same inputs in the binary tensor extension (outputs asked for as binary too), at
             # the headline concurrency: what a tritonclient user's requests cost.
-            binary = _workload(s, m, tmp, binary=True)
+            binary = workload(s, m, tmp, binary=True)
             point = run_loadgen(url, binary, {"concurrency": s.headline_concurrency}, s.seconds, s.warmup, (m, "router"))
             out["models"][m]["ours-binary"] = {"closed": [point], "idle_cores_by_role": idle}
     out["ingress"] = DEFAULT_INGRESS.label
@@ -265,13 +265,13 @@ def sweep(s: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {"models": {}, "ingress": DEFAULT_INGRESS.label, "concurrency": s.sweep_concurrency}
     url = f"http://127.0.0.1:{HTTP_PORT}"
     for m in s.models:
-        wl, points = _workload(s, m, tmp), []
+        wl, points = workload(s, m, tmp), []
         for bs in s.sweep_batch_sizes:
             # A fresh Ray per point: redeploying onto a running cluster left HAProxy sending part of
             # the load to draining replicas (throughput swung 5x between runs), and fresh replicas
             # make the memory figure this batch size's, not the largest one seen so far.
             with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
-                cluster.deploy(pin_replicas(ours_config(s, {m: {"max_batch_size": bs}}), [m]), _probe(s, m))
+                cluster.deploy(pin_replicas(ours_config(s, {m: {"max_batch_size": bs}}), [m]), probe(s, m))
                 idle_rss = replica_rss_mb(m)
                 r = run_loadgen(url, wl, {"concurrency": s.sweep_concurrency}, s.seconds, s.warmup, (m,))
             points.append({"max_batch_size": bs, "idle_rss_mb": idle_rss, **r})
@@ -293,11 +293,11 @@ def ingress(s: Settings) -> dict[str, Any]:
         with RayCluster(setting, tmp, s.model_dir) as cluster:
             # One replica per model, as every other scenario pins it: an ingress must not win by a
             # second model replica that the autoscaler started under its load.
-            deploy_s = cluster.deploy(pin_replicas(ours_config(s), s.models), _probe(s, s.models[0]))
+            deploy_s = cluster.deploy(pin_replicas(ours_config(s), s.models), probe(s, s.models[0]))
             entry: dict[str, Any] = {"label": setting.label, **asdict(setting), "deploy_s": round(deploy_s, 1), "models": {}}
             url = f"http://127.0.0.1:{HTTP_PORT}"
             for m in s.models:
-                wl = _workload(s, m, tmp)
+                wl = workload(s, m, tmp)
                 entry["models"][m] = [
                     run_loadgen(url, wl, {"concurrency": c}, s.seconds, s.warmup) for c in s.ingress_concurrencies
                 ]
@@ -307,7 +307,7 @@ def ingress(s: Settings) -> dict[str, Any]:
     return out
 
 
-def _pids(role: str) -> list[int]:
+def pids(role: str) -> list[int]:
     import psutil
 
     from benchmarks.cluster import process_role
@@ -321,15 +321,15 @@ def profile(s: Settings, out_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"models": {}}
     py_spy = shutil.which("py-spy")
     with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
-        cluster.deploy(pin_replicas(ours_config(s), s.models), _probe(s, s.models[0]))
+        cluster.deploy(pin_replicas(ours_config(s), s.models), probe(s, s.models[0]))
         url = f"http://127.0.0.1:{HTTP_PORT}"
         for m in s.models:
-            wl = _workload(s, m, tmp)
+            wl = workload(s, m, tmp)
             procs: dict[str, subprocess.Popen[bytes]] = {}
             files: dict[str, Path] = {}
             if py_spy:
                 for role in ("router", m):
-                    for pid in _pids(f"replica:{role}"):
+                    for pid in pids(f"replica:{role}"):
                         f = out_dir / f"pyspy_{m}_{role}_{pid}.txt"
                         files[role] = f
                         # --idle off: time on the event loop's wait is not work; raw collapsed stacks are small.
@@ -389,7 +389,7 @@ def inclusive_frames(collapsed: Path, n: int = 15) -> list[tuple[str, float]]:
     return _shares(counts, sum(k for _, k in stacks), n)
 
 
-def _router_status(url: str) -> dict[str, Any]:
+def router_status(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"{url}/router/status", timeout=10) as r:
         return dict(json.loads(r.read()))
 
@@ -407,13 +407,13 @@ def priority(s: Settings) -> dict[str, Any]:
     for policy in ("priority", "fifo"):
         with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
             config = pin_replicas(ours_config(s, scheduling={"policy": policy}), s.models)
-            cluster.deploy(config, _probe(s, s.models[0]))
+            cluster.deploy(config, probe(s, s.models[0]))
             for m in s.models:
                 entry = out["models"][m]
                 if "capacity_rps" not in entry:
                     # The best of a few closed-loop levels: a deep queue means full batches, and
                     # full batches are not always the fastest (BERT-base on CPU is not).
-                    wl = _workload(s, m, tmp)
+                    wl = workload(s, m, tmp)
                     levels = sorted({max(2, s.headline_concurrency // 4), s.headline_concurrency})
                     curve = [run_loadgen(url, wl, {"concurrency": c}, s.seconds, s.warmup) for c in levels]
                     entry["capacity"] = curve
@@ -438,7 +438,7 @@ def priority(s: Settings) -> dict[str, Any]:
                     ),
                 }
                 # The router's own view right after the flood: shed counts by reason, lanes, limits.
-                status = _router_status(url)
+                status = router_status(url)
                 entry[policy]["router_status"] = status.get("models", {}).get(m)
                 entry[policy]["router_gc"] = status.get("gc")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -457,7 +457,7 @@ def cascade(s: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {"routes": {}, "ingress": DEFAULT_INGRESS.label, "concurrency": s.headline_concurrency}
     url = f"http://127.0.0.1:{HTTP_PORT}"
     with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
-        cluster.deploy(config, _probe(s, next(iter(args.routes.values())).heavy))
+        cluster.deploy(config, probe(s, next(iter(args.routes.values())).heavy))
         for name, route in args.routes.items():
             heavy_dir = s.model_dir / route.heavy
             load = {"concurrency": s.headline_concurrency}

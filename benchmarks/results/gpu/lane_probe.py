@@ -16,14 +16,14 @@ from benchmarks.cluster import HTTP_PORT, RayCluster, run_loadgen
 from benchmarks.scenarios import (
     DEFAULT_INGRESS,
     Settings,
-    _pids,
-    _probe,
-    _router_status,
-    _workload,
     inclusive_frames,
     ours_config,
+    pids,
     pin_replicas,
+    probe,
+    router_status,
     top_frames,
+    workload,
 )
 
 MODEL = "resnet-heavy"
@@ -33,7 +33,7 @@ def _start_profiles(py_spy: str, out_dir: Path, variant: str) -> list[tuple[str,
     """py-spy on the model replica and the router for the first load point (6 s)."""
     procs = []
     for role in (MODEL, "router"):
-        pid, f = _pids(f"replica:{role}")[0], out_dir / f"{variant}_{role}.txt"
+        pid, f = pids(f"replica:{role}")[0], out_dir / f"{variant}_{role}.txt"
         cmd = [py_spy, "record", "--pid", str(pid), "--duration", "6", "--rate", "40", "--format", "raw", "--output", str(f)]
         procs.append((role, f, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
     return procs
@@ -63,13 +63,13 @@ def main(out_dir: Path) -> None:
         config = pin_replicas(ours_config(s), [MODEL])
         config["applications"][0]["args"]["models"][MODEL].update(override)
         with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
-            cluster.deploy(config, _probe(s, MODEL))
+            cluster.deploy(config, probe(s, MODEL))
             url = f"http://127.0.0.1:{HTTP_PORT}"
             procs = _start_profiles(py_spy, out_dir, variant) if py_spy and variant == "lanes" else []
             for binary in (True, False):
-                wl = _workload(s, MODEL, tmp, binary=binary)
+                wl = workload(s, MODEL, tmp, binary=binary)
                 r = run_loadgen(url, wl, {"concurrency": 32}, 5.0, 2.0, (MODEL, "router"))
-                status = _router_status(url)
+                status = router_status(url)
                 key = f"{variant}-{'binary' if binary else 'json'}"
                 results[key] = {k: r[k] for k in ("throughput_rps", "p50_ms", "p99_ms", "cpu_cores_by_role", "statuses")}
                 results[key]["router_status_model"] = {k: v for k, v in status.items() if MODEL in json.dumps(v)}

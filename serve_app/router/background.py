@@ -66,7 +66,9 @@ class BackgroundLoops:
         if self.loop_lag is not None:
             self._spawn(self._measure_lag(self.loop_lag, self.on_lag))
         if self.versions is not None and self.cache is not None:
-            self._spawn(self._lifecycle(self.versions, self.cache, self.share_rollbacks))
+            self._spawn(self._lifecycle(self.versions, self.cache))
+        if self.versions is not None and self.share_rollbacks is not None:
+            self._spawn(self._share_rollbacks(self.versions.policy, self.share_rollbacks))
         if self.heap_trim.available:
             self._spawn(self._trim_heap(self.heap_trim))
         if self.full_gc_max_interval_s is not None:
@@ -102,12 +104,8 @@ class BackgroundLoops:
                 logger.exception("exporting router metrics failed")
 
     @staticmethod
-    async def _lifecycle(
-        versions: VersionedModels,
-        cache: ResponseCache,
-        share: Callable[[TrafficPolicy], Awaitable[object]] | None = None,
-    ) -> None:
-        """Canary rollbacks checked (and shared) every tick; version and cache metrics exported every other."""
+    async def _lifecycle(versions: VersionedModels, cache: ResponseCache) -> None:
+        """Canary rollbacks checked every tick; version and cache metrics exported every other."""
         from serve_app.router.telemetry_lifecycle import LifecycleTelemetry
 
         telemetry = LifecycleTelemetry()
@@ -117,12 +115,22 @@ class BackgroundLoops:
             tick += 1
             try:
                 versions.policy.check_rollbacks()
-                if share is not None and versions.policy.judges:
-                    await share(versions.policy)
                 if tick % 2 == 0:
                     await telemetry.export(versions, cache)
             except Exception:  # a rollback check or a metric must never take the router down
                 logger.exception("checking rollbacks or exporting version metrics failed")
+
+    @staticmethod
+    async def _share_rollbacks(policy: TrafficPolicy, share: Callable[[TrafficPolicy], Awaitable[object]]) -> None:
+        """Rollbacks sent to and adopted from the application's other routers, every tick, in a loop
+        of its own: a slow ledger delays neither the checks nor the metrics."""
+        while True:
+            await asyncio.sleep(ROLLBACK_TICK_S)
+            try:
+                if policy.judges:
+                    await share(policy)
+            except Exception:  # advice from other routers: never a reason to stop
+                logger.exception("sharing rollbacks failed")
 
     async def _follow_router_count(self, count: Callable[[], Awaitable[int]], follow: Callable[[int], None]) -> None:
         seen = None

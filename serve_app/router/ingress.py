@@ -39,6 +39,7 @@ class Router:
         context = serve.get_replica_context()
         router_id = context.replica_id.unique_id
         states = DeploymentStates(controller_states(context.app_name))
+        self.rollbacks = SharedRollbacks(context.app_name)
         self.parts = build_parts(
             self.args,
             handles,
@@ -46,7 +47,7 @@ class Router:
             lambda model: handle_sender(handles[model], router_id),
             router_count=lambda: states.running(ROUTER_DEPLOYMENT),
             states=states,
-            share_rollbacks=SharedRollbacks(context.app_name).exchange,
+            share_rollbacks=self.rollbacks.exchange,
         )
         self.grpc = GrpcInference(self.parts)
         self.cpu = CpuMeter()
@@ -61,10 +62,14 @@ class Router:
         tracing.setup(self.args.tracing, service="router")
         self.parts.loops.start()
 
-    def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """The live part of the config (RouterLiveConfig): applied without a restart on `serve deploy`."""
+    async def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """The live part of the config (RouterLiveConfig): applied without a restart on `serve deploy`.
+        Serve calls it before the replica takes traffic, so a new router adopts the rollbacks the
+        others stand by (rollback_ledger.py) before it routes a request to a canary they condemned."""
         live = RouterLiveConfig.model_validate(user_config or {})
         self.parts.versions.update(live.traffic)
+        if self.parts.versions.policy.judges:
+            await self.rollbacks.exchange(self.parts.versions.policy)
 
     def check_health(self) -> None:
         """Serve's periodic probe: unhealthy when a background loop has died."""

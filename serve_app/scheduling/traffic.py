@@ -148,7 +148,9 @@ class TrafficPolicy:
                     kept[version] = rolled_back[version]
                 if not (same_weight and same_rule):
                     self.windows.pop((model, version), None)
-            models[model] = ModelTraffic(config, config.baseline or self.first_versions[model], kept)
+            baseline = config.baseline or self.first_versions[model]
+            kept.pop(baseline, None)  # what canaries are judged against is never rolled back
+            models[model] = ModelTraffic(config, baseline, kept)
         self.models = models
 
     def choose(self, model: str, session: str | None = None, tenant: str | None = None) -> str:
@@ -224,6 +226,10 @@ class TrafficPolicy:
             for model, policy in self.models.items()
             for version, reason in policy.rolled_back.items()
         ]
+
+    def running(self) -> list[tuple[str, str, float]]:
+        """(model, version, configured weight) of every version this router's policies name."""
+        return [(m, v, w) for m, policy in self.models.items() for v, w in policy.config.weights.items()]
 
     def adopt(self, shared: list[SharedRollback]) -> list[Rollback]:
         """Apply rollbacks other routers decided, where this router runs the same weight for that

@@ -207,10 +207,7 @@ class TrafficPolicy:
                     continue
                 reason = rollback_reason(rule, canary, baseline)
                 if reason is not None:
-                    policy.rolled_back[version] = reason
-                    event = Rollback(model, version, reason)
-                    logger.warning("traffic: rolled back %s version %s to weight 0: %s", model, version, reason)
-                    new.append(event)
+                    new.append(_roll_back(policy, model, version, reason, "rolled back"))
         self.rollbacks.extend(new)
         return new
 
@@ -242,10 +239,7 @@ class TrafficPolicy:
                 continue
             if version == policy.baseline:
                 continue  # the baseline is what canaries are judged against, never rolled back
-            policy.rolled_back[version] = reason
-            event = Rollback(model, version, reason)
-            logger.warning("traffic: %s version %s rolled back by another router: %s", model, version, reason)
-            new.append(event)
+            new.append(_roll_back(policy, model, version, reason, "adopted another router's rollback of"))
         self.adopted.extend(new)
         return new
 
@@ -258,6 +252,12 @@ class TrafficPolicy:
             for version in policy.config.weights:
                 out[(model, version)] = weights.get(version, 0.0) / total
         return out
+
+
+def _roll_back(policy: ModelTraffic, model: str, version: str, reason: str, how: str) -> Rollback:
+    policy.rolled_back[version] = reason
+    logger.warning("traffic: %s %s version %s (weight 0): %s", how, model, version, reason)
+    return Rollback(model, version, reason)
 
 
 @dataclass

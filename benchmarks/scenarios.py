@@ -241,12 +241,15 @@ def compare(s: Settings) -> dict[str, Any]:
         # the next model's (measured: 1.1 cores of bert-heavy during ResNet-50's c=32 point).
         deploy_s = cluster.deploy(pin_replicas(ours_config(s), s.models), probe(s, s.models[0]))
         idle = idle_cores_by_role(s.idle_seconds)
+        # Whether v2 infer skipped Serve's per-request wrapper in the router (serve_app/router/direct.py).
+        direct_infer = router_status(url).get("direct_infer")
         for m in s.models:
             wl, rate = workload(s, m, tmp), out["models"][m]["open_rate_rps"]
             out["models"][m]["ours"] = {
                 "deploy_s": round(deploy_s, 1),
                 "idle_cores_by_role": idle,
                 "direct_backends": cluster.direct_backends,
+                "direct_infer": direct_infer,
                 "closed": _closed_curve(url, wl, s, (m, "router")),
                 "open": run_loadgen(url, wl, {"rate": rate}, s.seconds, s.warmup),
             }

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Header
 
+from serve_app.router import direct
 from serve_app.router.parts import RouterParts, router_parts
 
 api = APIRouter()
@@ -29,6 +30,8 @@ async def router_status(authorization: str | None = Header(None), parts: RouterP
         "generator_breakers": {g: b.state.name.lower() for g, b in parts.breakers.items()},
         "gc": parts.gc_pauses.snapshot(),
         "tasks": len(asyncio.all_tasks()),
+        # v2 infer ahead of Serve's per-request wrapper (serve_app/router/direct.py)
+        "direct_infer": direct.active(),
         "router_delay": _router_delay(parts),
         "protection": parts.protection.status() if parts.protection is not None else None,
         "versions": parts.versions.snapshot(),

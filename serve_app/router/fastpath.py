@@ -24,31 +24,18 @@ from starlette.requests import ClientDisconnect
 
 from serve_app.errors import ModelFailure, ServeAppError
 from serve_app.protocols.errors import error_response, from_http_exception
+from serve_app.router.direct import infer_route
 from serve_app.router.infer_v2 import InferHeaders, answer_infer
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import ASGIApp, Receive, Scope, Send
 
 logger = logging.getLogger("ray.serve")
 
-PREFIX = "/v2/models/"
-SUFFIX = "/infer"
 # The headers the infer endpoint reads, as ASGI gives them (lower-cased bytes).
 WANTED = (
     b"x-priority", b"x-request-timeout-ms", b"authorization", b"inference-header-content-length", b"x-session-key",
     b"cache-control",
 )  # fmt: skip
-
-
-def infer_route(path: str) -> tuple[str, str | None] | None:
-    """(model, version) for a v2 infer path, as the FastAPI routes would match it; else None."""
-    if not (path.startswith(PREFIX) and path.endswith(SUFFIX)):
-        return None
-    parts = path[len(PREFIX) : -len(SUFFIX)].split("/")
-    if len(parts) == 1 and parts[0]:
-        return parts[0], None
-    if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
-        return parts[0], parts[2]
-    return None
 
 
 def wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[bytes, str]:

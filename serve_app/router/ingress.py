@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from serve_app.config import AppArgs, RouterLiveConfig
 from serve_app.observability import tracing
+from serve_app.router import direct
 from serve_app.router.dispatchers import handle_sender
 from serve_app.router.grpc_service import MODEL_INFER, GrpcInference, fail, headers_of, rpc_attributes
 from serve_app.router.http import build_http_app
@@ -54,7 +55,9 @@ class Router:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve asks for this replica's app after the constructor (late-bound `serve.ingress()`)."""
-        return build_http_app(self.parts, self.startup, self.shutdown)
+        app = build_http_app(self.parts, self.startup, self.shutdown)
+        direct.install(app)
+        return app
 
     async def startup(self) -> None:
         """The replica's one startup hook (the app's lifespan): process setup, then the background loops."""

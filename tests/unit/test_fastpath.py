@@ -10,7 +10,7 @@ import pytest
 from starlette.responses import Response
 
 from serve_app.errors import InvalidInput
-from serve_app.router import fastpath
+from serve_app.router import direct, fastpath
 
 
 @pytest.mark.parametrize(
@@ -26,7 +26,7 @@ from serve_app.router import fastpath
     ],
 )
 def test_infer_route_matches_what_the_fastapi_routes_match(path: str, route: tuple[str, str | None] | None) -> None:
-    assert fastpath.infer_route(path) == route
+    assert direct.infer_route(path) == route
 
 
 def test_the_first_of_a_repeated_header_wins_and_others_are_ignored() -> None:

@@ -1,0 +1,172 @@
+"""v2 infer calls straight from the router's HTTP server to its app, ahead of Serve's per-request wrapper.
+
+Behind HAProxy, Serve's direct ingress hands each request to the router's app through a wrapper
+that, per request, parses every header into a dict, makes two request ids, builds Serve's request
+metadata, starts a task that watches the client and another that runs the app, waits on both, and
+counts the request in Serve's metrics. On the inference path that costs the router a large share
+of its CPU (`python -m benchmarks compare`). Serve's hook for HTTP middlewares
+(`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`) wraps that server's app; `DirectInfer`, installed
+through it, sends `POST /v2/models/{name}[/versions/{v}]/infer` to the router's app at once and
+everything else (health checks, status, OpenAI, docs) on through Serve, unchanged.
+
+What Serve's wrapper gave these calls, and what stands in for it here:
+- the client watch: when the client leaves (its connection closes before the answer), the call is
+  cancelled, as Serve cancels it, so its queued work is dropped; `watch_client` does this without
+  a task per request, from the connection's own event;
+- the `X-Request-ID` response header: the caller's, or a new one, as Serve's middleware gives it;
+- draining: uvicorn's own shutdown, which Serve runs after its drain, waits for these calls;
+- limits and timeouts: the router's admission (queue caps, deadlines, body limits) bounds them,
+  as it does behind Serve's proxy; the router deployment's `max_ongoing_requests` sits above
+  everything admission allows (serve_app.router.parts.router_capacity) and does not count them.
+Serve's per-request metrics and access log for the router leave these calls out; the router's own
+metrics count them (serve_app.router.telemetry).
+
+The hook is a module global of Serve's HTTP utilities, read when the replica starts its server,
+after the router's constructor: `install` sets it there, in the router's process only. A hook the
+operator set stays, and the direct path stays off (logged). Whether the path is on shows in
+`/router/status` (`direct_infer`); the integration tests check it, so an upgrade of Ray that moves
+the hook fails them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from typing import Any
+
+from starlette.middleware import Middleware
+
+logger = logging.getLogger("ray.serve")
+
+HOOK = "serve_app.router.direct:middlewares"
+PREFIX = "/v2/models/"
+SUFFIX = "/infer"
+REQUEST_ID = b"x-request-id"
+MISSING = object()
+
+Scope = dict[str, Any]
+
+# This process's router app, once `install` ran; None in any other process (Serve's proxy, if the
+# operator passes the hook there too).
+APP: Any = None
+# Whether Serve built the middleware into a server of this process: the path is really on.
+BUILT = False
+
+
+def infer_route(path: str) -> tuple[str, str | None] | None:
+    """(model, version) for a v2 infer path, as the FastAPI routes would match it; else None."""
+    if not (path.startswith(PREFIX) and path.endswith(SUFFIX)):
+        return None
+    parts = path[len(PREFIX) : -len(SUFFIX)].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+        return parts[0], parts[2]
+    return None
+
+
+class ClientWatch(asyncio.Event):
+    """Stands in for a uvicorn request cycle's message event, which the server sets on each body
+    chunk, at the response's end and when the connection is lost. On the last, with the answer not
+    yet complete, it cancels the task serving the request: the same notice Serve's client-watch
+    task gives, without a task."""
+
+    def __init__(self, cycle: Any, task: asyncio.Task[Any]) -> None:
+        super().__init__()
+        self.cycle = cycle
+        self.task = task
+        self.left = False
+
+    def set(self) -> None:
+        super().set()
+        if self.cycle.disconnected and not self.left:
+            self.left = True
+            self.task.cancel()
+
+
+def watch_client(receive: Any) -> ClientWatch | None:
+    """Watch the client of the request whose `receive` this is; None where the server is not
+    uvicorn's (no cycle to watch), or the client has left already."""
+    cycle: Any = getattr(receive, "__self__", None)
+    event = getattr(cycle, "message_event", None)
+    task = asyncio.current_task()
+    if not isinstance(event, asyncio.Event) or task is None or getattr(cycle, "disconnected", True):
+        return None
+    watch = ClientWatch(cycle, task)
+    if event.is_set():  # a body chunk that arrived before the app started
+        asyncio.Event.set(watch)
+    cycle.message_event = watch
+    return watch
+
+
+def request_id(scope: Scope) -> bytes:
+    """The caller's X-Request-ID, else a new one (as Serve's RequestIdMiddleware makes them)."""
+    for name, value in scope["headers"]:
+        if name == REQUEST_ID:
+            return bytes(value)
+    return str(uuid.UUID(int=random.getrandbits(128), version=4)).encode()
+
+
+class DirectInfer:
+    """The middleware Serve puts around its direct-ingress app (see the module docstring)."""
+
+    def __init__(self, app: Any) -> None:
+        global BUILT
+        BUILT = True
+        self.app = app  # Serve's per-request path
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        router = APP
+        if router is None or scope["type"] != "http" or scope["method"] != "POST" or infer_route(scope["path"]) is None:
+            await self.app(scope, receive, send)
+            return
+        watch = watch_client(receive)
+        if watch is None:
+            await self.app(scope, receive, send)
+            return
+        rid = request_id(scope)
+
+        async def send_with_id(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (REQUEST_ID, rid)]}
+            await send(message)
+
+        try:
+            await router(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            # The watch's own cancel (the client left): nobody to answer, and not an error of the
+            # server's. Any other cancel (the server shutting down) goes on up.
+            if not watch.left or watch.task.uncancel() > 0:
+                raise
+
+
+def active() -> bool:
+    """Whether this process's HTTP server sends v2 infer calls the direct way."""
+    return BUILT and APP is not None
+
+
+def middlewares() -> list[Middleware]:
+    """Serve's HTTP middleware hook (`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`)."""
+    return [Middleware(DirectInfer)]
+
+
+def install(app: Any) -> bool:
+    """Send this process's v2 infer calls to `app` (the router's) ahead of Serve's wrapper, from
+    the server Serve starts after the constructor; False where it stays off."""
+    global APP
+    try:
+        from ray.serve._private import http_util
+    except ImportError:
+        return False
+    current = getattr(http_util, "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", MISSING)
+    if current is MISSING or not hasattr(http_util, "configure_http_middlewares"):
+        logger.warning("router: this Ray has no HTTP middleware hook where expected; v2 infer goes through Serve's wrapper")
+        return False
+    if current not in (None, "", HOOK):
+        logger.warning("router: RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH is %r; v2 infer goes through Serve's wrapper", current)
+        return False
+    APP = app
+    http_util.RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH = HOOK  # type: ignore[attr-defined]
+    return True

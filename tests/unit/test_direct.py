@@ -1,0 +1,158 @@
+"""The router's direct v2 infer path (serve_app.router.direct) in a real uvicorn server: which
+calls take it, the request id, a client that leaves, and the install into Serve's hook."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from ray.serve._private import http_util
+
+from serve_app.router import direct
+from tests.unit.test_coalesce import exchange, free_port
+
+HOOK_NAME = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+
+
+class Recorder:
+    """An ASGI app that says who answered; `/slow` paths wait until cancelled or released."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.started = asyncio.Event()
+        self.cancelled = 0
+        self.release = asyncio.Event()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()  # the body, as every endpoint reads it
+        if scope["path"].startswith("/v2/models/slow/"):
+            self.started.set()
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        body = self.name.encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture
+def apps(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Recorder, Recorder]]:
+    router, serve = Recorder("router"), Recorder("serve")
+    monkeypatch.setattr(direct, "APP", router)
+    monkeypatch.setattr(direct, "BUILT", False)
+    yield router, serve
+
+
+def post(path: str, headers: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n{headers}\r\n{{}}".encode()
+
+
+def run_server(app: Any, client: Any, *waiting: Recorder) -> Any:
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", loop="asyncio", log_level="critical")
+    server = uvicorn.Server(config)
+
+    async def main() -> Any:
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        try:
+            return await client(port)
+        finally:
+            for recorder in waiting:  # a call still waiting would hold the server's shutdown
+                recorder.release.set()
+            server.should_exit = True
+            await task
+
+    return asyncio.run(main())
+
+
+def test_v2_infer_goes_to_the_router_and_everything_else_through_serve(apps: tuple[Recorder, Recorder]) -> None:
+    lane = direct.DirectInfer(apps[1])
+    assert direct.active()
+
+    async def client(port: int) -> list[bytes]:
+        paths = ["/v2/models/m/infer", "/v2/models/m/versions/2/infer", "/v2/models/m/ready", "/v1/completions", "/router/status"]
+        return [await exchange(port, post(p, "connection: close\r\n")) for p in paths]
+
+    answers = run_server(lane, client)
+    assert [a.rsplit(b"\r\n\r\n", 1)[1] for a in answers] == [b"router", b"router", b"serve", b"serve", b"serve"]
+    get_infer = b"GET /v2/models/m/infer HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    get = run_server(lane, lambda port: exchange(port, get_infer))
+    assert get.endswith(b"serve")  # only POST is an infer call
+
+
+def test_the_callers_request_id_comes_back_and_a_new_one_otherwise(apps: tuple[Recorder, Recorder]) -> None:
+    lane = direct.DirectInfer(apps[1])
+
+    async def client(port: int) -> list[bytes]:
+        return [
+            await exchange(port, post("/v2/models/m/infer", "x-request-id: abc-1\r\nconnection: close\r\n")),
+            await exchange(port, post("/v2/models/m/infer", "connection: close\r\n")),
+            await exchange(port, post("/v2/models/m/infer", "connection: close\r\n")),
+        ]
+
+    given, new1, new2 = run_server(lane, client)
+    assert b"x-request-id: abc-1\r\n" in given
+
+    def rid(answer: bytes) -> bytes:
+        return next(line.split(b": ", 1)[1] for line in answer.split(b"\r\n") if line.startswith(b"x-request-id: "))
+
+    assert len(rid(new1)) == 36 and rid(new1) != rid(new2)
+
+
+def test_a_client_that_leaves_cancels_its_call_and_the_server_answers_the_next(apps: tuple[Recorder, Recorder]) -> None:
+    router, serve = apps
+    lane = direct.DirectInfer(serve)
+
+    async def client(port: int) -> tuple[int, bytes]:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/v2/models/slow/infer"))
+        await writer.drain()
+        await asyncio.wait_for(router.started.wait(), 10)
+        writer.close()  # the client gives up while its call waits
+        for _ in range(500):
+            if router.cancelled:
+                break
+            await asyncio.sleep(0.01)
+        cancelled = router.cancelled
+        after = await exchange(port, post("/v2/models/m/infer", "connection: close\r\n"))
+        return cancelled, after
+
+    cancelled, after = run_server(lane, client, router)
+    assert cancelled == 1
+    assert after.startswith(b"HTTP/1.1 200") and after.endswith(b"router")
+
+
+def test_a_call_that_completes_is_not_cancelled_by_its_connection_closing(apps: tuple[Recorder, Recorder]) -> None:
+    router, serve = apps
+    lane = direct.DirectInfer(serve)
+
+    async def client(port: int) -> bytes:
+        router.release.set()
+        return await exchange(port, post("/v2/models/slow/infer", "connection: close\r\n"))
+
+    assert run_server(lane, client).endswith(b"router")
+    assert router.cancelled == 0
+
+
+def test_install_sets_serves_hook_once_and_leaves_an_operators_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(direct, "APP", None)
+    monkeypatch.setattr(http_util, HOOK_NAME, None)
+    app = object()
+    assert direct.install(app) and direct.install(app)
+    assert getattr(http_util, HOOK_NAME) == direct.HOOK and direct.APP is app
+    # What Serve does with the hook when it starts the replica's server: our middleware, built.
+    options = http_util.configure_http_middlewares(http_util.HTTPOptions())
+    assert [m.cls for m in options.middlewares] == [direct.DirectInfer]
+
+    monkeypatch.setattr(direct, "APP", None)
+    monkeypatch.setattr(http_util, HOOK_NAME, "their.module:middlewares")
+    assert not direct.install(app)
+    assert getattr(http_util, HOOK_NAME) == "their.module:middlewares" and direct.APP is None

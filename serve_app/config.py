@@ -385,6 +385,12 @@ class LimitsConfig(BaseModel):
         description="request body bytes one router replica holds at once, over all requests in flight; past it a "
         "request gets 503 with Retry-After. Bounds the router's memory by bytes, whatever the request count",
     )
+    infer_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="a v2 infer call whose request sets no shorter deadline ends after this with 504, body upload "
+        "included; as Serve's http_options.request_timeout_s bounds the other endpoints",
+    )
     generation_timeout_s: float = Field(
         600.0,
         gt=0,

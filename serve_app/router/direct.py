@@ -15,7 +15,9 @@ What Serve's wrapper gave these calls, and what stands in for it here:
   a task per request, from the connection's own event;
 - the `X-Request-ID` response header: the caller's, or a new one, as Serve's middleware gives it;
 - draining: uvicorn's own shutdown, which Serve runs after its drain, waits for these calls;
-- limits and timeouts: the router's admission (queue caps, deadlines, body limits) bounds them,
+- the whole-call timeout: `limits.infer_timeout_s` (a 504 in v2's shape), where Serve's wrapper
+  applied `http_options.request_timeout_s` (a 408);
+- backpressure: the router's admission (queue caps, deadlines, body limits) bounds these calls,
   as it does behind Serve's proxy; the router deployment's `max_ongoing_requests` sits above
   everything admission allows (serve_app.router.parts.router_capacity) and does not count them.
 Serve's per-request metrics and access log for the router leave these calls out; the router's own
@@ -23,7 +25,11 @@ metrics count them (serve_app.router.telemetry).
 
 The hook is a module global of Serve's HTTP utilities, read when the replica starts its server,
 after the router's constructor: `install` sets it there, in the router's process only. A hook the
-operator set stays, and the direct path stays off (logged). Whether the path is on shows in
+operator set stays, and the direct path stays off (logged). So it does where Serve runs the
+router's code on an event loop of its own (RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD, on unless
+RAY_SERVE_THROUGHPUT_OPTIMIZED): the server's loop is then another thread's, and only Serve's
+wrapper may cross to the router's. Paths under a route prefix other than `/`, or under uvicorn's
+`root_path`, do not match here and go through Serve too. Whether the path is on shows in
 `/router/status` (`direct_infer`); the integration tests check it, so an upgrade of Ray that moves
 the hook fails them.
 """
@@ -34,9 +40,13 @@ import asyncio
 import logging
 import random
 import uuid
+from collections.abc import MutableMapping
 from typing import Any
 
 from starlette.middleware import Middleware
+
+from serve_app.errors import DeadlineExceeded
+from serve_app.protocols.errors import error_response
 
 logger = logging.getLogger("ray.serve")
 
@@ -48,9 +58,11 @@ MISSING = object()
 
 Scope = dict[str, Any]
 
-# This process's router app, once `install` ran; None in any other process (Serve's proxy, if the
-# operator passes the hook there too).
+# This process's router app and the event loop it runs on, once `install` ran; None in any other
+# process (Serve's proxy, if the operator passes the hook there too).
 APP: Any = None
+APP_LOOP: asyncio.AbstractEventLoop | None = None
+TIMEOUT_S = 60.0
 # Whether Serve built the middleware into a server of this process: the path is really on.
 BUILT = False
 
@@ -114,11 +126,17 @@ class DirectInfer:
 
     def __init__(self, app: Any) -> None:
         global BUILT
-        BUILT = True
         self.app = app  # Serve's per-request path
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        # The router's app only on the loop it runs on (see the module docstring).
+        self.router = APP if APP is not None and loop is APP_LOOP else None
+        BUILT = BUILT or self.router is not None
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        router = APP
+        router = self.router
         if router is None or scope["type"] != "http" or scope["method"] != "POST" or infer_route(scope["path"]) is None:
             await self.app(scope, receive, send)
             return
@@ -127,19 +145,27 @@ class DirectInfer:
             await self.app(scope, receive, send)
             return
         rid = request_id(scope)
+        started = False
 
-        async def send_with_id(message: dict[str, Any]) -> None:
+        async def send_with_id(message: MutableMapping[str, Any]) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message = {**message, "headers": [*message.get("headers", ()), (REQUEST_ID, rid)]}
             await send(message)
 
         try:
-            await router(scope, receive, send_with_id)
+            async with asyncio.timeout(TIMEOUT_S):
+                await router(scope, receive, send_with_id)
         except asyncio.CancelledError:
             # The watch's own cancel (the client left): nobody to answer, and not an error of the
             # server's. Any other cancel (the server shutting down) goes on up.
             if not watch.left or watch.task.uncancel() > 0:
                 raise
+        except TimeoutError:
+            if not started:  # else the answer is cut short, and uvicorn closes the connection
+                late = DeadlineExceeded(f"the request took longer than {TIMEOUT_S:g} s (limits.infer_timeout_s)")
+                await error_response(scope["path"], late)(scope, receive, send_with_id)
 
 
 def active() -> bool:
@@ -152,10 +178,11 @@ def middlewares() -> list[Middleware]:
     return [Middleware(DirectInfer)]
 
 
-def install(app: Any) -> bool:
-    """Send this process's v2 infer calls to `app` (the router's) ahead of Serve's wrapper, from
-    the server Serve starts after the constructor; False where it stays off."""
-    global APP
+def install(app: Any, timeout_s: float) -> bool:
+    """Send this process's v2 infer calls to `app` (the router's, running on this thread's event
+    loop) ahead of Serve's wrapper, from the server Serve starts after the constructor, each
+    within `timeout_s`; False where it stays off."""
+    global APP, APP_LOOP, TIMEOUT_S
     try:
         from ray.serve._private import http_util
     except ImportError:
@@ -167,6 +194,10 @@ def install(app: Any) -> bool:
     if current not in (None, "", HOOK):
         logger.warning("router: RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH is %r; v2 infer goes through Serve's wrapper", current)
         return False
-    APP = app
+    try:
+        APP_LOOP = asyncio.get_running_loop()
+    except RuntimeError:
+        return False  # no loop to tell the server's by
+    APP, TIMEOUT_S = app, timeout_s
     http_util.RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH = HOOK  # type: ignore[attr-defined]
     return True

@@ -56,7 +56,7 @@ class Router:
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve asks for this replica's app after the constructor (late-bound `serve.ingress()`)."""
         app = build_http_app(self.parts, self.startup, self.shutdown)
-        direct.install(app)
+        direct.install(app, self.args.limits.infer_timeout_s)
         return app
 
     async def startup(self) -> None:

@@ -17,26 +17,31 @@ HOOK_NAME = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 
 
 class Recorder:
-    """An ASGI app that says who answered; `/slow` paths wait until cancelled or released."""
+    """An ASGI app that says who answered; `slow` waits until cancelled or released, and `after`
+    goes on awaiting once it has answered."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.started = asyncio.Event()
         self.cancelled = 0
         self.release = asyncio.Event()
+        self.finished = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         await receive()  # the body, as every endpoint reads it
-        if scope["path"].startswith("/v2/models/slow/"):
-            self.started.set()
-            try:
+        try:
+            if scope["path"].startswith("/v2/models/slow/"):
+                self.started.set()
                 await self.release.wait()
-            except asyncio.CancelledError:
-                self.cancelled += 1
-                raise
-        body = self.name.encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+            body = self.name.encode()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            if scope["path"].startswith("/v2/models/after/"):
+                await asyncio.sleep(0.05)  # what a handler may still do after its answer (metrics, spans)
+            self.finished += 1
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
 
 
 @pytest.fixture
@@ -44,7 +49,20 @@ def apps(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Recorder, Recorder]]
     router, serve = Recorder("router"), Recorder("serve")
     monkeypatch.setattr(direct, "APP", router)
     monkeypatch.setattr(direct, "BUILT", False)
+    monkeypatch.setattr(direct, "TIMEOUT_S", 60.0)
     yield router, serve
+
+
+def on_this_loop(app: Any) -> Any:
+    """The middleware as Serve builds it in the server's loop, the router's app on that loop too."""
+
+    async def build(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if not hasattr(build, "lane"):
+            direct.APP_LOOP = asyncio.get_running_loop()
+            build.lane = direct.DirectInfer(app)  # type: ignore[attr-defined]
+        await build.lane(scope, receive, send)  # type: ignore[attr-defined]
+
+    return build
 
 
 def post(path: str, headers: str = "") -> bytes:
@@ -74,14 +92,14 @@ def run_server(app: Any, client: Any, *waiting: Recorder) -> Any:
 
 
 def test_v2_infer_goes_to_the_router_and_everything_else_through_serve(apps: tuple[Recorder, Recorder]) -> None:
-    lane = direct.DirectInfer(apps[1])
-    assert direct.active()
+    lane = on_this_loop(apps[1])
 
     async def client(port: int) -> list[bytes]:
         paths = ["/v2/models/m/infer", "/v2/models/m/versions/2/infer", "/v2/models/m/ready", "/v1/completions", "/router/status"]
         return [await exchange(port, post(p, "connection: close\r\n")) for p in paths]
 
     answers = run_server(lane, client)
+    assert direct.active()
     assert [a.rsplit(b"\r\n\r\n", 1)[1] for a in answers] == [b"router", b"router", b"serve", b"serve", b"serve"]
     get_infer = b"GET /v2/models/m/infer HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
     get = run_server(lane, lambda port: exchange(port, get_infer))
@@ -89,7 +107,7 @@ def test_v2_infer_goes_to_the_router_and_everything_else_through_serve(apps: tup
 
 
 def test_the_callers_request_id_comes_back_and_a_new_one_otherwise(apps: tuple[Recorder, Recorder]) -> None:
-    lane = direct.DirectInfer(apps[1])
+    lane = on_this_loop(apps[1])
 
     async def client(port: int) -> list[bytes]:
         return [
@@ -109,7 +127,7 @@ def test_the_callers_request_id_comes_back_and_a_new_one_otherwise(apps: tuple[R
 
 def test_a_client_that_leaves_cancels_its_call_and_the_server_answers_the_next(apps: tuple[Recorder, Recorder]) -> None:
     router, serve = apps
-    lane = direct.DirectInfer(serve)
+    lane = on_this_loop(serve)
 
     async def client(port: int) -> tuple[int, bytes]:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -130,29 +148,63 @@ def test_a_client_that_leaves_cancels_its_call_and_the_server_answers_the_next(a
     assert after.startswith(b"HTTP/1.1 200") and after.endswith(b"router")
 
 
-def test_a_call_that_completes_is_not_cancelled_by_its_connection_closing(apps: tuple[Recorder, Recorder]) -> None:
+def test_a_handler_that_has_answered_is_not_cancelled_by_the_answers_end_or_the_connection_closing(
+    apps: tuple[Recorder, Recorder],
+) -> None:
     router, serve = apps
-    lane = direct.DirectInfer(serve)
+    lane = on_this_loop(serve)
 
     async def client(port: int) -> bytes:
-        router.release.set()
-        return await exchange(port, post("/v2/models/slow/infer", "connection: close\r\n"))
+        answer = await exchange(port, post("/v2/models/after/infer", "connection: close\r\n"))
+        for _ in range(500):
+            if router.finished or router.cancelled:
+                break
+            await asyncio.sleep(0.01)
+        return answer
 
     assert run_server(lane, client).endswith(b"router")
-    assert router.cancelled == 0
+    assert (router.finished, router.cancelled) == (1, 0)
+
+
+def test_a_call_past_the_timeout_gets_a_504_in_v2_shape(apps: tuple[Recorder, Recorder], monkeypatch: pytest.MonkeyPatch) -> None:
+    router, serve = apps
+    monkeypatch.setattr(direct, "TIMEOUT_S", 0.2)
+    lane = on_this_loop(serve)
+    answer = run_server(lane, lambda port: exchange(port, post("/v2/models/slow/infer", "connection: close\r\n")), router)
+    assert answer.startswith(b"HTTP/1.1 504") and b"x-request-id: " in answer
+    assert b'{"error":"the request took longer than 0.2 s (limits.infer_timeout_s)"}' in answer
+    assert router.cancelled == 1
+
+
+def test_a_server_on_another_loop_than_the_routers_sends_everything_through_serve(apps: tuple[Recorder, Recorder]) -> None:
+    direct.APP_LOOP = asyncio.new_event_loop()  # the router's code on a loop of its own (a thread of Serve's)
+    try:
+        answer = run_server(
+            direct.DirectInfer(apps[1]), lambda port: exchange(port, post("/v2/models/m/infer", "connection: close\r\n"))
+        )
+    finally:
+        direct.APP_LOOP.close()
+    assert answer.endswith(b"serve") and not direct.active()
 
 
 def test_install_sets_serves_hook_once_and_leaves_an_operators_own(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(direct, "APP", None)
+    monkeypatch.setattr(direct, "APP_LOOP", None)
     monkeypatch.setattr(http_util, HOOK_NAME, None)
     app = object()
-    assert direct.install(app) and direct.install(app)
-    assert getattr(http_util, HOOK_NAME) == direct.HOOK and direct.APP is app
+    assert not direct.install(app, 5.0)  # no event loop running: no loop to tell the server's by
+    assert getattr(http_util, HOOK_NAME) is None
+
+    async def installed() -> bool:
+        return direct.install(app, 5.0) and direct.install(app, 5.0)
+
+    assert asyncio.run(installed())
+    assert getattr(http_util, HOOK_NAME) == direct.HOOK and direct.APP is app and direct.TIMEOUT_S == 5.0
     # What Serve does with the hook when it starts the replica's server: our middleware, built.
     options = http_util.configure_http_middlewares(http_util.HTTPOptions())
     assert [m.cls for m in options.middlewares] == [direct.DirectInfer]
 
     monkeypatch.setattr(direct, "APP", None)
     monkeypatch.setattr(http_util, HOOK_NAME, "their.module:middlewares")
-    assert not direct.install(app)
+    assert not asyncio.run(installed())
     assert getattr(http_util, HOOK_NAME) == "their.module:middlewares" and direct.APP is None

@@ -92,8 +92,10 @@ async def exchange(port: int, raw: bytes, until: bytes | None = None) -> bytes:
     return data
 
 
-def serve_and(port: int, client: Any) -> Any:
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", loop="asyncio", log_level="critical")
+def serve_and(port: int, client: Any, asgi: Any = app, before_exit: Any = None) -> Any:
+    """Run `client()` against a uvicorn server of `asgi`; `before_exit()` runs before the server
+    stops (its shutdown waits for every call still in flight)."""
+    config = uvicorn.Config(asgi, host="127.0.0.1", port=port, http="httptools", loop="asyncio", log_level="critical")
     server = uvicorn.Server(config)
 
     async def main() -> Any:
@@ -103,6 +105,8 @@ def serve_and(port: int, client: Any) -> Any:
         try:
             return await client()
         finally:
+            if before_exit is not None:
+                before_exit()
             server.should_exit = True
             await task
 

@@ -11,7 +11,7 @@ import pytest
 from ray.serve._private import http_util
 
 from serve_app.router import direct
-from tests.unit.test_coalesce import exchange, free_port
+from tests.unit.test_coalesce import exchange, free_port, serve_and
 
 HOOK_NAME = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 
@@ -70,25 +70,15 @@ def post(path: str, headers: str = "") -> bytes:
 
 
 def run_server(app: Any, client: Any, *waiting: Recorder) -> Any:
-    import uvicorn
-
+    """`client(port)` against a real uvicorn server of `app`; calls still waiting in `waiting` are
+    released before the server stops (its shutdown waits for them)."""
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", loop="asyncio", log_level="critical")
-    server = uvicorn.Server(config)
 
-    async def main() -> Any:
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            await asyncio.sleep(0.01)
-        try:
-            return await client(port)
-        finally:
-            for recorder in waiting:  # a call still waiting would hold the server's shutdown
-                recorder.release.set()
-            server.should_exit = True
-            await task
+    def release() -> None:
+        for recorder in waiting:
+            recorder.release.set()
 
-    return asyncio.run(main())
+    return serve_and(port, lambda: client(port), app, release)
 
 
 def test_v2_infer_goes_to_the_router_and_everything_else_through_serve(apps: tuple[Recorder, Recorder]) -> None:

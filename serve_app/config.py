@@ -388,8 +388,9 @@ class LimitsConfig(BaseModel):
     infer_timeout_s: float = Field(
         60.0,
         gt=0,
-        description="a v2 infer call whose request sets no shorter deadline ends after this with 504, body upload "
-        "included; as Serve's http_options.request_timeout_s bounds the other endpoints",
+        description="a v2 infer call ends after this with 504, body upload included, where it skips Serve's "
+        "per-request wrapper (/router/status: direct_infer); elsewhere Serve's http_options.request_timeout_s "
+        "applies (408)",
     )
     generation_timeout_s: float = Field(
         600.0,

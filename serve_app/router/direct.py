@@ -17,6 +17,9 @@ What Serve's wrapper gave these calls, and what stands in for it here:
 - draining: uvicorn's own shutdown, which Serve runs after its drain, waits for these calls;
 - the whole-call timeout: `limits.infer_timeout_s` (a 504 in v2's shape), where Serve's wrapper
   applied `http_options.request_timeout_s` (a 408);
+- not kept: Serve's request headers `x-request-timeout-seconds` (a per-call timeout; the
+  router's own is `X-Request-Timeout-Ms`) and `x-request-disconnect-disabled` (a call here is
+  always cancelled when its client leaves);
 - backpressure: the router's admission (queue caps, deadlines, body limits) bounds these calls,
   as it does behind Serve's proxy; the router deployment's `max_ongoing_requests` sits above
   everything admission allows (serve_app.router.parts.router_capacity) and does not count them.
@@ -25,7 +28,8 @@ metrics count them (serve_app.router.telemetry).
 
 The hook is a module global of Serve's HTTP utilities, read when the replica starts its server,
 after the router's constructor: `install` sets it there, in the router's process only. A hook the
-operator set stays, and the direct path stays off (logged). So it does where Serve runs the
+operator set stays, and the direct path stays off (logged); so it does on Python 3.10, whose
+asyncio lacks the timeout and uncancel this path uses. And where Serve runs the
 router's code on an event loop of its own (RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD, on unless
 RAY_SERVE_THROUGHPUT_OPTIMIZED): the server's loop is then another thread's, and only Serve's
 wrapper may cross to the router's. Paths under a route prefix other than `/`, or under uvicorn's
@@ -39,14 +43,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import uuid
-from collections.abc import MutableMapping
 from typing import Any
 
 from starlette.middleware import Middleware
 
 from serve_app.errors import DeadlineExceeded
 from serve_app.protocols.errors import error_response
+from serve_app.router.shedgate import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("ray.serve")
 
@@ -56,7 +61,6 @@ SUFFIX = "/infer"
 REQUEST_ID = b"x-request-id"
 MISSING = object()
 
-Scope = dict[str, Any]
 
 # This process's router app and the event loop it runs on, once `install` ran; None in any other
 # process (Serve's proxy, if the operator passes the hook there too).
@@ -98,7 +102,7 @@ class ClientWatch(asyncio.Event):
             self.task.cancel()
 
 
-def watch_client(receive: Any) -> ClientWatch | None:
+def watch_client(receive: Receive) -> ClientWatch | None:
     """Watch the client of the request whose `receive` this is; None where the server is not
     uvicorn's (no cycle to watch), or the client has left already."""
     cycle: Any = getattr(receive, "__self__", None)
@@ -124,7 +128,7 @@ def request_id(scope: Scope) -> bytes:
 class DirectInfer:
     """The middleware Serve puts around its direct-ingress app (see the module docstring)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         global BUILT
         self.app = app  # Serve's per-request path
         try:
@@ -135,7 +139,7 @@ class DirectInfer:
         self.router = APP if APP is not None and loop is APP_LOOP else None
         BUILT = BUILT or self.router is not None
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         router = self.router
         if router is None or scope["type"] != "http" or scope["method"] != "POST" or infer_route(scope["path"]) is None:
             await self.app(scope, receive, send)
@@ -147,7 +151,7 @@ class DirectInfer:
         rid = request_id(scope)
         started = False
 
-        async def send_with_id(message: MutableMapping[str, Any]) -> None:
+        async def send_with_id(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
@@ -163,9 +167,11 @@ class DirectInfer:
             if not watch.left or watch.task.uncancel() > 0:
                 raise
         except TimeoutError:
-            if not started:  # else the answer is cut short, and uvicorn closes the connection
-                late = DeadlineExceeded(f"the request took longer than {TIMEOUT_S:g} s (limits.infer_timeout_s)")
-                await error_response(scope["path"], late)(scope, receive, send_with_id)
+            if started:  # the answer is cut short, and uvicorn closes the connection
+                logger.warning("v2 infer on %s passed limits.infer_timeout_s while answering; cut short", scope["path"])
+                return
+            late = DeadlineExceeded(f"the request took longer than {TIMEOUT_S:g} s (limits.infer_timeout_s)")
+            await error_response(scope["path"], late)(scope, receive, send_with_id)
 
 
 def active() -> bool:
@@ -183,6 +189,9 @@ def install(app: Any, timeout_s: float) -> bool:
     loop) ahead of Serve's wrapper, from the server Serve starts after the constructor, each
     within `timeout_s`; False where it stays off."""
     global APP, APP_LOOP, TIMEOUT_S
+    if sys.version_info < (3, 11):
+        logger.warning("router: Python 3.10; v2 infer goes through Serve's wrapper")
+        return False
     try:
         from ray.serve._private import http_util
     except ImportError:

@@ -4,6 +4,7 @@ calls take it, the request id, a client that leaves, and the install into Serve'
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from ray.serve._private import http_util
 
 from serve_app.router import direct
+from serve_app.router.shedgate import Receive, Scope, Send
 from tests.unit.test_coalesce import exchange, free_port, serve_and
 
 HOOK_NAME = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
@@ -27,7 +29,7 @@ class Recorder:
         self.release = asyncio.Event()
         self.finished = 0
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await receive()  # the body, as every endpoint reads it
         try:
             if scope["path"].startswith("/v2/models/slow/"):
@@ -50,6 +52,7 @@ def apps(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Recorder, Recorder]]
     monkeypatch.setattr(direct, "APP", router)
     monkeypatch.setattr(direct, "BUILT", False)
     monkeypatch.setattr(direct, "TIMEOUT_S", 60.0)
+    monkeypatch.setattr(direct, "APP_LOOP", None)
     yield router, serve
 
 
@@ -198,3 +201,8 @@ def test_install_sets_serves_hook_once_and_leaves_an_operators_own(monkeypatch: 
     monkeypatch.setattr(http_util, HOOK_NAME, "their.module:middlewares")
     assert not asyncio.run(installed())
     assert getattr(http_util, HOOK_NAME) == "their.module:middlewares" and direct.APP is None
+
+    monkeypatch.setattr(http_util, HOOK_NAME, None)
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14))  # asyncio without timeout() and uncancel()
+    assert not asyncio.run(installed())
+    assert getattr(http_util, HOOK_NAME) is None

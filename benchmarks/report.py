@@ -178,7 +178,7 @@ def compare_markdown(res: dict[str, Any]) -> str:
                 else []
             ),
             "- best throughput over the curve: "
-            + ", ".join(f"{s} {max(p['goodput_rps'] for p in r[s]['closed'])} req/s" for s in SETUPS),
+            + ", ".join(f"{s} {max(p['goodput_rps'] for p in r[s]['closed'])} req/s" for s in (*SETUPS, "ours-binary") if s in r),
             "",
             f"Open loop, Poisson arrivals at {r['open_rate_rps']} req/s (half the naive server's best), same for every setup:",
             "",

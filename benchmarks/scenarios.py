@@ -253,11 +253,10 @@ def compare(s: Settings) -> dict[str, Any]:
                 "closed": _closed_curve(url, wl, s, (m, "router")),
                 "open": run_loadgen(url, wl, {"rate": rate}, s.seconds, s.warmup),
             }
-            # The same inputs in the binary tensor extension (outputs asked for as binary too), at
-            # the headline concurrency: what a tritonclient user's requests cost.
+            # The same inputs in the binary tensor extension (outputs asked for as binary too), over
+            # the same curve: what a tritonclient user's requests cost, and what they reach.
             binary = workload(s, m, tmp, binary=True)
-            point = run_loadgen(url, binary, {"concurrency": s.headline_concurrency}, s.seconds, s.warmup, (m, "router"))
-            out["models"][m]["ours-binary"] = {"closed": [point], "idle_cores_by_role": idle}
+            out["models"][m]["ours-binary"] = {"closed": _closed_curve(url, binary, s, (m, "router")), "idle_cores_by_role": idle}
     out["ingress"] = DEFAULT_INGRESS.label
     shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -273,7 +273,11 @@ class TextClassifier(Classifier):
         seqs = [s for p in prepared for s in p]
         out: np.ndarray | None = None
         step = self.batching.max_batch_size
-        for bucket in length_buckets([len(s) for s in seqs]):
+        # On CPU a padded token costs as much as a real one: a run per length bucket. On a GPU a
+        # small run's cost is its kernel launches, not its tokens: one run per batch, padded to
+        # the edge of its longest text (a shape `_warm` ran).
+        on_gpu = self._buckets() is not None
+        for bucket in [list(range(len(seqs)))] if on_gpu else length_buckets([len(s) for s in seqs]):
             for i in range(0, len(bucket), step):
                 rows = bucket[i : i + step]
                 logits = self._forward([seqs[r] for r in rows], session)

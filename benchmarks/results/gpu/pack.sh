@@ -12,7 +12,7 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manyl
 done
 rm -rf /tmp/whl /tmp/site312 && mkdir -p /tmp/whl .whl
 python3 -m pip download -q "${plat[@]}" -d /tmp/whl "ray[serve]==2.60.0" onnxruntime-gpu==1.31.1 "redis>=5" \
-  "tritonclient[grpc]>=2.50" python-rapidjson "opentelemetry-sdk==1.45.*" "opentelemetry-exporter-otlp-proto-http==1.45.*" py-spy
+  "tritonclient[grpc]>=2.50" "msgspec>=0.18" "opentelemetry-sdk==1.45.*" "opentelemetry-exporter-otlp-proto-http==1.45.*" py-spy
 # What the image already has (a second copy of numpy or grpc's runtime would shadow its own).
 have='^(aiohappyeyeballs|aiohttp-|aiosignal|attrs|certifi|charset_normalizer|click|filelock|flatbuffers|frozenlist|h11|idna|jinja2|markupsafe|ml_dtypes|msgpack|multidict|numpy|packaging|prometheus_client|propcache|psutil|pyyaml|requests|six|typing_extensions|urllib3|uvloop|wrapt|yarl|anyio|annotated_doc)'
 (cd /tmp/whl && ls ./*.whl | sed 's|^\./||' | grep -v -E "$have") > /tmp/whl/list.txt

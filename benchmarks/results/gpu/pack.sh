@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Here (no GPU, network to PyPI): the Python 3.12 packages a lent GPU machine lacks, packed into
-# four pieces that each fit one device call beside the working tree (64 MiB a call).
+# five pieces that each fit one device call beside the working tree (64 MiB a call).
 # The machine's image has PyTorch, numpy, onnx, aiohttp, grpcio, pillow, ... but not Ray, Serve's
 # web stack or onnxruntime-gpu. Then carry each piece in turn (`.whl/site.tar.xz.partN`, one call
 # each, back to back so the machine stays warm) and run remote.sh there. See README.md here.
@@ -25,5 +25,5 @@ rm -rf onnxruntime/capi/libonnxruntime_providers_tensorrt.so onnxruntime/capi/li
 find . -name "*.js.map" -delete
 find . -name __pycache__ -type d -prune -exec rm -rf {} +
 cd /tmp && tar -cf - site312 | xz -9 -T2 > /tmp/site.tar.xz
-rm -f "$OLDPWD/.whl"/site.tar.xz.part* && split -n 4 -d -a 1 /tmp/site.tar.xz /tmp/site.tar.xz.part
+rm -f "$OLDPWD/.whl"/site.tar.xz.part* && split -n 5 -d -a 1 /tmp/site.tar.xz /tmp/site.tar.xz.part
 ls -la /tmp/site.tar.xz.part*

@@ -44,7 +44,6 @@ INGRESS_ENVS = (
     "RAY_SERVE_HAPROXY_RETRY_ON",
     "RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL",
     "RAY_SERVE_HAPROXY_TUNE_BUFSIZE",
-    "RAY_SERVE_HAPROXY_METRICS_ENABLED",
 )
 # What the app's README and KubeRay pods give HAProxy: besides a refused connection, a request
 # that a router replica dropped without an answer (it died) is replayed on another router.
@@ -59,10 +58,6 @@ CHECK_FALL = 5
 # reserve). At Ray's 16 KiB a demo image in JSON (13-15 KiB plus headers) sometimes did not, and
 # was lost with the router that died holding it (CI's chaos smoke, 1 request in thousands).
 BUFSIZE = 65536
-# Also theirs: HAProxy's per-request metrics off. With them on, HAProxy sends one log line per
-# request to Serve's HAProxy manager, a Python actor that parses it: a share of a core under load
-# that this app does not need, since its own metrics count every call (docs/observability.md).
-HAPROXY_METRICS = False
 
 
 @dataclass
@@ -74,7 +69,6 @@ class Ingress:
     retry_on: str | None = None  # HAProxy's retry-on; None: Ray's default (conn-failure)
     check_fall: int | None = None  # failed health checks before a router is out; None: Ray's default (2)
     bufsize: int | None = None  # HAProxy's tune.bufsize; None: Ray's default (16 KiB)
-    metrics: bool | None = None  # HAProxy's per-request metrics; None: Ray's default (on)
 
     @property
     def label(self) -> str:
@@ -92,8 +86,6 @@ class Ingress:
             env["RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL"] = str(self.check_fall)
         if self.bufsize is not None:
             env["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"] = str(self.bufsize)
-        if self.metrics is not None:
-            env["RAY_SERVE_HAPROXY_METRICS_ENABLED"] = "1" if self.metrics else "0"
         return env
 
 

@@ -34,7 +34,6 @@ from benchmarks.baselines.limit import measure_limit
 from benchmarks.cluster import (
     BUFSIZE,
     CHECK_FALL,
-    HAPROXY_METRICS,
     HTTP_PORT,
     REPLAY_ON,
     Ingress,
@@ -49,9 +48,7 @@ from benchmarks.cluster import (
 # The ingress the default configs use (README's serve command, the KubeRay pods):
 # chosen by the `ingress` scenario, see benchmarks/results/ingress/local/ (HAProxy plus
 # throughput-optimized measured 1.7x HAProxy alone for bert-heavy at concurrency 32).
-DEFAULT_INGRESS = Ingress(
-    haproxy=True, throughput_optimized=True, retry_on=REPLAY_ON, check_fall=CHECK_FALL, bufsize=BUFSIZE, metrics=HAPROXY_METRICS
-)
+DEFAULT_INGRESS = Ingress(haproxy=True, throughput_optimized=True, retry_on=REPLAY_ON, check_fall=CHECK_FALL, bufsize=BUFSIZE)
 
 
 @dataclass

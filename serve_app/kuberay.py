@@ -71,9 +71,6 @@ def _container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]
             {"name": "RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL", "value": "5"},
             # HAProxy replays only a request that fits its buffer: 64 KiB holds a JSON image.
             {"name": "RAY_SERVE_HAPROXY_TUNE_BUFSIZE", "value": "65536"},
-            # No per-request log line from HAProxy to Serve's Python HAProxy manager: the app's
-            # own metrics count every call (docs/observability.md).
-            {"name": "RAY_SERVE_HAPROXY_METRICS_ENABLED", "value": "0"},
             # The routers' shared response cache (k8s/redis-cache.yaml); optional: without the
             # Secret the URL has no password, Redis refuses it, and each router caches alone.
             {

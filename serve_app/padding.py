@@ -89,3 +89,21 @@ def pad_batch(batch: np.ndarray, buckets: list[int]) -> np.ndarray:
     padded = np.zeros((size, *batch.shape[1:]), dtype=batch.dtype)
     padded[:n] = batch
     return padded
+
+
+def merged_length_buckets(lengths: list[int], min_bucket: int = 8) -> list[list[int]]:
+    """`length_buckets`, with neighbouring buckets run as one while that pads the merged group to
+    at most twice the tokens its buckets would pad to apart. For a GPU, where a small run costs
+    about its kernel launches whatever its tokens: a batch of short texts runs once, while one long
+    text does not pad a batch of short ones to its length."""
+    merged: list[list[int]] = []
+    apart = 0  # tokens the open group's buckets pad to, each at its own edge
+    for bucket in length_buckets(lengths, min_bucket):
+        edge = length_edge(max(lengths[i] for i in bucket), min_bucket)
+        if merged and (len(merged[-1]) + len(bucket)) * edge <= 2 * (apart + len(bucket) * edge):
+            merged[-1] += bucket
+            apart += len(bucket) * edge
+        else:
+            merged.append(list(bucket))
+            apart = len(bucket) * edge
+    return merged

@@ -34,7 +34,15 @@ from serve_app.models.executor import BatchExecutor, RunBatch
 from serve_app.models.health import Stalled, StallWatch
 from serve_app.models.runtime import create_session
 from serve_app.observability import tracing
-from serve_app.padding import batch_buckets, length_buckets, length_edge, length_edges, pad_batch, pad_right
+from serve_app.padding import (
+    batch_buckets,
+    length_buckets,
+    length_edge,
+    length_edges,
+    merged_length_buckets,
+    pad_batch,
+    pad_right,
+)
 from serve_app.tokenization import TextTokenizer
 
 Result = np.ndarray | ServeAppError
@@ -218,7 +226,8 @@ class Classifier(OnnxModel):
 
 @serve.deployment(max_ongoing_requests=16)
 class TextClassifier(Classifier):
-    """BYTES text in, (N, C) logits out; tokenizes server-side, pads per length bucket."""
+    """BYTES text in, (N, C) logits out; tokenizes server-side, pads per length bucket (on a GPU,
+    per group of neighbouring buckets: serve_app.padding.merged_length_buckets)."""
 
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
         super().__init__(name, model_path, config)
@@ -274,10 +283,11 @@ class TextClassifier(Classifier):
         out: np.ndarray | None = None
         step = self.batching.max_batch_size
         # On CPU a padded token costs as much as a real one: a run per length bucket. On a GPU a
-        # small run's cost is its kernel launches, not its tokens: one run per batch, padded to
-        # the edge of its longest text (a shape `_warm` ran).
-        on_gpu = self._buckets() is not None
-        for bucket in [list(range(len(seqs)))] if on_gpu else length_buckets([len(s) for s in seqs]):
+        # small run costs about its kernel launches: neighbouring buckets run as one while that
+        # at most doubles their padded tokens (each run's shape is still one `_warm` ran).
+        lengths = [len(s) for s in seqs]
+        groups = merged_length_buckets(lengths) if self._buckets() is not None else length_buckets(lengths)
+        for bucket in groups:
             for i in range(0, len(bucket), step):
                 rows = bucket[i : i + step]
                 logits = self._forward([seqs[r] for r in rows], session)

@@ -36,7 +36,7 @@ def _pod_envs() -> list[dict[str, str]]:
 
 def test_readme_kuberay_and_the_benchmarks_run_the_same_ingress() -> None:
     shipped = DEFAULT_INGRESS.env()
-    assert shipped["RAY_SERVE_HAPROXY_METRICS_ENABLED"] == "0"
+    assert shipped["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     assert _readme_serve_env() == shipped
     pods = _pod_envs()
     assert len(pods) >= 3  # head, ingress group, GPU workers

@@ -1,7 +1,16 @@
 import numpy as np
 
 from serve_app.models.runtime import with_options
-from serve_app.padding import batch_buckets, length_buckets, length_edge, length_edges, pad_batch, pad_left, pad_right
+from serve_app.padding import (
+    batch_buckets,
+    length_buckets,
+    length_edge,
+    length_edges,
+    merged_length_buckets,
+    pad_batch,
+    pad_left,
+    pad_right,
+)
 
 
 def test_buckets_never_pad_more_than_twice_the_shortest_member():
@@ -66,3 +75,17 @@ def test_length_edges_cover_every_length_a_bucket_pads_to() -> None:
 def test_pad_right_pads_to_a_given_length() -> None:
     ids, mask = pad_right([[5, 6], [9]], pad_id=0, length=4)
     assert ids.tolist() == [[5, 6, 0, 0], [9, 0, 0, 0]] and mask.tolist() == [[1, 1, 0, 0], [1, 0, 0, 0]]
+
+
+def test_on_a_gpu_short_texts_run_together_but_one_long_text_does_not_pad_them_to_its_length():
+    # Texts of 8 and 16 tokens: one run, padded to 16 (at most twice what two runs would pad).
+    assert merged_length_buckets([5, 12, 3, 14, 15, 7]) == [[0, 2, 5, 1, 3, 4]]
+    # One 500-token text beside 63 short ones runs alone.
+    assert merged_length_buckets([12] * 63 + [500]) == [list(range(63)), [63]]
+    # Every item in exactly one group, and no group pads more than twice its buckets apart.
+    lengths = [3, 60, 9, 17, 8, 33, 1, 16, 120, 7, 7, 7]
+    groups = merged_length_buckets(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        apart = sum(length_edge(lengths[i]) for i in g)
+        assert len(g) * length_edge(max(lengths[i] for i in g)) <= 2 * apart, [lengths[i] for i in g]

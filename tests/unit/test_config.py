@@ -163,3 +163,10 @@ def test_a_stall_timeout_default_that_follows_the_batch_timeout_leaves_the_calle
     assert args.deployment_config("b").stall_timeout_s == 10 and args.models["b"].stall_timeout_s == 10
     assert held.stall_timeout_s == 30  # another AppArgs may take it under another batch timeout
     assert AppArgs.model_validate({"models": {"b": held}}).deployment_config("b").stall_timeout_s == 30
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_config_is_a_valid_serve_config_whose_app_args_validate(path):
+    """The benchmark configs too: a bad field there would only show on the machine it was made for."""
+    ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    assert all(args.models for args in load_app_args(path))

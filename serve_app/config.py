@@ -14,21 +14,28 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from serve_app.presets import Family, get_preset
 
 MODEL_DIR_ENV = "SERVE_APP_MODEL_DIR"
 
 
-class BatchingConfig(BaseModel):
+class ConfigModel(BaseModel):
+    """A section of the config. An unknown field is an error: a misspelt knob (`max_batch_sizes`)
+    would otherwise validate and leave its default in force without a word."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class BatchingConfig(ConfigModel):
     """Dynamic batching; sent to replicas as `user_config`, so it is live-tunable."""
 
     max_batch_size: int = Field(16, ge=1, le=1024)
     batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=1.0)
 
 
-class FaultConfig(BaseModel):
+class FaultConfig(ConfigModel):
     """Deliberate faults for drills and tests, off by default; live-tunable like batching."""
 
     delay_s: float = Field(0.0, ge=0.0, le=60.0, description="extra seconds every batch takes")
@@ -46,7 +53,7 @@ class ReplicaTuning(BatchingConfig):
     faults: FaultConfig = Field(default_factory=FaultConfig)
 
 
-class GenerationDefaults(BaseModel):
+class GenerationDefaults(ConfigModel):
     """Generator (GPT) settings. The KV cache is allocated once at replica start: slots x context window."""
 
     default_max_tokens: int = Field(32, ge=1)
@@ -77,7 +84,7 @@ class GenerationDefaults(BaseModel):
         return self
 
 
-class TracingConfig(BaseModel):
+class TracingConfig(ConfigModel):
     """OpenTelemetry tracing. W3C `traceparent` is always read and carried to the replicas; spans
     are exported (OTLP over HTTP, protobuf) only when an endpoint is configured here or in
     OpenTelemetry's own `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`/`OTEL_EXPORTER_OTLP_ENDPOINT`."""
@@ -92,7 +99,7 @@ class TracingConfig(BaseModel):
     export_timeout_s: float = Field(5.0, gt=0, description="an export taking longer is dropped, never the request")
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(ConfigModel):
     """One model of the catalog. `preset` builds a demo model; `path` points at any model directory."""
 
     preset: str | None = None
@@ -193,7 +200,7 @@ def expand_versions(name: str, model: ModelConfig) -> list[ServedVersion]:
     return out
 
 
-class ShadowConfig(BaseModel):
+class ShadowConfig(ConfigModel):
     """Mirror a share of a model's answered requests to a candidate version, off the client's path."""
 
     version: str
@@ -209,7 +216,7 @@ class ShadowConfig(BaseModel):
     )
 
 
-class RollbackConfig(BaseModel):
+class RollbackConfig(ConfigModel):
     """When a canary does worse than its baseline over a window, its weight goes to 0."""
 
     window_s: float = Field(30.0, gt=0, description="outcomes older than this are forgotten")
@@ -222,7 +229,7 @@ class RollbackConfig(BaseModel):
     )
 
 
-class TrafficConfig(BaseModel):
+class TrafficConfig(ConfigModel):
     """Which version answers a model's requests that name none."""
 
     weights: dict[str, float] = Field(description="version -> relative weight; versions left out get none")
@@ -244,13 +251,13 @@ class TrafficConfig(BaseModel):
         return self
 
 
-class RouterLiveConfig(BaseModel):
+class RouterLiveConfig(ConfigModel):
     """The router deployment's `user_config`: applied by running routers, without a restart, on `serve deploy`."""
 
     traffic: dict[str, TrafficConfig] = Field(default_factory=dict, description="per model")
 
 
-class CacheConfig(BaseModel):
+class CacheConfig(ConfigModel):
     """The router's response cache: a local LRU bounded in bytes, then an optional shared Redis tier."""
 
     enabled: bool = False
@@ -271,7 +278,7 @@ class CacheConfig(BaseModel):
         return self.redis_url
 
 
-class RouteConfig(BaseModel):
+class RouteConfig(ConfigModel):
     """Tiered route: the light model answers unless its confidence is below `threshold`.
 
     Leave `threshold` out to use the one `serve-app calibrate` fitted on held-out data
@@ -284,7 +291,7 @@ class RouteConfig(BaseModel):
     signal: Literal["max_prob", "margin", "entropy"] = "max_prob"
 
 
-class SchedulingConfig(BaseModel):
+class SchedulingConfig(ConfigModel):
     """The router's per-model queues (see serve_app.scheduling.dispatcher)."""
 
     policy: Literal["priority", "fifo"] = Field(
@@ -343,7 +350,7 @@ class SchedulingConfig(BaseModel):
     )
 
 
-class TenantConfig(BaseModel):
+class TenantConfig(ConfigModel):
     """One API client. Its key is given hashed (`key_sha256`) or read from an env var or a file, never in clear."""
 
     name: str
@@ -365,7 +372,7 @@ class TenantConfig(BaseModel):
         return self
 
 
-class LimitsConfig(BaseModel):
+class LimitsConfig(ConfigModel):
     """What one request may ask of the router; past these it gets a 4xx before any model time is spent."""
 
     max_request_bytes: int = Field(
@@ -406,7 +413,7 @@ class LimitsConfig(BaseModel):
         return self
 
 
-class AppArgs(BaseModel):
+class AppArgs(ConfigModel):
     model_dir: str = Field("models", description=f"root of model directories; ${MODEL_DIR_ENV} overrides it")
     models: dict[str, ModelConfig]
     routes: dict[str, RouteConfig] = Field(default_factory=dict)

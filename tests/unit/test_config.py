@@ -82,6 +82,30 @@ def test_batching_bounds():
 
 
 @pytest.mark.parametrize(
+    "args",
+    [
+        {"models": {"x": {"preset": "bert-tiny", "batching": {"max_batch_sizes": 64}}}},
+        {"models": {"x": {"preset": "bert-tiny", "max_batch_size": 64}}},
+        {"models": {"x": {"preset": "bert-tiny"}}, "scheduling": {"router_delay_target": 50}},
+        {"models": {"x": {"preset": "bert-tiny"}}, "cache": {"enabled": True, "max_byte": 1024}},
+    ],
+    ids=["batching", "model", "scheduling", "cache"],
+)
+def test_a_misspelt_knob_is_a_config_error_not_a_silent_default(args):
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        AppArgs.model_validate(args)
+
+
+def test_a_misspelt_live_knob_is_refused_too():
+    from serve_app.config import ReplicaTuning, RouterLiveConfig
+
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        ReplicaTuning.model_validate({"max_batch_size": 8, "fault": {"error_rate": 0.5}})
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        RouterLiveConfig.model_validate({"trafic": {}})
+
+
+@pytest.mark.parametrize(
     ("generation", "message"),
     [
         ({"max_waiting": 0}, "greater than or equal to 1"),  # every generation would be refused, slots free or not

@@ -99,7 +99,7 @@ def merged_length_buckets(lengths: list[int], min_bucket: int = 8) -> list[list[
     merged: list[list[int]] = []
     apart = 0  # tokens the open group's buckets pad to, each at its own edge
     for bucket in length_buckets(lengths, min_bucket):
-        edge = length_edge(max(lengths[i] for i in bucket), min_bucket)
+        edge = length_edge(lengths[bucket[0]], min_bucket)  # every member of a bucket shares its edge
         if merged and (len(merged[-1]) + len(bucket)) * edge <= 2 * (apart + len(bucket) * edge):
             merged[-1] += bucket
             apart += len(bucket) * edge

@@ -133,6 +133,16 @@ class _NoAliases(yaml.SafeDumper):
         return True
 
 
+# Every pod that may run a Serve proxy: Ray's metrics, and the Prometheus exporter of HAProxy, which
+# RAY_SERVE_ENABLE_HA_PROXY runs there (RAY_SERVE_HAPROXY_METRICS_PORT). HAProxy's counts include the
+# requests it answers itself (no healthy router, timeouts), which no Ray metric sees.
+HAPROXY_METRICS_PORT = 9101
+METRICS_PORTS = [
+    {"containerPort": 8080, "name": "metrics"},
+    {"containerPort": HAPROXY_METRICS_PORT, "name": "haproxy-metrics"},
+]
+
+
 def _head_group() -> dict[str, Any]:
     return {
         # The head schedules no replicas: model work lands on GPU workers.
@@ -152,7 +162,7 @@ def _head_group() -> dict[str, Any]:
                             {"containerPort": 8265, "name": "dashboard"},
                             {"containerPort": 8000, "name": "serve"},
                             {"containerPort": 9000, "name": "grpc"},
-                            {"containerPort": 8080, "name": "metrics"},
+                            *METRICS_PORTS,
                         ],
                     )
                 ],
@@ -190,9 +200,7 @@ def _worker_group(
 ) -> dict[str, Any]:
     """A worker group whose pods drain before they stop: their replicas move and finish what they hold."""
     drain = ["python", "-m", "serve_app.drain", f"--deadline-s={DRAIN_DEADLINE_S}"]
-    container = _container(
-        "ray-worker", {"requests": resources, "limits": resources}, [{"containerPort": 8080, "name": "metrics"}]
-    )
+    container = _container("ray-worker", {"requests": resources, "limits": resources}, list(METRICS_PORTS))
     initial, least, most = replicas
     return {
         "groupName": name,

@@ -119,17 +119,29 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_the_monitoring_manifest_scrapes_the_ray_pods_metrics_port():
+def test_the_monitoring_manifest_scrapes_ray_and_haproxy_on_every_ray_pod():
+    from ray.serve._private.constants import RAY_SERVE_HAPROXY_METRICS_PORT
+
     docs = list(yaml.safe_load_all((ROOT / "k8s" / "monitoring.yaml").read_text()))
     kinds = Counter(d["kind"] for d in docs)
     assert kinds == {"PodMonitor": 1, "PrometheusRule": 1, "ConfigMap": 1}
     monitor = next(d for d in docs if d["kind"] == "PodMonitor")
+    scraped = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    # Ray's metrics-export-port, and the port HAProxy's exporter listens on where Serve runs it.
+    wanted = {"metrics": 8080, "haproxy-metrics": RAY_SERVE_HAPROXY_METRICS_PORT}
+    assert scraped == set(wanted)
     ray = yaml.safe_load((ROOT / "k8s" / "rayservice.yaml").read_text())["spec"]["rayClusterConfig"]
     templates = [ray["headGroupSpec"]["template"]] + [g["template"] for g in ray["workerGroupSpecs"]]
     for t in templates:
         assert monitor["spec"]["selector"]["matchLabels"].items() <= t["metadata"]["labels"].items()
         ports = {p["name"]: p["containerPort"] for c in t["spec"]["containers"] for p in c.get("ports", [])}
-        assert ports.get(monitor["spec"]["podMetricsEndpoints"][0]["port"]) == 8080
+        assert {name: ports.get(name) for name in wanted} == wanted
+    policy = next(yaml.safe_load_all((ROOT / "k8s" / "networkpolicy.yaml").read_text()))
+    from_monitoring = [
+        r for r in policy["spec"]["ingress"]
+        if any("monitoring" in str(f.get("namespaceSelector")) for f in r.get("from", []))
+    ]  # fmt: skip
+    assert {p["port"] for r in from_monitoring for p in r["ports"]} == set(wanted.values())
     rule = next(d for d in docs if d["kind"] == "PrometheusRule")
     assert rule["spec"] == yaml.safe_load((OBS / "prometheus-rules.yaml").read_text())
 

@@ -80,10 +80,15 @@ def batch_buckets(max_batch_size: int) -> list[int]:
     return sizes
 
 
+def bucket_size(n: int, buckets: list[int]) -> int:
+    """The smallest bucket that holds `n` rows; `n` itself if none does."""
+    return next((b for b in buckets if b >= n), n)
+
+
 def pad_batch(batch: np.ndarray, buckets: list[int]) -> np.ndarray:
     """`batch` with zero rows appended up to the smallest bucket that holds it (as is if none does)."""
     n = len(batch)
-    size = next((b for b in buckets if b >= n), n)
+    size = bucket_size(n, buckets)
     if size == n:
         return batch
     padded = np.zeros((size, *batch.shape[1:]), dtype=batch.dtype)

@@ -1,5 +1,5 @@
 """CPU time to build one ResNet-50 sized batch from uint8 payloads: the step-by-step copies the
-image replica made before 25b5473 against its one-pass `image_feed`. No GPU, no Ray.
+image replica made before 2dbfc60 against its one-pass `image_feed`. No GPU, no Ray.
 
     PYTHONPATH=. python benchmarks/results/gpu/image_feed_probe.py
 """

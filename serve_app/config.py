@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from serve_app.presets import Family, get_preset
 
@@ -193,7 +193,11 @@ def expand_versions(name: str, model: ModelConfig) -> list[ServedVersion]:
         merged = {**base, **override}
         if "preset" in override and "family" not in override:
             merged.pop("family", None)
-        config = ModelConfig.model_validate({**merged, "version": version})
+        try:
+            config = ModelConfig.model_validate({**merged, "version": version})
+        except ValidationError as e:  # its own error would name the field but not the version it is in
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise ValueError(f"model {name!r} version {version!r}: {problems}") from None
         if config.versions or config.family != model.family:
             raise ValueError(f"model {name!r} version {version!r} must be a {model.family} model without versions of its own")
         out.append(ServedVersion(name, version, deployment_name(name, version, model.version), config))

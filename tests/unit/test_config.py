@@ -192,5 +192,19 @@ def test_a_stall_timeout_default_that_follows_the_batch_timeout_leaves_the_calle
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_config_is_a_valid_serve_config_whose_app_args_validate(path):
     """The benchmark configs too: a bad field there would only show on the machine it was made for."""
-    ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    from serve_app.config import ReplicaTuning, RouterLiveConfig
+
+    raw = yaml.safe_load(path.read_text())
+    ServeDeploySchema.model_validate(raw)
     assert all(args.models for args in load_app_args(path))
+    # A deployment's user_config is applied on the cluster only: a bad field there would stop the
+    # routers reconfiguring, or a model's replicas starting, where nothing here would see it.
+    for app in raw["applications"]:
+        for d in app.get("deployments", []):
+            if "user_config" in d:
+                (RouterLiveConfig if d["name"] == "router" else ReplicaTuning).model_validate(d["user_config"])
+
+
+def test_a_bad_field_in_a_version_override_names_the_version():
+    with pytest.raises(ValidationError, match="version '2': max_batch_sizes: Extra inputs are not permitted"):
+        AppArgs.model_validate({"models": {"b": {"preset": "bert-tiny", "versions": {"2": {"max_batch_sizes": 4}}}}})

@@ -85,17 +85,6 @@ def bucket_size(n: int, buckets: list[int]) -> int:
     return next((b for b in buckets if b >= n), n)
 
 
-def pad_batch(batch: np.ndarray, buckets: list[int]) -> np.ndarray:
-    """`batch` with zero rows appended up to the smallest bucket that holds it (as is if none does)."""
-    n = len(batch)
-    size = bucket_size(n, buckets)
-    if size == n:
-        return batch
-    padded = np.zeros((size, *batch.shape[1:]), dtype=batch.dtype)
-    padded[:n] = batch
-    return padded
-
-
 def merged_length_buckets(lengths: list[int], min_bucket: int = 8) -> list[list[int]]:
     """`length_buckets`, with neighbouring buckets run as one while that pads the merged group to
     at most twice the tokens its buckets would pad to apart. For a GPU, where a small run costs

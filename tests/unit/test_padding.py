@@ -3,11 +3,11 @@ import numpy as np
 from serve_app.models.runtime import with_options
 from serve_app.padding import (
     batch_buckets,
+    bucket_size,
     length_buckets,
     length_edge,
     length_edges,
     merged_length_buckets,
-    pad_batch,
     pad_left,
     pad_right,
 )
@@ -46,14 +46,11 @@ def test_batch_buckets_are_powers_of_two_up_to_the_max() -> None:
     assert batch_buckets(1) == [1]
 
 
-def test_pad_batch_appends_zero_rows_up_to_the_next_bucket() -> None:
-    batch = np.arange(3 * 2, dtype=np.float32).reshape(3, 2) + 1
-    padded = pad_batch(batch, [1, 2, 4, 8])
-    assert padded.shape == (4, 2) and padded.dtype == np.float32
-    np.testing.assert_array_equal(padded[:3], batch)
-    assert not padded[3:].any()
-    assert pad_batch(batch[:2], [1, 2, 4]).shape == (2, 2)  # already a bucket size
-    assert pad_batch(batch, [1, 2]).shape == (3, 2)  # larger than every bucket: as is
+def test_a_batch_pads_up_to_the_smallest_bucket_that_holds_it() -> None:
+    # The padding rows' contents (zeros, the rows before them unchanged): tests/unit/test_image_feed.py.
+    assert bucket_size(3, [1, 2, 4, 8]) == 4
+    assert bucket_size(2, [1, 2, 4]) == 2  # already a bucket size
+    assert bucket_size(3, [1, 2]) == 3  # larger than every bucket: as is
 
 
 def test_cuda_sessions_get_the_heuristic_cudnn_search_and_cpu_stays_bare() -> None:

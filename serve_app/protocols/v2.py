@@ -377,27 +377,6 @@ def binary_blob(output: ResponseOutput) -> bytes:
     return np.ascontiguousarray(values, dtype=wire).tobytes()
 
 
-def render_response(response: InferResponse, binary: set[str]) -> tuple[bytes, dict[str, str]]:
-    """The response body and its extra headers; outputs named in `binary` travel as raw bytes after the JSON."""
-    if not binary:
-        for out in response.outputs:
-            out.with_data()
-        return response.model_dump_json(exclude_none=True).encode(), {"content-type": "application/json"}
-    blobs: list[bytes] = []
-    outputs = []
-    for out in response.outputs:
-        if out.name in binary:
-            blob = binary_blob(out)
-            blobs.append(blob)
-            params = {**(out.parameters or {}), "binary_data_size": len(blob)}
-            out = out.model_copy(update={"data": None, "parameters": params})
-        else:
-            out.with_data()
-        outputs.append(out)
-    head = response.model_copy(update={"outputs": outputs}).model_dump_json(exclude_none=True).encode()
-    return head + b"".join(blobs), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
-
-
 def binary_outputs(request: InferRequest, produced: list[str]) -> set[str]:
     """Which outputs the client asked to get as binary data."""
     default = bool((request.parameters or {}).get("binary_data_output", False))

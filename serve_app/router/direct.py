@@ -29,7 +29,7 @@ metrics count them (serve_app.router.telemetry).
 The hook is a module global of Serve's HTTP utilities, read when the replica starts its server,
 after the router's constructor: `install` sets it there, in the router's process only. A hook the
 operator set stays, and the direct path stays off (logged); so it does on Python 3.10, whose
-asyncio lacks the timeout and uncancel this path uses. And where Serve runs the
+asyncio lacks the uncancel this path uses. And where Serve runs the
 router's code on an event loop of its own (RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD, on unless
 RAY_SERVE_THROUGHPUT_OPTIMIZED): the server's loop is then another thread's, and only Serve's
 wrapper may cross to the router's. Paths under a route prefix other than `/`, or under uvicorn's
@@ -87,19 +87,55 @@ class ClientWatch(asyncio.Event):
     """Stands in for a uvicorn request cycle's message event, which the server sets on each body
     chunk, at the response's end and when the connection is lost. On the last, with the answer not
     yet complete, it cancels the task serving the request: the same notice Serve's client-watch
-    task gives, without a task."""
+    task gives, without a task. `expire` cancels it the same way when the call's time is up."""
 
     def __init__(self, cycle: Any, task: asyncio.Task[Any]) -> None:
         super().__init__()
         self.cycle = cycle
         self.task = task
         self.left = False
+        self.timed_out = False
 
     def set(self) -> None:
         super().set()
-        if self.cycle.disconnected and not self.left:
+        if self.cycle.disconnected and not (self.left or self.timed_out):
             self.left = True
             self.task.cancel()
+
+    def expire(self) -> None:
+        if not (self.left or self.timed_out):
+            self.timed_out = True
+            self.task.cancel()
+
+
+class Deadlines:
+    """The whole-call time limit of the calls on one event loop, from one timer: a check every
+    `tick_s` (a quarter of the limit, at most a second) expires the calls past their deadline.
+    A timeout per call (`asyncio.timeout`) would schedule and cancel a timer handle for every
+    request, for a limit that almost never fires; here a call costs a dict entry, and the
+    limit fires at most a tick late."""
+
+    def __init__(self) -> None:
+        self.calls: dict[ClientWatch, float] = {}
+        self.timer: asyncio.TimerHandle | None = None
+        self.tick_s = 1.0
+
+    def add(self, watch: ClientWatch, limit_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.calls[watch] = loop.time() + limit_s
+        if self.timer is None:
+            self.tick_s = min(1.0, limit_s / 4)
+            self.timer = loop.call_later(self.tick_s, self._check, loop)
+
+    def discard(self, watch: ClientWatch) -> None:
+        self.calls.pop(watch, None)
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        for watch in [w for w, deadline in self.calls.items() if deadline <= now]:
+            del self.calls[watch]
+            watch.expire()
+        self.timer = loop.call_later(self.tick_s, self._check, loop) if self.calls else None
 
 
 def watch_client(receive: Receive) -> ClientWatch | None:
@@ -137,6 +173,7 @@ class DirectInfer:
             loop = None
         # The router's app only on the loop it runs on (see the module docstring).
         self.router = APP if APP is not None and loop is APP_LOOP else None
+        self.deadlines = Deadlines()
         BUILT = BUILT or self.router is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -158,20 +195,23 @@ class DirectInfer:
                 message = {**message, "headers": [*message.get("headers", ()), (REQUEST_ID, rid)]}
             await send(message)
 
+        self.deadlines.add(watch, TIMEOUT_S)
         try:
-            async with asyncio.timeout(TIMEOUT_S):
-                await router(scope, receive, send_with_id)
+            await router(scope, receive, send_with_id)
         except asyncio.CancelledError:
-            # The watch's own cancel (the client left): nobody to answer, and not an error of the
-            # server's. Any other cancel (the server shutting down) goes on up.
-            if not watch.left or watch.task.uncancel() > 0:
+            # The watch's own cancel (the client left, or the time limit passed). Any other cancel
+            # (the server shutting down) goes on up.
+            if not (watch.left or watch.timed_out) or watch.task.uncancel() > 0:
                 raise
-        except TimeoutError:
+            if watch.left:  # nobody to answer, and not an error of the server's
+                return
             if started:  # the answer is cut short, and uvicorn closes the connection
                 logger.warning("v2 infer on %s passed limits.infer_timeout_s while answering; cut short", scope["path"])
                 return
             late = DeadlineExceeded(f"the request took longer than {TIMEOUT_S:g} s (limits.infer_timeout_s)")
             await error_response(scope["path"], late)(scope, receive, send_with_id)
+        finally:
+            self.deadlines.discard(watch)
 
 
 def active() -> bool:

@@ -16,7 +16,7 @@ from serve_app.cache.keys import cache_key
 from serve_app.errors import InvalidInput
 from serve_app.manifest import Manifest
 from serve_app.models.sampling import GenerationParams
-from serve_app.protocols import v2
+from serve_app.protocols import v2, v2_render
 from serve_app.router import catalog, classify, generation
 from serve_app.router.parts import RouterParts
 from serve_app.router.qos import QoS
@@ -73,7 +73,7 @@ async def answer_infer(
     # Read after the key and rate checks; the edge (serve_app.router.edge) holds it to the body limit.
     body = v2.parse_request(await read_body(), headers.header_length)
     response, out_headers = await infer(parts, name, version, body, headers, tenant, timing)
-    content, extra = v2.render_response(response, v2.binary_outputs(body, [o.name for o in response.outputs]))
+    content, extra = v2_render.render_response(response, v2.binary_outputs(body, [o.name for o in response.outputs]))
     # Where the time went inside the server, so a client can tell it from the network's share.
     out_headers["Server-Timing"] = timing.header(time.perf_counter() - started)
     return Response(content, headers={**out_headers, **extra})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -206,3 +207,29 @@ def test_install_sets_serves_hook_once_and_leaves_an_operators_own(monkeypatch: 
     monkeypatch.setattr(sys, "version_info", (3, 10, 14))  # asyncio without timeout() and uncancel()
     assert not asyncio.run(installed())
     assert getattr(http_util, HOOK_NAME) is None
+
+
+def test_the_time_limit_expires_only_late_calls_and_keeps_no_timer_once_they_are_done() -> None:
+    deadlines = direct.Deadlines()
+    cycle = SimpleNamespace(disconnected=False)
+
+    async def call(hold_s: float) -> tuple[str, float]:
+        watch = direct.ClientWatch(cycle, asyncio.current_task())  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadlines.add(watch, 0.2)
+        try:
+            await asyncio.sleep(hold_s)
+            return "done", loop.time() - started
+        except asyncio.CancelledError:
+            return ("expired" if watch.timed_out else "cancelled"), loop.time() - started
+        finally:
+            deadlines.discard(watch)
+
+    async def main() -> tuple[tuple[str, float], tuple[str, float]]:
+        return await asyncio.gather(call(0.01), call(30.0))
+
+    (quick, _), (slow, waited) = asyncio.run(main())
+    assert (quick, slow) == ("done", "expired")
+    assert 0.2 <= waited < 30.0
+    assert not deadlines.calls and deadlines.timer is None

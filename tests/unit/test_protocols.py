@@ -20,7 +20,7 @@ from PIL import Image
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from serve_app.errors import InvalidInput
-from serve_app.protocols import openai, v2
+from serve_app.protocols import openai, v2, v2_render
 from serve_app.protocols.images import decode_image, decode_images_off_loop
 
 
@@ -150,7 +150,7 @@ def test_binary_response_is_what_tritonclient_decodes():
     )
     binary = v2.binary_outputs(request, ["logits", "label"])
     assert binary == {"logits", "label"}  # per-output default comes from binary_data_output
-    body, headers = v2.render_response(response, binary)
+    body, headers = v2_render.render_response(response, binary)
     n = int(headers[v2.HEADER_LENGTH])
     header = json.loads(body[:n])
     sizes = [o["parameters"]["binary_data_size"] for o in header["outputs"]]
@@ -163,7 +163,7 @@ def test_binary_response_is_what_tritonclient_decodes():
 def test_json_response_unless_binary_is_asked():
     request = v2.InferRequest.model_validate({"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["x"]}]})
     assert v2.binary_outputs(request, ["a"]) == set()
-    body, headers = v2.render_response(v2.InferResponse(model_name="m", outputs=[v2.encode("a", ["z"])]), set())
+    body, headers = v2_render.render_response(v2.InferResponse(model_name="m", outputs=[v2.encode("a", ["z"])]), set())
     assert headers["content-type"] == "application/json" and json.loads(body)["outputs"][0]["data"] == ["z"]
 
 
@@ -423,11 +423,11 @@ def test_a_binary_output_is_sent_from_its_array_without_a_list_of_values():
     logits = np.arange(6, dtype=np.float32).reshape(3, 2)
     out = v2.encode("logits", logits)
     assert out.data is None  # no Python floats until a JSON body needs them
-    body, headers = v2.render_response(v2.InferResponse(model_name="m", outputs=[out]), {"logits"})
+    body, headers = v2_render.render_response(v2.InferResponse(model_name="m", outputs=[out]), {"logits"})
     n = int(headers[v2.HEADER_LENGTH])
     assert "data" not in json.loads(body[:n])["outputs"][0] and out.data is None
     np.testing.assert_array_equal(np.frombuffer(body[n:], "<f4").reshape(3, 2), logits)
-    body, _ = v2.render_response(v2.InferResponse(model_name="m", outputs=[out]), set())
+    body, _ = v2_render.render_response(v2.InferResponse(model_name="m", outputs=[out]), set())
     assert json.loads(body)["outputs"][0]["data"] == logits.ravel().tolist()
 
 

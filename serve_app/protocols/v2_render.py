@@ -1,0 +1,105 @@
+"""A v2 infer response's body: JSON, or the binary extension's JSON header and raw tensors.
+
+Nearly every answer the router gives passes through here, and most are a few small tensors,
+so building pydantic copies of each output and running pydantic's serializer cost more
+than the values themselves. The response is written from its fields as a plain dict through
+msgspec's encoder instead: the same keys in the same order as pydantic's model dump with
+`exclude_none`, the same numbers. Where the two writers would differ, the answer goes
+through pydantic as before: a float that is NaN or infinite (pydantic writes the JavaScript
+literals Triton writes, msgspec writes null), data of other kinds than JSON's own (bytes,
+nested lists), and any parameter value msgspec cannot write.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+from serve_app.protocols import v2
+
+_ENCODER = msgspec.json.Encoder()
+_PLAIN = {str, int, bool}
+_NUMBERS = {int, bool, float}
+# Outputs the pydantic path must write (see the module docstring).
+_FALLBACK = object()
+
+
+def render_response(response: v2.InferResponse, binary: set[str]) -> tuple[bytes, dict[str, str]]:
+    """The response body and its extra headers; outputs named in `binary` travel as raw bytes after the JSON."""
+    blobs: list[bytes] = []
+    outputs: list[dict[str, Any]] = []
+    for out in response.outputs:
+        if out.name in binary:
+            blob = v2.binary_blob(out)
+            blobs.append(blob)
+            outputs.append(_output(out, {**(out.parameters or {}), "binary_data_size": len(blob)}, None))
+            continue
+        data = _json_data(out)
+        if data is _FALLBACK:
+            return _by_pydantic(response, binary)
+        outputs.append(_output(out, out.parameters, data))
+    head: dict[str, Any] = {"model_name": response.model_name}
+    for key, value in (("model_version", response.model_version), ("id", response.id), ("parameters", response.parameters)):
+        if value is not None:
+            head[key] = value
+    head["outputs"] = outputs
+    try:
+        text = _ENCODER.encode(head)
+    except (TypeError, msgspec.EncodeError):  # a parameter of a type msgspec does not write
+        return _by_pydantic(response, binary)
+    if not blobs:
+        return text, {"content-type": "application/json"}
+    return text + b"".join(blobs), {"content-type": "application/octet-stream", v2.HEADER_LENGTH: str(len(text))}
+
+
+def _output(out: v2.ResponseOutput, parameters: dict[str, Any] | None, data: Any) -> dict[str, Any]:
+    described: dict[str, Any] = {"name": out.name, "shape": out.shape, "datatype": out.datatype}
+    if parameters is not None:
+        described["parameters"] = parameters
+    if data is not None:
+        described["data"] = data
+    return described
+
+
+def _json_data(out: v2.ResponseOutput) -> Any:
+    """An output's values as JSON will carry them (None: no data), or _FALLBACK."""
+    array = out.array
+    if out.data is None and array is not None:
+        values = array.ravel().tolist()
+        return values if array.dtype.kind != "f" or _finite(values) else _FALLBACK
+    data = out.data
+    if data is None:
+        return None
+    kinds = set(map(type, data))
+    if kinds <= _PLAIN or (kinds <= _NUMBERS and _finite(data)):
+        return data
+    return _FALLBACK
+
+
+def _finite(values: list[Any]) -> bool:
+    """No NaN or infinity among the numbers: a sum is NaN or infinite when any of them is. A sum
+    past float's range reads as not finite too; pydantic then writes those values, as correctly."""
+    try:
+        return math.isfinite(sum(values))
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _by_pydantic(response: v2.InferResponse, binary: set[str]) -> tuple[bytes, dict[str, str]]:
+    blobs: list[bytes] = []
+    outputs = []
+    for out in response.outputs:
+        if out.name in binary:
+            blob = v2.binary_blob(out)
+            blobs.append(blob)
+            params = {**(out.parameters or {}), "binary_data_size": len(blob)}
+            out = out.model_copy(update={"data": None, "parameters": params})
+        else:
+            out = out.model_copy().with_data()
+        outputs.append(out)
+    head = response.model_copy(update={"outputs": outputs}).model_dump_json(exclude_none=True).encode()
+    if not blobs:
+        return head, {"content-type": "application/json"}
+    return head + b"".join(blobs), {"content-type": "application/octet-stream", v2.HEADER_LENGTH: str(len(head))}

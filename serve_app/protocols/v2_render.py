@@ -6,8 +6,8 @@ than the values themselves. The response is written from its fields as a plain d
 msgspec's encoder instead: the same keys in the same order as pydantic's model dump with
 `exclude_none`, the same numbers. Where the two writers would differ, the answer goes
 through pydantic as before: a float that is NaN or infinite (pydantic writes the JavaScript
-literals Triton writes, msgspec writes null), data of other kinds than JSON's own (bytes,
-nested lists), and any parameter value msgspec cannot write.
+literals Triton writes, msgspec writes null), and data or parameters holding anything but
+JSON's own kinds (bytes, which msgspec writes as base64; numpy scalars; nested tensors).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from serve_app.protocols import v2
 
 _ENCODER = msgspec.json.Encoder()
 _PLAIN = {str, int, bool}
+_SCALARS = {str, int, bool, type(None)}
 _NUMBERS = {int, bool, float}
 # Outputs the pydantic path must write (see the module docstring).
 _FALLBACK = object()
@@ -32,23 +33,24 @@ def render_response(response: v2.InferResponse, binary: set[str]) -> tuple[bytes
     outputs: list[dict[str, Any]] = []
     for out in response.outputs:
         if out.name in binary:
+            if not _plain(out.parameters):
+                return _by_pydantic(response, binary)
             blob = v2.binary_blob(out)
             blobs.append(blob)
             outputs.append(_output(out, {**(out.parameters or {}), "binary_data_size": len(blob)}, None))
             continue
         data = _json_data(out)
-        if data is _FALLBACK:
+        if data is _FALLBACK or not _plain(out.parameters):
             return _by_pydantic(response, binary)
         outputs.append(_output(out, out.parameters, data))
+    if not _plain(response.parameters):
+        return _by_pydantic(response, binary)
     head: dict[str, Any] = {"model_name": response.model_name}
     for key, value in (("model_version", response.model_version), ("id", response.id), ("parameters", response.parameters)):
         if value is not None:
             head[key] = value
     head["outputs"] = outputs
-    try:
-        text = _ENCODER.encode(head)
-    except (TypeError, msgspec.EncodeError):  # a parameter of a type msgspec does not write
-        return _by_pydantic(response, binary)
+    text = _ENCODER.encode(head)
     if not blobs:
         return text, {"content-type": "application/json"}
     return text + b"".join(blobs), {"content-type": "application/octet-stream", v2.HEADER_LENGTH: str(len(text))}
@@ -76,6 +78,21 @@ def _json_data(out: v2.ResponseOutput) -> Any:
     if kinds <= _PLAIN or (kinds <= _NUMBERS and _finite(data)):
         return data
     return _FALLBACK
+
+
+def _plain(value: Any) -> bool:
+    """Whether msgspec writes `value` as pydantic does: str, int, bool, None and finite floats,
+    in lists and in dicts with str keys."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is list:
+        return all(_plain(v) for v in value)
+    if kind is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    return False
 
 
 def _finite(values: list[Any]) -> bool:

@@ -51,6 +51,7 @@ from starlette.middleware import Middleware
 
 from serve_app.errors import DeadlineExceeded
 from serve_app.protocols.errors import error_response
+from serve_app.router.callwatch import Deadlines, watch_client
 from serve_app.router.shedgate import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("ray.serve")
@@ -81,76 +82,6 @@ def infer_route(path: str) -> tuple[str, str | None] | None:
     if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
         return parts[0], parts[2]
     return None
-
-
-class ClientWatch(asyncio.Event):
-    """Stands in for a uvicorn request cycle's message event, which the server sets on each body
-    chunk, at the response's end and when the connection is lost. On the last, with the answer not
-    yet complete, it cancels the task serving the request: the same notice Serve's client-watch
-    task gives, without a task. `expire` cancels it the same way when the call's time is up."""
-
-    def __init__(self, cycle: Any, task: asyncio.Task[Any]) -> None:
-        super().__init__()
-        self.cycle = cycle
-        self.task = task
-        self.left = False
-        self.timed_out = False
-
-    def set(self) -> None:
-        super().set()
-        if self.cycle.disconnected and not (self.left or self.timed_out):
-            self.left = True
-            self.task.cancel()
-
-    def expire(self) -> None:
-        if not (self.left or self.timed_out):
-            self.timed_out = True
-            self.task.cancel()
-
-
-class Deadlines:
-    """The whole-call time limit of the calls on one event loop, from one timer: a check every
-    `tick_s` (a quarter of the limit, at most a second) expires the calls past their deadline.
-    A timeout per call (`asyncio.timeout`) would schedule and cancel a timer handle for every
-    request, for a limit that almost never fires; here a call costs a dict entry, and the
-    limit fires at most a tick late."""
-
-    def __init__(self) -> None:
-        self.calls: dict[ClientWatch, float] = {}
-        self.timer: asyncio.TimerHandle | None = None
-        self.tick_s = 1.0
-
-    def add(self, watch: ClientWatch, limit_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        self.calls[watch] = loop.time() + limit_s
-        if self.timer is None:
-            self.tick_s = min(1.0, limit_s / 4)
-            self.timer = loop.call_later(self.tick_s, self._check, loop)
-
-    def discard(self, watch: ClientWatch) -> None:
-        self.calls.pop(watch, None)
-
-    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = loop.time()
-        for watch in [w for w, deadline in self.calls.items() if deadline <= now]:
-            del self.calls[watch]
-            watch.expire()
-        self.timer = loop.call_later(self.tick_s, self._check, loop) if self.calls else None
-
-
-def watch_client(receive: Receive) -> ClientWatch | None:
-    """Watch the client of the request whose `receive` this is; None where the server is not
-    uvicorn's (no cycle to watch), or the client has left already."""
-    cycle: Any = getattr(receive, "__self__", None)
-    event = getattr(cycle, "message_event", None)
-    task = asyncio.current_task()
-    if not isinstance(event, asyncio.Event) or task is None or getattr(cycle, "disconnected", True):
-        return None
-    watch = ClientWatch(cycle, task)
-    if event.is_set():  # a body chunk that arrived before the app started
-        asyncio.Event.set(watch)
-    cycle.message_event = watch
-    return watch
 
 
 def request_id(scope: Scope) -> bytes:

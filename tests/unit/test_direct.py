@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from ray.serve._private import http_util
 
-from serve_app.router import direct
+from serve_app.router import callwatch, direct
 from serve_app.router.shedgate import Receive, Scope, Send
 from tests.unit.test_coalesce import exchange, free_port, serve_and
 
@@ -204,17 +204,23 @@ def test_install_sets_serves_hook_once_and_leaves_an_operators_own(monkeypatch: 
     assert getattr(http_util, HOOK_NAME) == "their.module:middlewares" and direct.APP is None
 
     monkeypatch.setattr(http_util, HOOK_NAME, None)
-    monkeypatch.setattr(sys, "version_info", (3, 10, 14))  # asyncio without timeout() and uncancel()
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14))  # asyncio without Task.uncancel()
     assert not asyncio.run(installed())
     assert getattr(http_util, HOOK_NAME) is None
 
 
+def this_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    assert task is not None
+    return task
+
+
 def test_the_time_limit_expires_only_late_calls_and_keeps_no_timer_once_they_are_done() -> None:
-    deadlines = direct.Deadlines()
+    deadlines = callwatch.Deadlines()
     cycle = SimpleNamespace(disconnected=False)
 
     async def call(hold_s: float) -> tuple[str, float]:
-        watch = direct.ClientWatch(cycle, asyncio.current_task())  # type: ignore[arg-type]
+        watch = callwatch.ClientWatch(cycle, this_task())
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadlines.add(watch, 0.2)
@@ -233,3 +239,30 @@ def test_the_time_limit_expires_only_late_calls_and_keeps_no_timer_once_they_are
     assert (quick, slow) == ("done", "expired")
     assert 0.2 <= waited < 30.0
     assert not deadlines.calls and deadlines.timer is None
+
+
+def test_the_time_limit_still_fires_for_calls_on_a_later_event_loop() -> None:
+    """A tick left pending on a loop that closed must not keep the next loop's calls unlimited."""
+    deadlines = callwatch.Deadlines()
+    cycle = SimpleNamespace(disconnected=False)
+
+    async def call(hold_s: float) -> str:
+        watch = callwatch.ClientWatch(cycle, this_task())
+        deadlines.add(watch, 0.2)
+        try:
+            await asyncio.sleep(hold_s)
+            return "done"
+        except asyncio.CancelledError:
+            return "expired" if watch.timed_out else "cancelled"
+        finally:
+            deadlines.discard(watch)
+
+    async def first() -> None:
+        # A call that never finishes its turn on this loop: the loop closes with its tick pending.
+        watch = callwatch.ClientWatch(cycle, this_task())
+        deadlines.add(watch, 0.2)
+
+    asyncio.run(first())
+    assert deadlines.timer is not None and deadlines.calls
+    deadlines.calls.clear()  # its loop is gone
+    assert asyncio.run(call(30.0)) == "expired"

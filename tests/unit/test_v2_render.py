@@ -115,3 +115,19 @@ def test_rendering_leaves_the_outputs_as_they_were():
     v2_render.render_response(response, set())
     v2_render.render_response(response, {"logits"})
     assert all(o.data is None for o in response.outputs if o.array is not None)
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{"score": math.nan}, {"s": [1.0, math.inf]}, {"b": b"hi"}, {"n": {"deep": -math.inf}}, {"t": (1, 2)}],
+    ids=["nan", "inf in a list", "bytes", "nested", "tuple"],
+)
+@pytest.mark.parametrize("where", ["response", "output", "binary output"])
+def test_parameters_msgspec_would_write_otherwise_go_to_pydantic(parameters: dict[str, Any], where: str):
+    if where == "response":
+        response = _response(parameters=parameters)
+    else:
+        out = v2.encode("logits", np.array([[0.5, 0.25]], dtype=np.float32))
+        response = _response(outputs=[out.model_copy(update={"parameters": parameters})])
+    binary = {"logits"} if where == "binary output" else set()
+    assert v2_render.render_response(response, binary) == _pydantic_body(response, binary)

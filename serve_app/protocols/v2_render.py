@@ -20,9 +20,7 @@ import msgspec
 from serve_app.protocols import v2
 
 _ENCODER = msgspec.json.Encoder()
-_PLAIN = {str, int, bool}
 _SCALARS = {str, int, bool, type(None)}
-_NUMBERS = {int, bool, float}
 # Outputs the pydantic path must write (see the module docstring).
 _FALLBACK = object()
 
@@ -32,15 +30,15 @@ def render_response(response: v2.InferResponse, binary: set[str]) -> tuple[bytes
     blobs: list[bytes] = []
     outputs: list[dict[str, Any]] = []
     for out in response.outputs:
+        if not _plain(out.parameters):
+            return _by_pydantic(response, binary)
         if out.name in binary:
-            if not _plain(out.parameters):
-                return _by_pydantic(response, binary)
             blob = v2.binary_blob(out)
             blobs.append(blob)
             outputs.append(_output(out, {**(out.parameters or {}), "binary_data_size": len(blob)}, None))
             continue
         data = _json_data(out)
-        if data is _FALLBACK or not _plain(out.parameters):
+        if data is _FALLBACK:
             return _by_pydantic(response, binary)
         outputs.append(_output(out, out.parameters, data))
     if not _plain(response.parameters):
@@ -70,14 +68,10 @@ def _json_data(out: v2.ResponseOutput) -> Any:
     array = out.array
     if out.data is None and array is not None:
         values = array.ravel().tolist()
-        return values if array.dtype.kind != "f" or _finite(values) else _FALLBACK
-    data = out.data
-    if data is None:
-        return None
-    kinds = set(map(type, data))
-    if kinds <= _PLAIN or (kinds <= _NUMBERS and _finite(data)):
-        return data
-    return _FALLBACK
+        # A sum is NaN or infinite when any value is; a sum past float's range reads as not finite
+        # too, and pydantic then writes those values, as correctly.
+        return values if array.dtype.kind != "f" or math.isfinite(sum(values)) else _FALLBACK
+    return out.data if _plain(out.data) else _FALLBACK
 
 
 def _plain(value: Any) -> bool:
@@ -93,15 +87,6 @@ def _plain(value: Any) -> bool:
     if kind is dict:
         return all(type(k) is str and _plain(v) for k, v in value.items())
     return False
-
-
-def _finite(values: list[Any]) -> bool:
-    """No NaN or infinity among the numbers: a sum is NaN or infinite when any of them is. A sum
-    past float's range reads as not finite too; pydantic then writes those values, as correctly."""
-    try:
-        return math.isfinite(sum(values))
-    except OverflowError:  # an integer too large for a float
-        return False
 
 
 def _by_pydantic(response: v2.InferResponse, binary: set[str]) -> tuple[bytes, dict[str, str]]:

@@ -319,6 +319,11 @@ class SchedulingConfig(ConfigModel):
         "caller is trusted (a benchmark, a private network)",
     )
     batch_timeout_s: float = Field(30.0, gt=0, description="a batch taking longer is a model failure")
+    local_link: bool = Field(
+        True,
+        description="send batches to classifier replicas on the router's own node over a unix socket (serve_app.link) "
+        "instead of Serve's handle, which stays the fallback and the way to replicas on other nodes",
+    )
     breaker_failures: int = Field(5, ge=1, description="failed batches in a row that open a model's circuit")
     breaker_open_s: float = Field(5.0, gt=0, description="how long an open circuit fails fast before one probe")
     router_nice: int | None = Field(

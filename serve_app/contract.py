@@ -1,7 +1,8 @@
 """What routers and model replicas exchange: the one module both sides import.
 
 A router sends a classifier replica batches (`run(payloads, router, router_queued, lane)`)
-and gets a `BatchReply`; each batch says how much work the router still holds for the
+and gets a `BatchReply` (through Serve's handle, or over the replica's `LinkAddress` from a
+router on its node); each batch says how much work the router still holds for the
 model, which the replica keeps per router (`RouterLoad`) for Serve's autoscaler. Requests
 carry a `Priority`; high-priority batches may travel on a lane of their own (`URGENT`).
 Nothing here imports Ray, the router or the models.
@@ -16,6 +17,10 @@ from typing import Any
 # The lanes a classifier replica runs batches on: high-priority work on its own session
 # beside the bulk one (serve_app.models.classifier), so it never waits for a running bulk batch.
 BULK, URGENT = "bulk", "urgent"
+
+# What each classifier replica reports to Serve's autoscaler: batches running that came over the
+# link (serve_app.link), which Serve's count of ongoing requests does not see.
+LINK_ONGOING = "link_ongoing_batches"
 
 
 class Priority(IntEnum):
@@ -56,6 +61,17 @@ class BatchReply:
     exec_s: float  # running the batch
     max_batch_size: int | None = None  # the replica's live batching config, so user_config reaches the router
     batch_wait_timeout_s: float | None = None
+    link: LinkAddress | None = None  # where a router on the replica's node may send its next batches
+
+
+@dataclass(frozen=True)
+class LinkAddress:
+    """A replica's same-node channel for batches (serve_app.link): its unix socket, the token a
+    connection must open with, and the Ray node it is on (only routers there can reach it)."""
+
+    path: str
+    token: bytes
+    node_id: str
 
 
 class RouterLoad:

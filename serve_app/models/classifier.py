@@ -16,19 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+import ray
 from ray import serve
 
 from serve_app.config import BatchingConfig
-from serve_app.contract import BULK, URGENT, BatchReply, RouterLoad
+from serve_app.contract import BULK, LINK_ONGOING, URGENT, BatchReply, LinkAddress, RouterLoad
 from serve_app.cpu_priority import lower_thread_priority
 from serve_app.errors import InvalidInput, ServeAppError
+from serve_app.link.server import LinkServer
 from serve_app.models.base import OnnxModel
 from serve_app.models.executor import BatchExecutor, RunBatch
 from serve_app.models.health import Stalled, StallWatch
@@ -47,9 +51,13 @@ from serve_app.tokenization import TextTokenizer
 
 Result = np.ndarray | ServeAppError
 
+logger = logging.getLogger(__name__)
+
 
 # A replica idle this long proves its session with a one-row probe at its next health check.
 PROBE_IDLE_S = 30.0
+# At shutdown, how long batches that came over the link may take to finish (Serve waits for its own).
+LINK_DRAIN_S = 10.0
 
 
 def payload_items(payload: Any) -> int:
@@ -77,6 +85,8 @@ class Classifier(OnnxModel):
         self.last_answer = time.monotonic()  # when a batch or a health probe last ran on a session
         self._probe: asyncio.Future[None] | None = None  # the health probe in flight
         self._probe_watch = StallWatch()
+        # Routers on this node send batches here rather than through Serve (serve_app.link).
+        self.link: LinkServer | None = LinkServer(self.run, ray.get_runtime_context().get_node_id())
         self.sessions = [self.session]  # every session a lane runs; warm_up runs each
         size = self.batching.max_batch_size
         # Intra-op threads of each session per lane, for runtime_info.
@@ -142,7 +152,33 @@ class Classifier(OnnxModel):
         results, wait_s, exec_s = await executor.submit(payloads, items)
         if traces:
             self._trace_batch(traces, results, arrived + wait_s, exec_s, items, lane)
-        return BatchReply(results, wait_s, exec_s, self.batching.max_batch_size, self.batching.batch_wait_timeout_s)
+        link = await self._link_address()
+        return BatchReply(results, wait_s, exec_s, self.batching.max_batch_size, self.batching.batch_wait_timeout_s, link)
+
+    async def _link_address(self) -> LinkAddress | None:
+        """The link's address, listening from the first batch on (it needs the replica's loop)."""
+        if self.link is None:
+            return None
+        try:
+            return await self.link.start()
+        except Exception:  # no private socket directory, say: batches keep coming through Serve
+            logger.exception("%s: the same-node link could not start", self.name)
+            self.link = None
+            return None
+
+    def __del__(self) -> Coroutine[Any, Any, None] | None:
+        """Serve's graceful shutdown calls this on the replica's loop after its own requests
+        drained, and awaits what it returns: the link's batches finish. Called by the garbage
+        collector instead (no loop running), it only removes the socket."""
+        link = getattr(self, "link", None)  # None too if the constructor failed before making it
+        if link is None:
+            return None
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            link.remove_socket()
+            return None
+        return link.close(LINK_DRAIN_S)
 
     def _trace_batch(
         self, traces: list[str | None], results: list[Result], started: float, exec_s: float, items: int, lane: str
@@ -190,8 +226,10 @@ class Classifier(OnnxModel):
         raise NotImplementedError
 
     def record_autoscaling_stats(self) -> dict[str, float]:
-        """Work the routers hold for this model, in batches: what the autoscaling policy adds to ongoing requests."""
-        return {RouterLoad.METRIC: self.router_load.total(time.monotonic())}
+        """Work the routers hold for this model, in batches, and the batches that came over the link
+        (Serve counts only its own calls): what the autoscaling policy adds to ongoing requests."""
+        linked = self.link.inflight if self.link is not None else 0
+        return {RouterLoad.METRIC: self.router_load.total(time.monotonic()), LINK_ONGOING: float(linked)}
 
     def _run_payloads(self, payloads: list[Any], session: ort.InferenceSession) -> list[Result]:
         """Runs in a lane's thread: validate each payload, run the valid rows on the lane's session, split back."""

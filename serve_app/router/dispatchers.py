@@ -7,6 +7,8 @@ from typing import Any
 
 from serve_app.config import AppArgs
 from serve_app.contract import BatchReply, Priority
+from serve_app.link.client import LinkedSender
+from serve_app.link.frames import LinkBroken
 from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, RequestTiming, SendBatch
 
 # (model) -> how to send that model a batch (a deployment handle call, in the router)
@@ -14,10 +16,11 @@ SenderFor = Callable[[str], SendBatch]
 
 
 def replica_died(error: Exception) -> bool:
-    """The replica (its actor or its node) went away under the call: the work may run elsewhere."""
+    """The replica (its actor or its node) went away under the call, or its link closed under it:
+    the work may run elsewhere."""
     from ray.exceptions import RayActorError  # ActorDiedError and ActorUnavailableError among them
 
-    return isinstance(error, RayActorError)
+    return isinstance(error, RayActorError | LinkBroken)
 
 
 class DispatcherPool:
@@ -85,15 +88,19 @@ def payload_bytes(payloads: list[Any]) -> int:
     return total
 
 
-def handle_sender(handle: Any, router_id: str) -> SendBatch:
+def handle_sender(handle: Any, router_id: str, node_id: str | None = None) -> SendBatch:
     """A batch as one call to a classifier deployment (`serve_app.models.classifier.Classifier.run`);
-    a heavy one by reference (see BY_REFERENCE_BYTES)."""
+    a heavy one by reference (see BY_REFERENCE_BYTES). With `node_id` (this router's Ray node),
+    batches go over the link of a replica on that node where one is known (serve_app.link)."""
     # Bound once: each `handle.run` would build a new handle, per batch.
     by_value, by_reference = handle.run, handle.options(_by_reference=True).run
 
+    def heavy(payloads: list[Any]) -> bool:
+        return payload_bytes(payloads) > BY_REFERENCE_BYTES
+
     async def send(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
-        target = by_reference if payload_bytes(payloads) > BY_REFERENCE_BYTES else by_value
+        target = by_reference if heavy(payloads) else by_value
         reply: BatchReply = await target.remote(payloads, router_id, queued, lane, traces)
         return reply
 
-    return send
+    return send if node_id is None else LinkedSender(send, router_id, node_id, handle_only=heavy)

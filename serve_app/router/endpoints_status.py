@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Header
 
+from serve_app.link.client import LinkedSender
 from serve_app.router import direct
 from serve_app.router.parts import RouterParts, router_parts
 
@@ -24,7 +25,7 @@ async def router_status(authorization: str | None = Header(None), parts: RouterP
     stats = await asyncio.gather(*(parts.generator_stats.get(g, parts.handles[g].stats.remote) for g in generators))
     return {
         "router": parts.router_id,
-        "models": {d.model: d.snapshot() for d in parts.dispatchers},
+        "models": {d.model: {**d.snapshot(), "transport": _transport(d.send)} for d in parts.dispatchers},
         "routes": cascade,
         "generators": dict(zip(generators, stats, strict=True)),
         "generator_breakers": {g: b.state.name.lower() for g, b in parts.breakers.items()},
@@ -37,6 +38,11 @@ async def router_status(authorization: str | None = Header(None), parts: RouterP
         "versions": parts.versions.snapshot(),
         "cache": parts.cache.snapshot(),
     }
+
+
+def _transport(send: Any) -> dict[str, Any] | None:
+    """How the router's batches for a model travelled: over same-node links or through Serve."""
+    return send.snapshot() if isinstance(send, LinkedSender) else None
 
 
 def _router_delay(parts: RouterParts) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import ray
 from fastapi import FastAPI
 from ray import serve
 from ray.serve.grpc_util import RayServegRPCContext
@@ -39,13 +40,14 @@ class Router:
         self.args = AppArgs.model_validate(args)
         context = serve.get_replica_context()
         router_id = context.replica_id.unique_id
+        node_id = ray.get_runtime_context().get_node_id()
         states = DeploymentStates(controller_states(context.app_name))
         self.rollbacks = SharedRollbacks(context.app_name)
         self.parts = build_parts(
             self.args,
             handles,
             router_id,
-            lambda model: handle_sender(handles[model], router_id),
+            lambda model: handle_sender(handles[model], router_id, node_id if self.args.scheduling.local_link else None),
             router_count=lambda: states.running(ROUTER_DEPLOYMENT),
             states=states,
             share_rollbacks=self.rollbacks.exchange,

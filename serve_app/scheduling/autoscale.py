@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from serve_app.contract import RouterLoad
+from serve_app.contract import LINK_ONGOING, RouterLoad
 
 
 def router_demand(aggregated_metrics: dict[str, dict[Any, float]] | None) -> float:
@@ -29,6 +29,12 @@ def router_demand(aggregated_metrics: dict[str, dict[Any, float]] | None) -> flo
     return float(math.floor(max(reports.values(), default=0.0)))
 
 
+def linked_calls(aggregated_metrics: dict[str, dict[Any, float]] | None) -> float:
+    """Batches running that routers sent over replicas' links, which Serve's ongoing count misses:
+    each replica reports its own, so these add up."""
+    return float(sum((aggregated_metrics or {}).get(LINK_ONGOING, {}).values()))
+
+
 def desired_replicas(ongoing: float, router_batches: float, target_per_replica: float) -> int:
     demand = ongoing + router_batches
     return math.ceil(demand / target_per_replica) if demand > 0 else 0
@@ -36,7 +42,8 @@ def desired_replicas(ongoing: float, router_batches: float, target_per_replica: 
 
 def router_demand_policy(ctx: Any) -> tuple[int, dict[str, Any]]:
     router_batches = router_demand(ctx.aggregated_metrics)
-    desired = desired_replicas(ctx.total_num_requests, router_batches, ctx.config.target_ongoing_requests)
+    ongoing = ctx.total_num_requests + linked_calls(ctx.aggregated_metrics)
+    desired = desired_replicas(ongoing, router_batches, ctx.config.target_ongoing_requests)
     state = dict(ctx.policy_state)
     state["router_queued_batches"] = router_batches
     return desired, state

@@ -101,6 +101,8 @@ def _config(model_dir: Path, traffic: dict[str, float] | None = None) -> dict[st
             {"name": d, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.25}}
             for d in ("canaried", "canaried-v2", "canaried-v3", "steady-v2", "gpt")
         ),
+        # Two, so that one can be killed under load (the same-node link's failure test).
+        {"name": "steady", "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.25}},
         {"name": "slow", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
         {
             "name": "cold",
@@ -576,6 +578,27 @@ def test_shadows_report_agreement_and_killing_the_candidate_fails_no_client(app)
         "serve_app_version_calls",
     ):
         assert metric in text, metric
+
+
+def test_a_replica_killed_under_load_fails_no_client_though_batches_went_over_its_link(app):
+    """The router on this one-node cluster sends `steady`'s batches over its replicas' unix-socket
+    links (serve_app.link), not Serve's handle. A replica killed mid-load breaks its link under
+    the batches it holds; they go through Serve to the other replica, and no client sees it."""
+    load = SteadyLoad("steady")
+    killed: dict[str, float] = {}
+
+    def kill_then_wait() -> bool:
+        if not killed and len(load.answers) >= 100:
+            victim = sorted(r for r in _script(app, ALIVE_REPLICAS) if "#steady#" in r)[0]
+            _script(app, KILL_REPLICAS, victim)
+            killed["at"] = time.monotonic()
+        return bool(killed) and time.monotonic() - killed["at"] > 5
+
+    asyncio.run(load.run(kill_then_wait))
+    assert {s for _, s, _ in load.answers} == {200}, [a for a in load.answers if a[1] != 200][:3]
+    assert sum(1 for t, _, _ in load.answers if t > killed["at"]) >= 50
+    transport = _status()["models"]["steady"]["transport"]
+    assert transport["over_link"] > transport["through_serve"] > 0, transport
 
 
 # Dashboards and alerts --------------------------------------------------------------------

@@ -2,7 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from serve_app.contract import RouterLoad
+from serve_app.contract import LINK_ONGOING, RouterLoad
 from serve_app.scheduling.autoscale import (
     ROUTER_CPU,
     RouterLoadPolicy,
@@ -38,6 +38,15 @@ def test_replicas_hear_the_same_routers_so_reports_are_not_summed():
 def test_a_partly_filled_batch_is_not_demand():
     desired, _ = router_demand_policy(ctx(1, {"a": 0.9}))
     assert desired == 1
+
+
+def test_batches_that_came_over_replicas_links_count_as_ongoing_and_add_up():
+    # Serve sees none of the link's calls; each replica reports its own, so they are summed.
+    context = ctx(0, {"a": 0.0})
+    context.aggregated_metrics[LINK_ONGOING] = {"a": 2.0, "b": 3.0}
+    desired, _ = router_demand_policy(context)
+    assert desired == 3  # (0 + 5) / 2, rounded up
+    assert router_demand_policy(ctx(0, {"a": 0.0}))[0] == 0
 
 
 def test_no_work_scales_toward_zero_and_serve_applies_min_replicas():

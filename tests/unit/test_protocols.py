@@ -361,7 +361,11 @@ def image_replica(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     from serve_app.config import ModelConfig
     from serve_app.models.classifier import ImageClassifier
 
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_assigned_resources=lambda: {"CPU": 1.0}))
+    monkeypatch.setattr(
+        ray,
+        "get_runtime_context",
+        lambda: SimpleNamespace(get_assigned_resources=lambda: {"CPU": 1.0}, get_node_id=lambda: "node"),
+    )
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])
     config = ModelConfig.model_validate({"preset": "resnet-tiny"}).model_dump(mode="json")
     # Ray types @serve.deployment as returning the class; it is a Deployment wrapping it.

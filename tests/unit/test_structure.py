@@ -76,7 +76,9 @@ def test_nothing_that_runs_at_serve_time_imports_build_time_code():
 
 
 def test_policies_import_no_ray():
-    policies = [m for m in MODULES if within(m, "serve_app.scheduling", "serve_app.contract", "serve_app.cache")]
+    policies = [
+        m for m in MODULES if within(m, "serve_app.scheduling", "serve_app.contract", "serve_app.cache", "serve_app.link")
+    ]
     policies += ["serve_app.router.cascade", "serve_app.router.callers", "serve_app.router.catalog", "serve_app.router.versions"]
     assert offenders(policies, ("ray",)) == {}
 

@@ -35,7 +35,11 @@ def text_replica(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     from serve_app.config import ModelConfig
     from serve_app.models.classifier import TextClassifier
 
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_assigned_resources=lambda: {"CPU": 1.0}))
+    monkeypatch.setattr(
+        ray,
+        "get_runtime_context",
+        lambda: SimpleNamespace(get_assigned_resources=lambda: {"CPU": 1.0}, get_node_id=lambda: "node"),
+    )
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])
     config = ModelConfig.model_validate({"preset": "bert-tiny", "batching": {"max_batch_size": 8}}).model_dump(mode="json")
     return TextClassifier.func_or_class("bert-heavy", str(model_dir / "bert-heavy"), config)  # type: ignore[attr-defined]

@@ -1,0 +1,237 @@
+"""The same-node link (serve_app.link): a real unix socket between a server and clients on one
+loop, no Ray. The handler stands in for `Classifier.run`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from serve_app.contract import BatchReply, LinkAddress
+from serve_app.errors import InvalidInput
+from serve_app.link.client import LinkClient, LinkedSender
+from serve_app.link.frames import LinkBroken, encode
+from serve_app.link.server import LinkServer, socket_dir
+from serve_app.router.dispatchers import replica_died
+
+
+class Replica:
+    """A handler that answers each payload doubled, after `delay_s`; records the router ids."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.routers: list[str] = []
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def run(self, payloads: list[Any], router: str, queued: int, lane: str, traces: Any) -> BatchReply:
+        self.routers.append(router)
+        await self.release.wait()
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if payloads and isinstance(payloads[0], str) and payloads[0] == "boom":
+            raise InvalidInput("bad payload")
+        return BatchReply([p * 2 for p in payloads], 0.0, 0.001)
+
+
+def serve(tmp_path: Path, replica: Replica, node: str = "n1") -> LinkServer:
+    return LinkServer(replica.run, node, directory=tmp_path)
+
+
+def test_calls_come_back_with_their_own_results_in_any_order(tmp_path: Path) -> None:
+    async def main() -> None:
+        slow, server = Replica(), None
+        server = serve(tmp_path, slow)
+        address = await server.start()
+        assert await server.start() == address  # listens once
+        client = LinkClient(address)
+        slow.release.clear()
+        first = asyncio.ensure_future(client.call([1, 2], "r1", 0, "bulk", None))
+        await asyncio.sleep(0.05)
+        slow.release.set()
+        arrays = await client.call([np.arange(3)], "r1", 0, "bulk", None)
+        assert (await first).results == [2, 4]
+        assert np.array_equal(arrays.results[0], np.arange(3) * 2)
+        assert client.inflight == 0 and server.inflight == 0
+        client.close()
+        await server.close(1.0)
+
+    asyncio.run(main())
+
+
+def test_the_handlers_exception_reaches_the_caller_and_the_link_stays_up(tmp_path: Path) -> None:
+    async def main() -> None:
+        server = serve(tmp_path, Replica())
+        client = LinkClient(await server.start())
+        with pytest.raises(InvalidInput, match="bad payload"):
+            await client.call(["boom"], "r", 0, "bulk", None)
+        assert (await client.call([5], "r", 0, "bulk", None)).results == [10]
+        client.close()
+        await server.close(1.0)
+
+    asyncio.run(main())
+
+
+def test_a_connection_without_the_token_is_not_served(tmp_path: Path) -> None:
+    async def main() -> None:
+        replica = Replica()
+        server = serve(tmp_path, replica)
+        address = await server.start()
+        wrong = LinkClient(LinkAddress(address.path, b"not the token", address.node_id))
+        with pytest.raises(LinkBroken):
+            await wrong.call([1], "intruder", 0, "bulk", None)
+        assert replica.routers == [] and wrong.broken
+        # A raw connection that sends a call frame first, without the hello, is closed too.
+        reader, writer = await asyncio.open_unix_connection(address.path)
+        writer.write(encode(7, ([1], "raw", 0, "bulk", None)))
+        assert await reader.read() == b""
+        assert replica.routers == []
+        writer.close()
+        await server.close(1.0)
+
+    asyncio.run(main())
+
+
+def test_the_socket_directory_is_private_to_its_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    path = socket_dir()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700 and path.stat().st_uid == os.getuid()
+    os.chmod(path, 0o777)  # someone opened it up: no socket goes there
+    with pytest.raises(PermissionError):
+        socket_dir()
+
+
+def test_calls_in_flight_fail_as_link_broken_when_the_replica_goes(tmp_path: Path) -> None:
+    async def main() -> None:
+        replica = Replica()
+        replica.release.clear()  # the batch never finishes: the replica dies under it
+        server = serve(tmp_path, replica)
+        client = LinkClient(await server.start())
+        call = asyncio.ensure_future(client.call([1], "r", 0, "bulk", None))
+        await asyncio.sleep(0.05)
+        for writer in list(server._writers):  # what the process's death does to its sockets
+            writer.transport.abort()
+        with pytest.raises(LinkBroken) as caught:
+            await call
+        assert replica_died(caught.value)  # the dispatcher sends the batch again
+        with pytest.raises(LinkBroken):
+            await client.call([1], "r", 0, "bulk", None)
+        replica.release.set()
+        await server.close(1.0)
+
+    asyncio.run(main())
+
+
+def test_shutdown_lets_running_batches_finish_and_turns_new_ones_away(tmp_path: Path) -> None:
+    async def main() -> None:
+        replica = Replica(delay_s=0.2)
+        server = serve(tmp_path, replica)
+        address = await server.start()
+        client = LinkClient(address)
+        running = asyncio.ensure_future(client.call([1], "r", 0, "bulk", None))
+        await asyncio.sleep(0.05)
+        closing = asyncio.ensure_future(server.close(5.0))
+        await asyncio.sleep(0.01)
+        with pytest.raises(LinkBroken, match="shutting down"):
+            await client.call([2], "r", 0, "bulk", None)
+        assert (await running).results == [2]
+        await closing
+        assert not Path(address.path).exists()
+
+    asyncio.run(main())
+
+
+class Handle:
+    """Serve's handle as the sender sees it: answers and names a link."""
+
+    def __init__(self, link: LinkAddress | None) -> None:
+        self.link = link
+        self.calls = 0
+
+    async def __call__(self, payloads: list[Any], queued: int, lane: str, traces: Any) -> BatchReply:
+        self.calls += 1
+        return BatchReply([2 * p for p in payloads], 0.0, 0.001, link=self.link)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_sender_finds_a_local_link_through_serve_and_then_uses_it(tmp_path: Path) -> None:
+    async def main() -> None:
+        replica, clock = Replica(), Clock()
+        server = serve(tmp_path, replica)
+        handle = Handle(await server.start())
+        send = LinkedSender(handle, "router-1", "n1", discover_s=1.0, clock=clock)
+        assert (await send([1], 0, "bulk", None)).results == [2]
+        assert handle.calls == 1 and replica.routers == []
+        for _ in range(3):
+            assert (await send([3], 0, "bulk", None)).results == [6]
+        assert handle.calls == 1 and replica.routers == ["router-1"] * 3
+        assert send.snapshot() == {"links": 1, "over_link": 3, "through_serve": 1, "link_broken": 0}
+        clock.now += 1.0  # once a second a batch goes through Serve, to find replicas started since
+        await send([1], 0, "bulk", None)
+        assert handle.calls == 2
+        await send([1], 0, "bulk", None)
+        assert replica.routers == ["router-1"] * 4
+        send.close()
+        await server.close(1.0)
+
+    asyncio.run(main())
+
+
+def test_the_sender_keeps_to_serve_for_other_nodes_heavy_batches_and_full_links(tmp_path: Path) -> None:
+    async def main() -> None:
+        replica = Replica()
+        server = serve(tmp_path, replica, node="n2")
+        remote = Handle(await server.start())
+        send = LinkedSender(remote, "r", "n1", clock=Clock())
+        for _ in range(3):
+            await send([1], 0, "bulk", None)
+        assert remote.calls == 3 and not send.links  # a socket on another node is out of reach
+
+        local = LinkServer(replica.run, "n1", directory=tmp_path)
+        handle = Handle(await local.start())
+        send = LinkedSender(handle, "r", "n1", max_inflight=2, clock=Clock(), handle_only=lambda p: p[0] == "heavy")
+        await send([1], 0, "bulk", None)
+        await send(["heavy"], 0, "bulk", None)
+        assert handle.calls == 2 and replica.routers == []
+        replica.release.clear()
+        held = [asyncio.ensure_future(send([1], 0, "bulk", None)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        await send([1], 0, "bulk", None)  # the link holds two: the third goes through Serve
+        assert handle.calls == 3
+        replica.release.set()
+        await asyncio.gather(*held)
+        assert len(replica.routers) == 2
+        await server.close(1.0)
+        await local.close(1.0)
+
+    asyncio.run(main())
+
+
+def test_a_batch_whose_link_breaks_goes_through_serve_and_the_link_is_forgotten(tmp_path: Path) -> None:
+    async def main() -> None:
+        replica = Replica()
+        server = serve(tmp_path, replica)
+        handle = Handle(await server.start())
+        send = LinkedSender(handle, "r", "n1", clock=Clock())
+        await send([1], 0, "bulk", None)
+        await server.close(1.0)  # the replica went away
+        handle.link = None  # and Serve now routes to another, without a link
+        assert (await send([4], 0, "bulk", None)).results == [8]  # through Serve, at once
+        assert not send.links and handle.calls == 2
+        assert send.snapshot() == {"links": 0, "over_link": 0, "through_serve": 2, "link_broken": 1}
+        assert (await send([4], 0, "bulk", None)).results == [8]
+        assert handle.calls == 3
+
+    asyncio.run(main())

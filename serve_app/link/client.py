@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 from serve_app.contract import BatchReply, LinkAddress
-from serve_app.link.frames import HELLO_ID, LinkBroken, encode, read_frame
+from serve_app.link.frames import LinkBroken, encode, read_frame
 
 # (payloads, items the router still holds, lane, trace contexts) -> the replica's reply
 SendBatch = Callable[[list[Any], int, str, "list[str | None] | None"], Any]
@@ -24,7 +25,7 @@ class LinkClient:
         self.address = address
         self.inflight = 0
         self.broken = False
-        self._ids = itertools.count(HELLO_ID + 1)
+        self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -59,13 +60,15 @@ class LinkClient:
             return self._writer
         self._opening = self._opening or asyncio.Lock()
         async with self._opening:
+            if self.broken:  # another call's connect failed while this one waited
+                raise LinkBroken("link closed while opening")
             if self._writer is None:
                 try:
                     reader, writer = await asyncio.open_unix_connection(self.address.path)
                 except OSError as e:
                     self._fail(LinkBroken(f"link: cannot connect ({e})"))
                     raise LinkBroken(str(e)) from e
-                writer.write(encode(HELLO_ID, self.address.token))
+                writer.write(self.address.token)
                 self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
                 self._writer = writer
             if self.broken:
@@ -80,7 +83,7 @@ class LinkClient:
                 future = self._pending.get(call_id)
                 if future is not None and not future.done():
                     future.set_result(body)
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError):
             pass
         except Exception as e:  # a frame that cannot be read: nothing after it can be trusted
             error = LinkBroken(f"link: bad frame ({type(e).__name__}: {e})")
@@ -128,6 +131,7 @@ class LinkedSender:
         self.discover_s = discover_s
         self.clock = clock
         self.links: dict[str, LinkClient] = {}  # socket path -> client
+        self.broken: set[str] = set()  # paths of links that failed: not learned again
         self._last_handle = float("-inf")
         self.counts = {"over_link": 0, "through_serve": 0, "link_broken": 0}  # batches, for /router/status
 
@@ -139,7 +143,7 @@ class LinkedSender:
             reply = await link.call(payloads, self.router_id, queued, lane, traces)
         except LinkBroken:  # the replica went, or is going: the batch goes through Serve instead
             self.counts["link_broken"] += 1
-            self.links.pop(link.address.path, None)
+            self._forget(link)
             return await self._through_serve(payloads, queued, lane, traces)
         self.counts["over_link"] += 1
         return reply
@@ -154,13 +158,22 @@ class LinkedSender:
     def _pick(self) -> LinkClient | None:
         if not self.links or self.clock() - self._last_handle >= self.discover_s:
             return None
-        link = min(self.links.values(), key=lambda c: c.inflight)
+        # The least busy; ties broken at random, so that light load spreads too.
+        link = min(self.links.values(), key=lambda c: (c.inflight, random.random()))
         return link if link.inflight < self.max_inflight else None
 
     def _learn(self, address: LinkAddress | None) -> None:
-        if address is None or address.node_id != self.node_id or address.path in self.links:
+        """A replica's link, if on this node, new, and not one that failed (a replica restarted
+        in place listens on a new path; one this router cannot reach would fail every second)."""
+        if address is None or address.node_id != self.node_id:
             return
-        self.links[address.path] = LinkClient(address)
+        if address.path not in self.links and address.path not in self.broken:
+            self.links[address.path] = LinkClient(address)
+
+    def _forget(self, link: LinkClient) -> None:
+        self.links.pop(link.address.path, None)
+        self.broken.add(link.address.path)
+        link.close()
 
     def snapshot(self) -> dict[str, Any]:
         return {"links": len(self.links), **self.counts}

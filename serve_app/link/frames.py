@@ -1,9 +1,9 @@
-"""The link's wire: length-prefixed frames, each a call id and a pickled body.
+"""The link's wire: a raw token first, then length-prefixed frames, each a call id and a pickled body.
 
 Both ends are this application's own processes on one node (a router and a model replica),
 the same trust Ray's own transport between them rests on, and which it pickles alike. The
-socket lives in a directory only this user can open, and a connection is served only after
-its first frame carries the replica's token.
+socket lives in a directory only this user can open, and the replica unpickles nothing from a
+connection before its first bytes match the replica's token.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import pickle
 import struct
 from typing import Any
 
-HEADER = struct.Struct("!IQ")  # body length, call id
-MAX_BODY = 1 << 30  # a frame past this is a broken peer, not a batch
-HELLO_ID = 0  # the first frame: the token, before any call
+HEADER = struct.Struct("!QQ")  # body length, call id
+MAX_BODY = 1 << 32  # a frame past this is a broken peer, not a batch
+TOKEN_BYTES = 16
+HELLO_TIMEOUT_S = 5.0  # a connection that has not sent its token by then is closed
 
 
 class LinkBroken(ConnectionError):

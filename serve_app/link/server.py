@@ -15,6 +15,7 @@ import hmac
 import logging
 import os
 import secrets
+import stat
 import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.contract import LinkAddress
-from serve_app.link.frames import HELLO_ID, LinkBroken, encode, read_frame
+from serve_app.link.frames import HELLO_TIMEOUT_S, TOKEN_BYTES, LinkBroken, encode, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,15 @@ Handler = Callable[..., Awaitable[Any]]
 
 
 def socket_dir() -> Path:
-    """A directory only this user can enter, so only this user's processes reach the sockets."""
+    """A directory only this user can enter, so only this user's processes reach the sockets.
+    Not a symlink (another user could have planted one in the shared temp directory), owned by
+    this user and closed to others; in a sticky temp directory nobody else can then replace it."""
     path = Path(tempfile.gettempdir()) / f"serve-app-links-{os.getuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    if path.stat().st_uid != os.getuid() or path.stat().st_mode & 0o077:
-        raise PermissionError(f"{path} is not private to this user")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} is not a directory private to this user")
     return path
 
 
@@ -50,18 +55,23 @@ class LinkServer:
         self.inflight = 0
         self.closing = False
         self._server: asyncio.AbstractServer | None = None
+        self._starting: asyncio.Lock | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._connections: set[asyncio.Task[Any]] = set()  # one task per connection, serving it
+        self._calls: set[asyncio.Task[None]] = set()  # calls running, held until they answer
         self._idle = asyncio.Event()
         self._idle.set()
 
     async def start(self) -> LinkAddress:
         """Listen (once; later calls return the same address)."""
-        if self.address is None:
-            path = (self.directory or socket_dir()) / f"{uuid.uuid4().hex}.sock"
-            self._server = await asyncio.start_unix_server(self._serve, path=str(path))
-            self.address = LinkAddress(str(path), secrets.token_bytes(16), self.node_id)
-        return self.address
+        # Batches on both lanes, or from several routers, can finish their first run together.
+        self._starting = self._starting or asyncio.Lock()
+        async with self._starting:
+            if self.address is None:
+                path = (self.directory or socket_dir()) / f"{uuid.uuid4().hex}.sock"
+                self._server = await asyncio.start_unix_server(self._serve, path=str(path))
+                self.address = LinkAddress(str(path), secrets.token_bytes(TOKEN_BYTES), self.node_id)
+            return self.address
 
     async def close(self, grace_s: float) -> None:
         """Stop taking calls, let those running finish (up to `grace_s`), then close. A call that
@@ -89,14 +99,16 @@ class LinkServer:
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
         try:
-            call_id, token = await read_frame(reader)
-            if call_id != HELLO_ID or not isinstance(token, bytes) or not hmac.compare_digest(token, self.address.token):
+            token = await asyncio.wait_for(reader.readexactly(TOKEN_BYTES), HELLO_TIMEOUT_S)
+            if not hmac.compare_digest(token, self.address.token):
                 return
             while True:
                 call_id, args = await read_frame(reader)
                 self._begin()
-                asyncio.get_running_loop().create_task(self._answer(call_id, args, writer))
-        except (asyncio.IncompleteReadError, ConnectionError):
+                call = asyncio.get_running_loop().create_task(self._answer(call_id, args, writer))
+                self._calls.add(call)
+                call.add_done_callback(self._calls.discard)
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
             pass  # the router went away; its calls still running answer into a closed writer
         except Exception:
             log.exception("link: a connection failed")
@@ -105,10 +117,13 @@ class LinkServer:
             writer.close()
 
     async def _answer(self, call_id: int, args: Any, writer: asyncio.StreamWriter) -> None:
+        cancelled = False
         try:
             if self.closing:
                 raise LinkBroken("the replica is shutting down")
             body: tuple[bool, Any] = (True, await self.handler(*args))
+        except asyncio.CancelledError:  # the replica's loop is going: the router sends it elsewhere
+            body, cancelled = (False, LinkBroken("the batch was cancelled on the replica")), True
         except Exception as e:
             body = (False, e)
         finally:
@@ -119,6 +134,8 @@ class LinkServer:
             frame = encode(call_id, (False, RuntimeError(f"link: the reply could not be sent ({type(e).__name__}: {e})")))
         if not writer.is_closing():
             writer.write(frame)
+        if cancelled:
+            raise asyncio.CancelledError
 
     def _begin(self) -> None:
         self.inflight += 1

@@ -8,7 +8,6 @@ from typing import Any
 from serve_app.config import AppArgs
 from serve_app.contract import BatchReply, Priority
 from serve_app.link.client import LinkedSender
-from serve_app.link.frames import LinkBroken
 from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, RequestTiming, SendBatch
 
 # (model) -> how to send that model a batch (a deployment handle call, in the router)
@@ -16,11 +15,11 @@ SenderFor = Callable[[str], SendBatch]
 
 
 def replica_died(error: Exception) -> bool:
-    """The replica (its actor or its node) went away under the call, or its link closed under it:
-    the work may run elsewhere."""
+    """The replica (its actor or its node) went away under the call: the work may run elsewhere.
+    (A batch whose same-node link breaks goes through Serve at once, in `LinkedSender`.)"""
     from ray.exceptions import RayActorError  # ActorDiedError and ActorUnavailableError among them
 
-    return isinstance(error, RayActorError | LinkBroken)
+    return isinstance(error, RayActorError)
 
 
 class DispatcherPool:

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -584,14 +585,20 @@ def test_a_replica_killed_under_load_fails_no_client_though_batches_went_over_it
     """The router on this one-node cluster sends `steady`'s batches over its replicas' unix-socket
     links (serve_app.link), not Serve's handle. A replica killed mid-load breaks its link under
     the batches it holds; they go through Serve to the other replica, and no client sees it."""
+    victim = sorted(r for r in _script(app, ALIVE_REPLICAS) if "#steady#" in r)[0]
     load = SteadyLoad("steady")
     killed: dict[str, float] = {}
 
+    def kill() -> None:
+        _script(app, KILL_REPLICAS, victim)
+        killed["at"] = time.monotonic()
+
+    killer = threading.Thread(target=kill, daemon=True)
+
     def kill_then_wait() -> bool:
-        if not killed and len(load.answers) >= 100:
-            victim = sorted(r for r in _script(app, ALIVE_REPLICAS) if "#steady#" in r)[0]
-            _script(app, KILL_REPLICAS, victim)
-            killed["at"] = time.monotonic()
+        # The kill runs beside the load (a thread), so batches are in flight on the victim's link.
+        if not killer.is_alive() and not killed and len(load.answers) >= 100:
+            killer.start()
         return bool(killed) and time.monotonic() - killed["at"] > 5
 
     asyncio.run(load.run(kill_then_wait))
@@ -599,6 +606,7 @@ def test_a_replica_killed_under_load_fails_no_client_though_batches_went_over_it
     assert sum(1 for t, _, _ in load.answers if t > killed["at"]) >= 50
     transport = _status()["models"]["steady"]["transport"]
     assert transport["over_link"] > transport["through_serve"] > 0, transport
+    assert transport["link_broken"] >= 1, transport  # the victim's link broke under the load
 
 
 # Dashboards and alerts --------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +18,24 @@ from serve_app.errors import InvalidInput
 from serve_app.link.client import LinkClient, LinkedSender
 from serve_app.link.frames import LinkBroken, encode
 from serve_app.link.server import LinkServer, socket_dir
-from serve_app.router.dispatchers import replica_died
 
 
 class Replica:
-    """A handler that answers each payload doubled, after `delay_s`; records the router ids."""
+    """A handler that answers each payload doubled, after `delay_s`; records the router ids. A
+    batch whose first payload is "held" waits for `release`, as do all while `release` is clear."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
         self.routers: list[str] = []
         self.release = asyncio.Event()
         self.release.set()
+        self.held = asyncio.Event()
 
     async def run(self, payloads: list[Any], router: str, queued: int, lane: str, traces: Any) -> BatchReply:
         self.routers.append(router)
         await self.release.wait()
+        if payloads and isinstance(payloads[0], str) and payloads[0] == "held":
+            await self.held.wait()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if payloads and isinstance(payloads[0], str) and payloads[0] == "boom":
@@ -43,23 +47,34 @@ def serve(tmp_path: Path, replica: Replica, node: str = "n1") -> LinkServer:
     return LinkServer(replica.run, node, directory=tmp_path)
 
 
+async def until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Polls the loop's own progress (no fixed sleeps a loaded machine could outrun)."""
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.005)
+
+
+def done_soon(awaitable: Any) -> Any:
+    return asyncio.wait_for(awaitable, 10.0)
+
+
 def test_calls_come_back_with_their_own_results_in_any_order(tmp_path: Path) -> None:
     async def main() -> None:
-        slow, server = Replica(), None
-        server = serve(tmp_path, slow)
-        address = await server.start()
-        assert await server.start() == address  # listens once
-        client = LinkClient(address)
-        slow.release.clear()
-        first = asyncio.ensure_future(client.call([1, 2], "r1", 0, "bulk", None))
-        await asyncio.sleep(0.05)
-        slow.release.set()
-        arrays = await client.call([np.arange(3)], "r1", 0, "bulk", None)
-        assert (await first).results == [2, 4]
-        assert np.array_equal(arrays.results[0], np.arange(3) * 2)
+        replica = Replica()
+        server = serve(tmp_path, replica)
+        first, second = await asyncio.gather(server.start(), server.start())  # two batches' first answers at once
+        assert first == second and len(list(tmp_path.glob("*.sock"))) == 1
+        client = LinkClient(first)
+        held = asyncio.ensure_future(client.call(["held"], "r1", 0, "bulk", None))
+        await until(lambda: server.inflight == 1)
+        arrays = await done_soon(client.call([np.arange(3)], "r1", 0, "bulk", None))  # overtakes the held call
+        assert np.array_equal(arrays.results[0], np.arange(3) * 2) and not held.done()
+        replica.held.set()
+        assert (await done_soon(held)).results == ["heldheld"]
         assert client.inflight == 0 and server.inflight == 0
         client.close()
         await server.close(1.0)
+        assert not list(tmp_path.glob("*.sock"))
 
     asyncio.run(main())
 
@@ -104,6 +119,13 @@ def test_the_socket_directory_is_private_to_its_user(tmp_path: Path, monkeypatch
     os.chmod(path, 0o777)  # someone opened it up: no socket goes there
     with pytest.raises(PermissionError):
         socket_dir()
+    # A symlink planted where the directory goes, even to a private directory of this user's.
+    path.rmdir()
+    private = tmp_path / "elsewhere"
+    private.mkdir(mode=0o700)
+    path.symlink_to(private)
+    with pytest.raises(PermissionError):
+        socket_dir()
 
 
 def test_calls_in_flight_fail_as_link_broken_when_the_replica_goes(tmp_path: Path) -> None:
@@ -113,14 +135,13 @@ def test_calls_in_flight_fail_as_link_broken_when_the_replica_goes(tmp_path: Pat
         server = serve(tmp_path, replica)
         client = LinkClient(await server.start())
         call = asyncio.ensure_future(client.call([1], "r", 0, "bulk", None))
-        await asyncio.sleep(0.05)
+        await until(lambda: server.inflight == 1)
         for writer in list(server._writers):  # what the process's death does to its sockets
             writer.transport.abort()
-        with pytest.raises(LinkBroken) as caught:
-            await call
-        assert replica_died(caught.value)  # the dispatcher sends the batch again
         with pytest.raises(LinkBroken):
-            await client.call([1], "r", 0, "bulk", None)
+            await done_soon(call)
+        with pytest.raises(LinkBroken):
+            await done_soon(client.call([1], "r", 0, "bulk", None))
         replica.release.set()
         await server.close(1.0)
 
@@ -134,13 +155,13 @@ def test_shutdown_lets_running_batches_finish_and_turns_new_ones_away(tmp_path: 
         address = await server.start()
         client = LinkClient(address)
         running = asyncio.ensure_future(client.call([1], "r", 0, "bulk", None))
-        await asyncio.sleep(0.05)
+        await until(lambda: server.inflight == 1)
         closing = asyncio.ensure_future(server.close(5.0))
-        await asyncio.sleep(0.01)
+        await until(lambda: server.closing)
         with pytest.raises(LinkBroken, match="shutting down"):
-            await client.call([2], "r", 0, "bulk", None)
-        assert (await running).results == [2]
-        await closing
+            await done_soon(client.call([2], "r", 0, "bulk", None))
+        assert (await done_soon(running)).results == [2]
+        await done_soon(closing)
         assert not Path(address.path).exists()
 
     asyncio.run(main())
@@ -207,7 +228,7 @@ def test_the_sender_keeps_to_serve_for_other_nodes_heavy_batches_and_full_links(
         assert handle.calls == 2 and replica.routers == []
         replica.release.clear()
         held = [asyncio.ensure_future(send([1], 0, "bulk", None)) for _ in range(2)]
-        await asyncio.sleep(0.05)
+        await until(lambda: local.inflight == 2)
         await send([1], 0, "bulk", None)  # the link holds two: the third goes through Serve
         assert handle.calls == 3
         replica.release.set()
@@ -233,5 +254,10 @@ def test_a_batch_whose_link_breaks_goes_through_serve_and_the_link_is_forgotten(
         assert send.snapshot() == {"links": 0, "over_link": 0, "through_serve": 2, "link_broken": 1}
         assert (await send([4], 0, "bulk", None)).results == [8]
         assert handle.calls == 3
+        # A reply that still names the failed link (a replica Serve has not yet dropped) does not
+        # bring it back: its path is remembered as broken.
+        handle.link = LinkAddress(server.address.path, server.address.token, "n1") if server.address else None
+        await send([4], 0, "bulk", None)
+        assert not send.links
 
     asyncio.run(main())

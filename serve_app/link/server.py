@@ -15,8 +15,10 @@ import hmac
 import logging
 import os
 import secrets
+import socket
 import stat
 import tempfile
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,6 +43,29 @@ def socket_dir() -> Path:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise PermissionError(f"{path} is not a directory private to this user")
     return path
+
+
+def sweep_stale(directory: Path, min_age_s: float = 60.0) -> int:
+    """Removes the sockets of replicas that died without closing them (killed, or `ray stop`):
+    nothing listens on them, so a connect is refused at once. Only sockets older than
+    `min_age_s`: a replica starting beside this one has bound its path an instant before it
+    listens. Returns how many went."""
+    removed, now = 0, time.time()
+    for path in directory.glob("*.sock"):
+        with contextlib.suppress(FileNotFoundError):
+            if now - path.lstat().st_mtime < min_age_s:
+                continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.setblocking(False)
+            try:
+                probe.connect(str(path))
+            except (ConnectionRefusedError, FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed += 1
+            except OSError:  # busy (a full backlog) or anything else: leave it
+                pass
+    return removed
 
 
 class LinkServer:
@@ -68,7 +93,9 @@ class LinkServer:
         self._starting = self._starting or asyncio.Lock()
         async with self._starting:
             if self.address is None:
-                path = (self.directory or socket_dir()) / f"{uuid.uuid4().hex}.sock"
+                directory = self.directory or socket_dir()
+                sweep_stale(directory)
+                path = directory / f"{uuid.uuid4().hex}.sock"
                 self._server = await asyncio.start_unix_server(self._serve, path=str(path))
                 self.address = LinkAddress(str(path), secrets.token_bytes(TOKEN_BYTES), self.node_id)
             return self.address

@@ -17,7 +17,7 @@ from serve_app.contract import BatchReply, LinkAddress
 from serve_app.errors import InvalidInput
 from serve_app.link.client import LinkClient, LinkedSender
 from serve_app.link.frames import LinkBroken, encode
-from serve_app.link.server import LinkServer, socket_dir
+from serve_app.link.server import LinkServer, socket_dir, sweep_stale
 
 
 class Replica:
@@ -259,5 +259,29 @@ def test_a_batch_whose_link_breaks_goes_through_serve_and_the_link_is_forgotten(
         handle.link = LinkAddress(server.address.path, server.address.token, "n1") if server.address else None
         await send([4], 0, "bulk", None)
         assert not send.links
+
+    asyncio.run(main())
+
+
+def test_a_starting_replica_removes_the_sockets_of_dead_ones_and_keeps_live_ones(tmp_path: Path) -> None:
+    import socket
+
+    async def main() -> None:
+        dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dead.bind(str(tmp_path / "dead.sock"))  # bound, never listening: a replica killed mid-way
+        dead.close()
+        assert sweep_stale(tmp_path) == 0  # too young: it may be a replica about to listen
+        os.utime(tmp_path / "dead.sock", (0, 0))
+        live = serve(tmp_path, Replica())
+        address = await live.start()
+        assert not (tmp_path / "dead.sock").exists()
+        os.utime(address.path, (0, 0))
+        (tmp_path / "notes.txt").write_text("not a socket of ours")
+        starting = serve(tmp_path, Replica())
+        await starting.start()
+        assert Path(address.path).exists() and (tmp_path / "notes.txt").exists()
+        assert sweep_stale(tmp_path) == 0
+        await live.close(1.0)
+        await starting.close(1.0)
 
     asyncio.run(main())

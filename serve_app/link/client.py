@@ -14,6 +14,9 @@ from typing import Any
 from serve_app.contract import BatchReply, LinkAddress
 from serve_app.link.frames import LinkBroken, encode, read_frame
 
+# How long a link that failed is not learned again from Serve's replies.
+BROKEN_S = 60.0
+
 # (payloads, items the router still holds, lane, trace contexts) -> the replica's reply
 SendBatch = Callable[[list[Any], int, str, "list[str | None] | None"], Any]
 
@@ -25,6 +28,7 @@ class LinkClient:
         self.address = address
         self.inflight = 0
         self.broken = False
+        self.retiring = False  # no new calls; closed once those in flight have their answers
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._writer: asyncio.StreamWriter | None = None
@@ -33,7 +37,7 @@ class LinkClient:
 
     async def call(self, *args: Any) -> Any:
         """The handler's result on the replica, or its exception; LinkBroken if the link failed."""
-        if self.broken:
+        if self.broken or self.retiring:
             raise LinkBroken("link already closed")
         self.inflight += 1
         try:
@@ -48,9 +52,18 @@ class LinkClient:
                 self._pending.pop(call_id, None)
         finally:
             self.inflight -= 1
+            if self.retiring and not self.inflight:
+                self.close()
         if not ok:
             raise value
         return value
+
+    def retire(self) -> None:
+        """Take no more calls and close once those in flight are answered: a replica that turned
+        one call away (it is shutting down) still finishes the ones it holds."""
+        self.retiring = True
+        if not self.inflight:
+            self.close()
 
     def close(self) -> None:
         self._fail(LinkBroken("link closed"))
@@ -68,6 +81,9 @@ class LinkClient:
                 except OSError as e:
                     self._fail(LinkBroken(f"link: cannot connect ({e})"))
                     raise LinkBroken(str(e)) from e
+                if self.broken:  # closed while connecting: this connection is nobody's
+                    writer.close()
+                    raise LinkBroken("link closed while opening")
                 writer.write(self.address.token)
                 self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
                 self._writer = writer
@@ -131,7 +147,7 @@ class LinkedSender:
         self.discover_s = discover_s
         self.clock = clock
         self.links: dict[str, LinkClient] = {}  # socket path -> client
-        self.broken: set[str] = set()  # paths of links that failed: not learned again
+        self.broken: dict[str, float] = {}  # paths of links that failed -> when: not learned again soon
         self._last_handle = float("-inf")
         self.counts = {"over_link": 0, "through_serve": 0, "link_broken": 0}  # batches, for /router/status
 
@@ -163,17 +179,20 @@ class LinkedSender:
         return link if link.inflight < self.max_inflight else None
 
     def _learn(self, address: LinkAddress | None) -> None:
-        """A replica's link, if on this node, new, and not one that failed (a replica restarted
-        in place listens on a new path; one this router cannot reach would fail every second)."""
-        if address is None or address.node_id != self.node_id:
+        """A replica's link, if on this node, new, and not one that failed within `BROKEN_S` (a
+        replica restarted in place listens on a new path; one this router cannot reach would
+        otherwise fail every second)."""
+        if address is None or address.node_id != self.node_id or address.path in self.links:
             return
-        if address.path not in self.links and address.path not in self.broken:
+        now = self.clock()
+        self.broken = {path: when for path, when in self.broken.items() if now - when < BROKEN_S}
+        if address.path not in self.broken:
             self.links[address.path] = LinkClient(address)
 
     def _forget(self, link: LinkClient) -> None:
         self.links.pop(link.address.path, None)
-        self.broken.add(link.address.path)
-        link.close()
+        self.broken[link.address.path] = self.clock()
+        link.retire()
 
     def snapshot(self) -> dict[str, Any]:
         return {"links": len(self.links), **self.counts}

@@ -1,7 +1,7 @@
 """The replica's end of the link: a unix socket that runs routers' batches on the replica's loop.
 
 Serve's handle call costs both processes a trip through Serve's request machinery and gRPC,
-about as long as a small batch's run. A router on the same node can send its batches here
+per batch. A router on the same node can send its batches here
 instead: one frame each way, the same handler (`Classifier.run`) behind it. Serve's handle
 stays the way in and the fallback: a reply through it names this socket (`LinkAddress`), which
 is how routers find it, and whatever the link cannot carry still goes through Serve.
@@ -89,6 +89,8 @@ class LinkServer:
 
     async def start(self) -> LinkAddress:
         """Listen (once; later calls return the same address)."""
+        if self.address is not None:  # every batch's reply asks
+            return self.address
         # Batches on both lanes, or from several routers, can finish their first run together.
         self._starting = self._starting or asyncio.Lock()
         async with self._starting:
@@ -106,7 +108,7 @@ class LinkServer:
         self.closing = True
         if self._server is not None:
             self._server.close()
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._idle.wait(), grace_s)
         for writer in list(self._writers):
             writer.close()
@@ -134,8 +136,9 @@ class LinkServer:
                 self._begin()
                 call = asyncio.get_running_loop().create_task(self._answer(call_id, args, writer))
                 self._calls.add(call)
-                call.add_done_callback(self._calls.discard)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+                # Counted out when done, even if cancelled before it ever ran.
+                call.add_done_callback(self._ended)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
             pass  # the router went away; its calls still running answer into a closed writer
         except Exception:
             log.exception("link: a connection failed")
@@ -153,8 +156,6 @@ class LinkServer:
             body, cancelled = (False, LinkBroken("the batch was cancelled on the replica")), True
         except Exception as e:
             body = (False, e)
-        finally:
-            self._end()
         try:
             frame = encode(call_id, body)
         except Exception as e:  # an unpicklable result: the call fails, not the link
@@ -168,7 +169,8 @@ class LinkServer:
         self.inflight += 1
         self._idle.clear()
 
-    def _end(self) -> None:
+    def _ended(self, call: asyncio.Task[None]) -> None:
+        self._calls.discard(call)
         self.inflight -= 1
         if not self.inflight:
             self._idle.set()

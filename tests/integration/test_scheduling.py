@@ -586,11 +586,15 @@ def test_a_replica_killed_under_load_fails_no_client_though_batches_went_over_it
     links (serve_app.link), not Serve's handle. A replica killed mid-load breaks its link under
     the batches it holds; they go through Serve to the other replica, and no client sees it."""
     victim = sorted(r for r in _script(app, ALIVE_REPLICAS) if "#steady#" in r)[0]
+    before = _status()["models"].get("steady", {}).get("transport") or {}
     load = SteadyLoad("steady")
-    killed: dict[str, float] = {}
+    killed: dict[str, Any] = {}
 
     def kill() -> None:
-        _script(app, KILL_REPLICAS, victim)
+        try:
+            _script(app, KILL_REPLICAS, victim)
+        except BaseException as e:  # reported below, not lost in the thread
+            killed["error"] = e
         killed["at"] = time.monotonic()
 
     killer = threading.Thread(target=kill, daemon=True)
@@ -599,14 +603,16 @@ def test_a_replica_killed_under_load_fails_no_client_though_batches_went_over_it
         # The kill runs beside the load (a thread), so batches are in flight on the victim's link.
         if not killer.is_alive() and not killed and len(load.answers) >= 100:
             killer.start()
-        return bool(killed) and time.monotonic() - killed["at"] > 5
+        return "error" in killed or ("at" in killed and time.monotonic() - killed["at"] > 5)
 
     asyncio.run(load.run(kill_then_wait))
+    assert "error" not in killed, killed.get("error")
     assert {s for _, s, _ in load.answers} == {200}, [a for a in load.answers if a[1] != 200][:3]
-    assert sum(1 for t, _, _ in load.answers if t > killed["at"]) >= 50
-    transport = _status()["models"]["steady"]["transport"]
-    assert transport["over_link"] > transport["through_serve"] > 0, transport
-    assert transport["link_broken"] >= 1, transport  # the victim's link broke under the load
+    assert sum(1 for t, _, _ in load.answers if t > killed["at"]) >= 20
+    after = _status()["models"]["steady"]["transport"]
+    delta = {k: after[k] - before.get(k, 0) for k in ("over_link", "through_serve", "link_broken")}
+    assert delta["over_link"] > delta["through_serve"] > 0, delta
+    assert delta["link_broken"] >= 1, delta  # the victim's link broke under the load
 
 
 # Dashboards and alerts --------------------------------------------------------------------

@@ -15,14 +15,29 @@ import pytest
 
 from serve_app.contract import BatchReply, LinkAddress
 from serve_app.errors import InvalidInput
-from serve_app.link.client import LinkClient, LinkedSender
+from serve_app.link.client import BROKEN_S, LinkClient, LinkedSender
 from serve_app.link.frames import LinkBroken, encode
 from serve_app.link.server import LinkServer, socket_dir, sweep_stale
 
+UNPICKLED: list[str] = []
+
+
+def _tripped() -> str:
+    UNPICKLED.append("tripped")
+    return "tripped"
+
+
+class Tripwire:
+    """Records its own unpickling."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _tripped, ()
+
 
 class Replica:
-    """A handler that answers each payload doubled, after `delay_s`; records the router ids. A
-    batch whose first payload is "held" waits for `release`, as do all while `release` is clear."""
+    """A handler that answers each payload doubled, after `delay_s`; records the router ids.
+    Every batch waits while `release` is clear; one whose first payload is "held" also waits for
+    `held`."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
@@ -84,8 +99,8 @@ def test_the_handlers_exception_reaches_the_caller_and_the_link_stays_up(tmp_pat
         server = serve(tmp_path, Replica())
         client = LinkClient(await server.start())
         with pytest.raises(InvalidInput, match="bad payload"):
-            await client.call(["boom"], "r", 0, "bulk", None)
-        assert (await client.call([5], "r", 0, "bulk", None)).results == [10]
+            await done_soon(client.call(["boom"], "r", 0, "bulk", None))
+        assert (await done_soon(client.call([5], "r", 0, "bulk", None))).results == [10]
         client.close()
         await server.close(1.0)
 
@@ -99,13 +114,29 @@ def test_a_connection_without_the_token_is_not_served(tmp_path: Path) -> None:
         address = await server.start()
         wrong = LinkClient(LinkAddress(address.path, b"not the token", address.node_id))
         with pytest.raises(LinkBroken):
-            await wrong.call([1], "intruder", 0, "bulk", None)
+            await done_soon(wrong.call([1], "intruder", 0, "bulk", None))
         assert replica.routers == [] and wrong.broken
-        # A raw connection that sends a call frame first, without the hello, is closed too.
+        # A raw connection that sends a call frame first, without the token, is closed, and
+        # nothing it sent is unpickled (loading `Tripwire` would record it).
         reader, writer = await asyncio.open_unix_connection(address.path)
-        writer.write(encode(7, ([1], "raw", 0, "bulk", None)))
-        assert await reader.read() == b""
-        assert replica.routers == []
+        writer.write(encode(7, (Tripwire(), "raw", 0, "bulk", None)))
+        assert await done_soon(reader.read()) == b""
+        assert replica.routers == [] and UNPICKLED == []
+        writer.close()
+        await server.close(1.0)
+
+    asyncio.run(main())
+
+
+def test_a_connection_that_never_sends_its_whole_token_is_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("serve_app.link.server.HELLO_TIMEOUT_S", 0.2)
+
+    async def main() -> None:
+        server = serve(tmp_path, Replica())
+        address = await server.start()
+        reader, writer = await asyncio.open_unix_connection(address.path)
+        writer.write(address.token[:5])  # then silence
+        assert await done_soon(reader.read()) == b""
         writer.close()
         await server.close(1.0)
 
@@ -193,16 +224,16 @@ def test_the_sender_finds_a_local_link_through_serve_and_then_uses_it(tmp_path: 
         server = serve(tmp_path, replica)
         handle = Handle(await server.start())
         send = LinkedSender(handle, "router-1", "n1", discover_s=1.0, clock=clock)
-        assert (await send([1], 0, "bulk", None)).results == [2]
+        assert (await done_soon(send([1], 0, "bulk", None))).results == [2]
         assert handle.calls == 1 and replica.routers == []
         for _ in range(3):
-            assert (await send([3], 0, "bulk", None)).results == [6]
+            assert (await done_soon(send([3], 0, "bulk", None))).results == [6]
         assert handle.calls == 1 and replica.routers == ["router-1"] * 3
         assert send.snapshot() == {"links": 1, "over_link": 3, "through_serve": 1, "link_broken": 0}
         clock.now += 1.0  # once a second a batch goes through Serve, to find replicas started since
-        await send([1], 0, "bulk", None)
+        await done_soon(send([1], 0, "bulk", None))
         assert handle.calls == 2
-        await send([1], 0, "bulk", None)
+        await done_soon(send([1], 0, "bulk", None))
         assert replica.routers == ["router-1"] * 4
         send.close()
         await server.close(1.0)
@@ -217,19 +248,19 @@ def test_the_sender_keeps_to_serve_for_other_nodes_heavy_batches_and_full_links(
         remote = Handle(await server.start())
         send = LinkedSender(remote, "r", "n1", clock=Clock())
         for _ in range(3):
-            await send([1], 0, "bulk", None)
+            await done_soon(send([1], 0, "bulk", None))
         assert remote.calls == 3 and not send.links  # a socket on another node is out of reach
 
         local = LinkServer(replica.run, "n1", directory=tmp_path)
         handle = Handle(await local.start())
         send = LinkedSender(handle, "r", "n1", max_inflight=2, clock=Clock(), handle_only=lambda p: p[0] == "heavy")
-        await send([1], 0, "bulk", None)
-        await send(["heavy"], 0, "bulk", None)
+        await done_soon(send([1], 0, "bulk", None))
+        await done_soon(send(["heavy"], 0, "bulk", None))
         assert handle.calls == 2 and replica.routers == []
         replica.release.clear()
         held = [asyncio.ensure_future(send([1], 0, "bulk", None)) for _ in range(2)]
         await until(lambda: local.inflight == 2)
-        await send([1], 0, "bulk", None)  # the link holds two: the third goes through Serve
+        await done_soon(send([1], 0, "bulk", None))  # the link holds two: the third goes through Serve
         assert handle.calls == 3
         replica.release.set()
         await asyncio.gather(*held)
@@ -240,25 +271,53 @@ def test_the_sender_keeps_to_serve_for_other_nodes_heavy_batches_and_full_links(
     asyncio.run(main())
 
 
-def test_a_batch_whose_link_breaks_goes_through_serve_and_the_link_is_forgotten(tmp_path: Path) -> None:
+def test_a_replica_shutting_down_finishes_the_links_batches_and_the_next_go_through_serve(tmp_path: Path) -> None:
     async def main() -> None:
         replica = Replica()
         server = serve(tmp_path, replica)
         handle = Handle(await server.start())
         send = LinkedSender(handle, "r", "n1", clock=Clock())
-        await send([1], 0, "bulk", None)
+        await done_soon(send([1], 0, "bulk", None))  # learns the link
+        held = asyncio.ensure_future(send(["held"], 0, "bulk", None))
+        await until(lambda: server.inflight == 1)
+        closing = asyncio.ensure_future(server.close(5.0))
+        await until(lambda: server.closing)
+        assert (await done_soon(send([2], 0, "bulk", None))).results == [4]  # turned away: through Serve
+        assert handle.calls == 2 and not send.links
+        replica.held.set()
+        assert (await done_soon(held)).results == ["heldheld"]  # finished over the link, not sent again
+        assert handle.calls == 2 and replica.routers == ["r"]
+        assert send.snapshot() == {"links": 0, "over_link": 1, "through_serve": 2, "link_broken": 1}
+        await done_soon(closing)
+
+    asyncio.run(main())
+
+
+def test_a_batch_whose_link_breaks_goes_through_serve_and_the_link_is_forgotten(tmp_path: Path) -> None:
+    async def main() -> None:
+        replica, clock = Replica(), Clock()
+        server = serve(tmp_path, replica)
+        handle = Handle(await server.start())
+        send = LinkedSender(handle, "r", "n1", clock=clock)
+        await done_soon(send([1], 0, "bulk", None))
+        assert (await done_soon(send([1], 0, "bulk", None))).results == [2]  # over the link, connected
+        assert replica.routers == ["r"]
         await server.close(1.0)  # the replica went away
         handle.link = None  # and Serve now routes to another, without a link
-        assert (await send([4], 0, "bulk", None)).results == [8]  # through Serve, at once
+        assert (await done_soon(send([4], 0, "bulk", None))).results == [8]  # through Serve, at once
         assert not send.links and handle.calls == 2
-        assert send.snapshot() == {"links": 0, "over_link": 0, "through_serve": 2, "link_broken": 1}
-        assert (await send([4], 0, "bulk", None)).results == [8]
+        assert send.snapshot() == {"links": 0, "over_link": 1, "through_serve": 2, "link_broken": 1}
+        assert (await done_soon(send([4], 0, "bulk", None))).results == [8]
         assert handle.calls == 3
         # A reply that still names the failed link (a replica Serve has not yet dropped) does not
-        # bring it back: its path is remembered as broken.
-        handle.link = LinkAddress(server.address.path, server.address.token, "n1") if server.address else None
-        await send([4], 0, "bulk", None)
+        # bring it back while its failure is recent; a minute later it may.
+        assert server.address is not None
+        handle.link = server.address
+        await done_soon(send([4], 0, "bulk", None))
         assert not send.links
+        clock.now += BROKEN_S
+        await done_soon(send([4], 0, "bulk", None))
+        assert list(send.links) == [server.address.path] and not send.broken
 
     asyncio.run(main())
 
@@ -275,11 +334,10 @@ def test_a_starting_replica_removes_the_sockets_of_dead_ones_and_keeps_live_ones
         live = serve(tmp_path, Replica())
         address = await live.start()
         assert not (tmp_path / "dead.sock").exists()
-        os.utime(address.path, (0, 0))
-        (tmp_path / "notes.txt").write_text("not a socket of ours")
+        os.utime(address.path, (0, 0))  # old, but listening: kept
         starting = serve(tmp_path, Replica())
         await starting.start()
-        assert Path(address.path).exists() and (tmp_path / "notes.txt").exists()
+        assert Path(address.path).exists()
         assert sweep_stale(tmp_path) == 0
         await live.close(1.0)
         await starting.close(1.0)

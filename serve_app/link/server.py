@@ -1,10 +1,10 @@
 """The replica's end of the link: a unix socket that runs routers' batches on the replica's loop.
 
 Serve's handle call costs both processes a trip through Serve's request machinery and gRPC,
-per batch. A router on the same node can send its batches here
-instead: one frame each way, the same handler (`Classifier.run`) behind it. Serve's handle
-stays the way in and the fallback: a reply through it names this socket (`LinkAddress`), which
-is how routers find it, and whatever the link cannot carry still goes through Serve.
+per batch. A router on the same node can send its batches here instead: one frame each way,
+the same handler (`Classifier.run`) behind it. Serve's handle stays the way in and the
+fallback: a reply through it names this socket (`LinkAddress`), which is how routers find it,
+and whatever the link cannot carry still goes through Serve.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ class Classifier(OnnxModel):
         drained, and awaits what it returns: the link's batches finish. Called by the garbage
         collector instead (no loop running), it only removes the socket."""
         link = getattr(self, "link", None)  # None too if the constructor failed before making it
-        if link is None:
+        if link is None or link.address is None:  # never listened: nothing to drain or remove
             return None
         try:
             asyncio.get_running_loop()

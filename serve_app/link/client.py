@@ -13,12 +13,10 @@ from typing import Any
 
 from serve_app.contract import BatchReply, LinkAddress
 from serve_app.link.frames import LinkBroken, encode, read_frame
+from serve_app.scheduling.dispatcher import SendBatch
 
 # How long a link that failed is not learned again from Serve's replies.
 BROKEN_S = 60.0
-
-# (payloads, items the router still holds, lane, trace contexts) -> the replica's reply
-SendBatch = Callable[[list[Any], int, str, "list[str | None] | None"], Any]
 
 
 class LinkClient:
@@ -167,7 +165,7 @@ class LinkedSender:
     async def _through_serve(self, payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
         self._last_handle = self.clock()
         self.counts["through_serve"] += 1
-        reply: BatchReply = await self.via_handle(payloads, queued, lane, traces)
+        reply = await self.via_handle(payloads, queued, lane, traces)
         self._learn(reply.link)
         return reply
 

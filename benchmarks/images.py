@@ -118,6 +118,30 @@ def idle_loops(n: int) -> Iterator[None]:
             p.wait()
 
 
+TAIL_PARTS = ("queue", "transport", "replica", "router_own", "outside")
+
+
+def tail_parts(timed: list[tuple[float, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Where the text requests' time went, as the mean of each part over every request and over
+    the slowest 1% (at or above the p99): the router's queues, the calls' transport (model round
+    trips less the replicas' own time), the replicas' queue and run, the router's own handling
+    outside those, and everything outside the router (client, network, HAProxy). The part that
+    grows in the tail is where the burst's cost lands."""
+    latency = np.asarray([lat for lat, _ in timed])
+    cut = float(np.percentile(latency, 99))
+
+    def split(lat: float, t: dict[str, float]) -> dict[str, float]:
+        queue, model, replica, total = (t.get(k, 0.0) for k in ("queue", "model", "replica", "total"))
+        parts = (queue, model - replica, replica, total - queue - model, lat - total)
+        return dict(zip(TAIL_PARTS, parts, strict=True))
+
+    def mean(rows: list[dict[str, float]]) -> dict[str, float]:
+        return {k: round(float(np.mean([r[k] for r in rows])), 2) for k in TAIL_PARTS}
+
+    rows = [split(lat, t) for lat, t in timed]
+    return {"all": mean(rows), "tail": mean([r for r, lat in zip(rows, latency, strict=True) if lat >= cut])}
+
+
 def run(s: ImageSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
     config = single_versions(yaml.safe_load(config_path.read_text()))
     config["applications"][0]["args"]["model_dir"] = str(model_dir)
@@ -144,6 +168,7 @@ def run(s: ImageSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
             # The client's latencies, and the router's own handling time (Server-Timing's total):
             # where the two grow alike, the time went inside the router and the replicas behind it.
             pooled: dict[str, list[float]] = {"alone": [], "with_burst": [], "alone_server": [], "with_burst_server": []}
+            timed: dict[str, list[tuple[float, dict[str, float]]]] = {"alone": [], "with_burst": []}
             png_model = TEXT_MODEL if s.bodies_only else IMAGE_MODEL
             burst_rate = 0.0 if s.idle_load else s.png_rate
             for _ in range(s.rounds):
@@ -157,6 +182,7 @@ def run(s: ImageSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
                     text = [rec for rec in load.pop("records") if rec[0] == "text" and rec[3] == 200]
                     pooled[name] += [rec[2] for rec in text]
                     pooled[f"{name}_server"] += [rec[5] for rec in text if rec[5] is not None]
+                    timed[name] += [(rec[2], rec[7]) for rec in text if rec[7]]
                     kept = ("requests", "statuses", "p50_ms", "p99_ms")
                     streams = {k: {f: v[f] for f in kept} for k, v in load["streams"].items()}
                     phases[name] = {"streams": streams, "cpu_cores_by_role": load["cpu_cores_by_role"]}
@@ -171,6 +197,7 @@ def run(s: ImageSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
             out["pooled_text_p99_ratio"] = round(p99["with_burst"] / p99["alone"], 3) if p99["alone"] else None
             server = (p99["alone_server"], p99["with_burst_server"])
             out["pooled_text_server_p99_ratio"] = round(server[1] / server[0], 3) if server[0] else None
+            out["text_tail_parts_ms"] = {name: tail_parts(t) for name, t in timed.items() if t}
     return out
 
 
@@ -218,4 +245,17 @@ def markdown(res: dict[str, Any]) -> str:
             f"{pooled['alone_server']} ms alone, {pooled['with_burst_server']} ms with the burst "
             f"({r['pooled_text_server_p99_ratio']}x).",
         ]
+    if parts := r.get("text_tail_parts_ms"):
+        lines += [
+            "",
+            "Where the text requests' time went (Server-Timing), mean ms over all of them and over the slowest 1%, "
+            "pooled over the rounds:",
+            "",
+            "| phase | requests | " + " | ".join(TAIL_PARTS) + " |",
+            "|---|---|" + "---|" * len(TAIL_PARTS),
+        ]
+        for phase, by in parts.items():
+            for which in ("all", "tail"):
+                cells = " | ".join(str(by[which][k]) for k in TAIL_PARTS)
+                lines.append(f"| {phase} | {'slowest 1%' if which == 'tail' else 'all'} | {cells} |")
     return "\n".join(lines)

@@ -88,6 +88,7 @@ class Record:
     served_by: str
     server_ms: float | None = None  # the server's own `Server-Timing: total`, when it sends one
     retry_after: bool = False  # the answer carried Retry-After (what a 503 or 429 owes its client)
+    server_parts: dict[str, float] | None = None  # every Server-Timing metric (queue, model, ...), when sent
 
 
 @dataclass
@@ -124,19 +125,25 @@ def load_streams(workload: dict[str, Any], host: str) -> list[Stream]:
     return streams
 
 
-def server_total_ms(value: str) -> float | None:
-    """`total;dur=12.3` out of a Server-Timing header (W3C: comma-separated metrics)."""
+def server_timing(value: str) -> dict[str, float]:
+    """Every `name;dur=ms` metric of a Server-Timing header (W3C: comma-separated metrics); a
+    metric without a numeric `dur` is left out."""
+    metrics: dict[str, float] = {}
     for metric in value.split(","):
         name, *params = (p.strip() for p in metric.split(";"))
-        if name == "total":
-            for p in params:
-                key, _, dur = p.partition("=")
-                if key == "dur":
-                    try:
-                        return float(dur)
-                    except ValueError:
-                        return None
-    return None
+        for p in params:
+            key, _, dur = p.partition("=")
+            if key == "dur":
+                try:
+                    metrics[name] = float(dur)
+                except ValueError:
+                    pass
+    return metrics
+
+
+def server_total_ms(value: str) -> float | None:
+    """`total;dur=12.3` out of a Server-Timing header: the server's whole handling."""
+    return server_timing(value).get("total")
 
 
 class Connection:
@@ -161,9 +168,9 @@ class Connection:
             self.writer.close()
         self.reader = self.writer = None
 
-    async def request(self, raw: bytes) -> tuple[int, str, float | None, float | None]:
-        """Send one request; return (status, X-Served-By, Server-Timing's `total` in ms, Retry-After's
-        seconds or None when none came).
+    async def request(self, raw: bytes) -> tuple[int, str, dict[str, float] | None, float | None]:
+        """Send one request; return (status, X-Served-By, Server-Timing's metrics in ms or None when
+        none came, Retry-After's seconds or None when none came).
         A response cache's X-Cache joins X-Served-By after a "|" (`bert-heavy|hit-local`)."""
         reader, writer = await self._ensure()
         try:
@@ -179,7 +186,8 @@ class Connection:
             raise
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
-        length, chunked, served_by, close, server_ms, cache = 0, False, "", False, None, ""
+        length, chunked, served_by, close, cache = 0, False, "", False, ""
+        timing: dict[str, float] | None = None
         retry_after: float | None = None
         for line in lines[1:]:
             name, _, value = line.partition(":")
@@ -191,7 +199,7 @@ class Connection:
             elif name == "x-served-by":
                 served_by = value.strip()
             elif name == "server-timing":
-                server_ms = server_total_ms(value)
+                timing = server_timing(value)
             elif name == "connection" and "close" in value.lower():
                 close = True
             elif name == "retry-after":
@@ -212,7 +220,7 @@ class Connection:
         self.answered += 1
         if close:
             self.close()
-        return status, f"{served_by}|{cache}" if cache else served_by, server_ms, retry_after
+        return status, f"{served_by}|{cache}" if cache else served_by, timing, retry_after
 
 
 def retry_after_s(value: str) -> float:
@@ -260,7 +268,7 @@ class LoadGenerator:
             # What the connection did, in place of X-Served-By: a cut body is not a refused connection.
             answer = STATUS_CONN_ERROR, f"error:{type(e).__name__}", None, None
             await asyncio.sleep(0.05)  # don't spin on a refusing server
-        status, served_by, server_ms, retry_after = answer
+        status, served_by, timing, retry_after = answer
         done = time.perf_counter()
         if scheduled < self.measure_from and 200 <= status < 300 and self.measure_from <= done <= self.stop_at:
             self.run.carried_in[stream.name] = self.run.carried_in.get(stream.name, 0) + 1
@@ -272,8 +280,9 @@ class LoadGenerator:
                     (done - scheduled) * 1000,
                     status,
                     served_by,
-                    server_ms,
+                    None if timing is None else timing.get("total"),
                     retry_after is not None,
+                    timing,
                 )
             )
         return retry_after if retry_after is not None and status in (429, 503) else 0.0
@@ -470,7 +479,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     if ns.raw:
         result["records"] = [
-            [r.stream, round(r.sent, 4), round(r.latency_ms, 3), r.status, r.served_by, r.server_ms, r.retry_after]
+            [
+                r.stream,
+                round(r.sent, 4),
+                round(r.latency_ms, 3),
+                r.status,
+                r.served_by,
+                r.server_ms,
+                r.retry_after,
+                r.server_parts,
+            ]
             for r in run.records
         ]
     text = json.dumps(result)

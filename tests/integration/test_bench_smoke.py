@@ -172,7 +172,11 @@ def test_images(tiny_model_dir: Path, tmp_path: Path) -> None:
     burst = phases["with_burst"]["streams"]
     assert set(burst["png"]["statuses"]) == {"200"} and set(burst["text"]["statuses"]) == {"200"}
     assert phases["text_p99_ratio"] > 0 and r["pooled_text_p99_ratio"] > 0
-    assert "pooled over the rounds" in (tmp_path / "README.md").read_text()
+    # The router's Server-Timing splits every text request's time into parts.
+    assert set(r["text_tail_parts_ms"]) == {"alone", "with_burst"}
+    assert r["text_tail_parts_ms"]["alone"]["all"]["replica"] > 0
+    readme = (tmp_path / "README.md").read_text()
+    assert "pooled over the rounds" in readme and "slowest 1%" in readme
 
 
 def test_contention(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -107,6 +107,9 @@ def test_closed_loop_counts_every_status_and_model(server_url: str, tmp_path: Pa
     assert plain["server_ms"] == {"p50": 4.25, "p99": 4.25}
     assert plain["outside_server_ms"]["p50"] == pytest.approx(plain["p50_ms"] - 4.25, abs=0.01)
     assert "server_ms" not in r["streams"]["chunked"]  # no header, no split
+    # Raw records carry every Server-Timing metric, for where a tail's time went.
+    parts = {rec[0]: rec[7] for rec in r["records"]}
+    assert parts["plain"] == {"queue": 1.5, "model": 2.0, "total": 4.25} and parts["chunked"] is None
 
 
 def test_server_timing_total_is_read_from_any_position() -> None:
@@ -114,6 +117,7 @@ def test_server_timing_total_is_read_from_any_position() -> None:
     assert loadgen.server_total_ms('queue;dur=1, total;desc="all";dur=3') == 3.0
     assert loadgen.server_total_ms("queue;dur=1") is None
     assert loadgen.server_total_ms("total;dur=abc") is None
+    assert loadgen.server_timing('queue;dur=1, model;desc="m";dur=2.5, cache, total;dur=x') == {"queue": 1.0, "model": 2.5}
 
 
 def test_open_loop_rate_and_warmup_exclusion(server_url: str, tmp_path: Path) -> None:

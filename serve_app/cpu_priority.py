@@ -20,6 +20,8 @@ import logging
 import os
 import sys
 import threading
+import time
+from collections.abc import Callable
 
 logger = logging.getLogger("ray.serve")
 LINUX = sys.platform.startswith("linux")
@@ -63,3 +65,35 @@ def renice_process(nice: int) -> None:
         except PermissionError:
             logger.warning("could not set this process's niceness to %d", nice)
             return
+
+
+# A core that runs only SCHED_IDLE work is still busy to the kernel: a task that waits behind
+# another on the other core moves to it at the next periodic load balance, not at once as it
+# would to an idle core (which pulls waiting tasks the moment it goes idle). Background work
+# that runs for long stretches therefore naps briefly and often (benchmarks/results/images/).
+NAP_EVERY_S = 0.0005
+# Long enough to enter the scheduler's idle path, where the balancing happens; the kernel's timer
+# slack makes the sleep itself somewhat longer.
+NAP_S = 0.00002
+
+
+class Pacer:
+    """Call `pace()` often from background work: every `every_s` of wall time it sleeps `nap_s`,
+    so that its core goes idle for a moment. Time is wall time, as the kernel's balancing sees it."""
+
+    def __init__(
+        self,
+        every_s: float = NAP_EVERY_S,
+        nap_s: float = NAP_S,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.every_s, self.nap_s, self.clock, self.sleep = every_s, nap_s, clock, sleep
+        self.naps = 0
+        self._due = clock() + every_s
+
+    def pace(self) -> None:
+        if self.clock() >= self._due:
+            self.sleep(self.nap_s)
+            self.naps += 1
+            self._due = self.clock() + self.every_s

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from PIL import Image
 
-from serve_app.cpu_priority import lower_thread_priority
+from serve_app.cpu_priority import Pacer, lower_thread_priority
 from serve_app.errors import InvalidInput
 
 # MPO is how Pillow names a JPEG that carries further pictures (a camera's preview, say): its
@@ -36,18 +36,22 @@ _BROKEN = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
-def _open(value: bytes | memoryview | str, index: int) -> Image.Image:
-    """The image's header read (not its pixels), with its format and size checked.
-
-    JSON cannot carry raw bytes, so a str element is base64 (the binary extension sends bytes as they are).
-    """
-    if isinstance(value, str):
-        try:
-            value = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidInput(f"image {index}: a BYTES image in JSON must be base64-encoded PNG or JPEG") from None
+def encoded(value: bytes | memoryview | str, index: int) -> bytes | memoryview:
+    """An element's encoded image. JSON cannot carry raw bytes, so a str element is base64 (the
+    binary extension sends bytes as they are)."""
+    if not isinstance(value, str):
+        return value
     try:
-        img = Image.open(io.BytesIO(value))  # the header only: MAX_PIXELS is checked before any pixel
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(f"image {index}: a BYTES image in JSON must be base64-encoded PNG or JPEG") from None
+
+
+def _open(value: bytes | memoryview | str, index: int) -> Image.Image:
+    """The image's header read (not its pixels), with its format and size checked."""
+    value = encoded(value, index)
+    try:
+        img = Image.open(_PacedBytes(value))  # the header only: MAX_PIXELS is checked before any pixel
     except Image.UnidentifiedImageError:
         raise InvalidInput(f"image {index}: not a PNG or JPEG image (its bytes match no known image format)") from None
     except _BROKEN:
@@ -56,7 +60,26 @@ def _open(value: bytes | memoryview | str, index: int) -> Image.Image:
         raise InvalidInput(f"image {index}: format {img.format} is not accepted; send PNG or JPEG")
     if img.width * img.height > MAX_PIXELS:
         raise InvalidInput(f"image {index}: {img.width}x{img.height} pixels; at most {MAX_PIXELS} are allowed")
+    img.decodermaxblock = PACED_BLOCK
     return img
+
+
+# Compressed bytes Pillow decodes per read (its default is 64 KiB): each read is a chance to nap.
+PACED_BLOCK = 16384
+
+
+class _PacedBytes(io.BytesIO):
+    """The encoded image as Pillow reads it while decoding (a block at a time): between blocks the
+    decoder thread naps now and then (serve_app.cpu_priority.Pacer), so that a decode of many
+    milliseconds leaves its core idle for a moment every millisecond."""
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        super().__init__(data)
+        self.pacer = Pacer()
+
+    def read(self, size: int | None = -1) -> bytes:
+        self.pacer.pace()
+        return super().read(size)
 
 
 def _undecodable(index: int) -> InvalidInput:
@@ -115,15 +138,11 @@ def decode_images(values: Sequence[bytes | memoryview | str], size: int) -> np.n
     return np.stack([_pixels(img, size, i) for i, img in enumerate(images)])
 
 
-# Decoding and resizing run here, off the router's event loop: a request of large compressed
-# images would otherwise stall every other request on the router for as long as they decode.
-# Pillow releases the GIL while it decodes and resamples, so the loop keeps serving meanwhile;
-# two threads bound what one router spends on images at once, and they run as background
-# threads (SCHED_IDLE, serve_app.cpu_priority): on cores shared with the router's loop and the
-# model replicas, a burst of large images takes the cycles the requests around it leave, and
-# does not slow them down (python -m benchmarks images).
+# The fallback where worker processes cannot be fed (serve_app.protocols.decoders): threads of the
+# router's own, in the background (SCHED_IDLE, serve_app.cpu_priority), off its event loop.
+# Pillow releases the GIL while it decodes and resamples, so the loop keeps serving meanwhile.
 DECODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="image-decode", initializer=lower_thread_priority)
 
 
-async def decode_images_off_loop(values: Sequence[bytes | memoryview | str], size: int) -> np.ndarray:
+async def decode_images_in_threads(values: Sequence[bytes | memoryview | str], size: int) -> np.ndarray:
     return await asyncio.get_running_loop().run_in_executor(DECODER, decode_images, values, size)

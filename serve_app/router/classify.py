@@ -8,7 +8,7 @@ from serve_app.config import AppArgs
 from serve_app.errors import InvalidInput
 from serve_app.manifest import Manifest
 from serve_app.protocols import v2
-from serve_app.protocols.images import decode_images_off_loop
+from serve_app.protocols.decoders import DECODERS
 from serve_app.router import catalog
 from serve_app.router.cascade import ClassifierResult, Payload
 
@@ -37,12 +37,12 @@ async def decode_input(args: AppArgs, model: str, manifest: Manifest, body: v2.I
     tensor = single_input(body, catalog.IMAGE_INPUT)
     s = manifest.image_size or 0
     if tensor.datatype == "BYTES":
-        # Encoded PNG/JPEG, one per element: decoded and resized in the router's decoder threads,
+        # Encoded PNG/JPEG, one per element: decoded and resized in the router's decoder processes,
         # sent on as uint8 pixels.
         if len(tensor.shape) != 1:
             raise InvalidInput(f"input 'image' as BYTES (encoded PNG/JPEG) must have shape [N], got {tensor.shape}")
         check_count(args, model, tensor.element_count())
-        return await decode_images_off_loop(v2.decode_raw_bytes(tensor), s)
+        return await DECODERS.decode(v2.decode_raw_bytes(tensor), s)
     if tensor.datatype not in ("FP32", "UINT8"):
         raise InvalidInput(f"input 'image' must be FP32 in [0, 1], UINT8, or BYTES (encoded PNG/JPEG), got {tensor.datatype}")
     if len(tensor.shape) != 4 or tensor.shape[1:] != [3, s, s]:

@@ -21,7 +21,7 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from serve_app.errors import InvalidInput
 from serve_app.protocols import openai, v2, v2_render
-from serve_app.protocols.images import decode_image, decode_images_off_loop
+from serve_app.protocols.images import decode_image, decode_images_in_threads
 
 
 def _binary_body(tensors: list[tuple[str, str, np.ndarray, bytes]], **extra) -> tuple[bytes, str]:
@@ -332,7 +332,7 @@ def test_large_images_decode_off_the_event_loop():
 
     async def go() -> tuple[int, np.ndarray]:
         ticks = 0
-        decoding = asyncio.ensure_future(decode_images_off_loop(values, 32))
+        decoding = asyncio.ensure_future(decode_images_in_threads(values, 32))
         while not decoding.done():  # another request's work: it runs only while the loop is free
             ticks += 1
             await asyncio.sleep(0.001)
@@ -346,7 +346,7 @@ def test_large_images_decode_off_the_event_loop():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread scheduling classes are Linux's")
 def test_images_decode_on_background_threads() -> None:
-    """A burst of large images takes only the cycles the requests around it leave."""
+    """Where no decoder process can be fed, the router's own threads decode, in the background."""
     from serve_app.protocols.images import DECODER
 
     assert DECODER.submit(os.sched_getscheduler, 0).result() == os.SCHED_IDLE

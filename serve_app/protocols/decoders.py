@@ -1,0 +1,241 @@
+"""Image decoding in worker processes of the router's own.
+
+A request of large PNGs is tens of milliseconds of decoding. In threads of the router's process
+the decoders hold the router's GIL between Pillow's blocks, and a decoder that the kernel has set
+aside (it runs under SCHED_IDLE) then holds up the event loop of every other request. In worker
+processes the loop shares no lock with them; the workers run under SCHED_IDLE and nap often
+(serve_app.cpu_priority.Pacer), so they take the cycles the requests around them leave.
+
+Each worker is a child process with one end of a socket pair. For each request the router's I/O
+thread copies the encoded images into an anonymous memory file (`memfd_create`; numpy copies
+without holding the GIL), passes the worker its descriptor, and reads back the pixels or the
+error. The file has no name and is freed when both ends close it, so a router or worker that dies
+leaves nothing behind; a worker ends when its socket closes, so none outlives its router. Where
+there is no memfd (not Linux), the images go through the socket itself.
+
+Run as `python -m serve_app.protocols.decoders FD`: a worker, serving the socket `FD`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import mmap
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from serve_app.cpu_priority import lower_thread_priority
+from serve_app.errors import InvalidInput, ModelFailure
+from serve_app.protocols.images import decode_images, encoded
+
+logger = logging.getLogger("ray.serve")
+
+LENGTH = struct.Struct("!Q")
+MEMFD = hasattr(os, "memfd_create")  # Linux
+
+
+class WorkerDied(ConnectionError):
+    """The worker's socket closed under a call: the worker is gone."""
+
+
+def _send_frame(sock: socket.socket, body: Any) -> None:
+    data = pickle.dumps(body, protocol=5)
+    sock.sendall(LENGTH.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise WorkerDied("end of stream")
+        got += k
+    return buf
+
+
+def _recv_frame(sock: socket.socket) -> Any:
+    (length,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
+    return pickle.loads(_recv_exact(sock, length))
+
+
+def _in_memory_file(blobs: Sequence[bytes | memoryview], total: int) -> int:
+    """A new anonymous memory file holding `blobs` end to end; the caller closes the descriptor."""
+    fd = os.memfd_create("serve-app-images", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, max(1, total))
+        with mmap.mmap(fd, max(1, total)) as mapped:
+            target, start = np.frombuffer(mapped, dtype=np.uint8), 0
+            for blob in blobs:
+                target[start : start + len(blob)] = np.frombuffer(blob, dtype=np.uint8)  # without the GIL
+                start += len(blob)
+            del target  # the map closes only once no view of it is left
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_request(sock: socket.socket) -> tuple[list[memoryview], int, mmap.mmap | None]:
+    """A request's images (views of the file the router passed, or read from the socket), the
+    model's input size, and the file's map (for the caller to close once they are decoded)."""
+    data, fds, _, _ = socket.recv_fds(sock, LENGTH.size, 1)
+    if not data:
+        raise WorkerDied("end of stream")
+    (with_file,) = LENGTH.unpack(bytes(data) + _recv_exact(sock, LENGTH.size - len(data)))
+    lengths, size = _recv_frame(sock)
+    if not with_file:
+        return [memoryview(_recv_exact(sock, n)) for n in lengths], size, None
+    (fd,) = fds
+    try:
+        mapped = mmap.mmap(fd, max(1, sum(lengths)), prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    whole = memoryview(mapped)
+    bounds = np.cumsum([0, *lengths]).tolist()
+    return [whole[a:b] for a, b in itertools.pairwise(bounds)], size, mapped
+
+
+class DecoderWorker:
+    """One worker process, and the router's end of its socket. Used by one thread at a time."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                # The router's own import path: the worker imports this module as the router did.
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+
+    def call(self, blobs: Sequence[bytes | memoryview], size: int) -> tuple[bool, Any]:
+        """(True, pixels) or (False, the exception the worker raised); WorkerDied if it is gone."""
+        lengths = [len(b) for b in blobs]
+        try:
+            if MEMFD:
+                fd = _in_memory_file(blobs, sum(lengths))
+                try:
+                    socket.send_fds(self.sock, [LENGTH.pack(1)], [fd])
+                finally:
+                    os.close(fd)  # the worker holds its own descriptor now
+            else:
+                self.sock.sendall(LENGTH.pack(0))
+            _send_frame(self.sock, (lengths, size))
+            if not MEMFD:
+                for blob in blobs:
+                    self.sock.sendall(blob)  # from the body itself: no copy in this process
+            ok, value = _recv_frame(self.sock)
+        except OSError as e:  # a reset or broken pipe: the worker ended mid-call
+            raise WorkerDied(str(e)) from e
+        return ok, value
+
+    def close(self) -> None:
+        self.sock.close()
+        self.proc.kill()
+        self.proc.wait()
+
+
+class DecoderPool:
+    """Up to `workers` decoder processes, started as requests first need them. One I/O thread per
+    worker feeds it; a request waits for a free thread."""
+
+    def __init__(self, workers: int = 2) -> None:
+        self.workers = workers
+        self._threads = ThreadPoolExecutor(workers, thread_name_prefix="image-decode", initializer=lower_thread_priority)
+        self._idle: list[DecoderWorker] = []
+        self._lock = threading.Lock()
+        self.restarts = 0  # workers found dead and replaced
+
+    async def decode(self, values: Sequence[bytes | memoryview | str], size: int) -> np.ndarray:
+        """A request's images as uint8 (N, 3, size, size)."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self._decode, values, size)
+
+    def _decode(self, values: Sequence[bytes | memoryview | str], size: int) -> np.ndarray:
+        blobs = [encoded(v, i) for i, v in enumerate(values)]  # base64 is decoded here, off the loop
+        for _ in range(2):
+            try:
+                worker = self._take()
+            except OSError:  # no process could start (a process limit, say): the images still decode
+                logger.warning("no image decoder process could start; decoding in the router", exc_info=True)
+                return decode_images(blobs, size)
+            try:
+                ok, value = worker.call(blobs, size)
+            except WorkerDied:
+                # Killed, or out of memory: the images go once more, to a new worker.
+                logger.warning("an image decoder process died; starting another")
+                self.restarts += 1
+                worker.close()
+                continue
+            with self._lock:
+                self._idle.append(worker)
+            if not ok:
+                raise value
+            return value  # type: ignore[no-any-return]  # the worker sends an ndarray with True
+        raise ModelFailure("the image decoder process died twice on this request's images")
+
+    def _take(self) -> DecoderWorker:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return DecoderWorker()
+
+    def pids(self) -> list[int]:
+        """The idle workers' process ids (for tests and diagnostics)."""
+        with self._lock:
+            return [w.proc.pid for w in self._idle]
+
+    def shutdown(self) -> None:
+        self._threads.shutdown(wait=True)
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.close()
+
+
+DECODERS = DecoderPool()
+
+
+def serve(sock: socket.socket) -> None:
+    """A worker's life: requests in, pixels or an error out, until the router's end closes."""
+    lower_thread_priority()
+    while True:
+        try:
+            blobs, size, mapped = _read_request(sock)
+        except WorkerDied:  # the router closed its end, or ended
+            return
+        try:
+            reply: tuple[bool, Any] = (True, decode_images(blobs, size))
+        except InvalidInput as e:
+            reply = (False, e)
+        except Exception as e:  # a bug, not the client's input: the router answers 500
+            logger.exception("image decoding failed")
+            reply = (False, ModelFailure(f"image decoding failed: {type(e).__name__}"))
+        finally:
+            for blob in blobs:
+                blob.release()
+            if mapped is not None:
+                mapped.close()
+        _send_frame(sock, reply)
+
+
+if __name__ == "__main__":
+    serve(socket.socket(fileno=int(sys.argv[1])))

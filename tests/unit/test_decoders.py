@@ -1,0 +1,193 @@
+"""The router's image decoder processes and the pacing of background work, without Ray: real
+worker processes over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from serve_app.cpu_priority import Pacer
+from serve_app.errors import InvalidInput, ModelFailure
+from serve_app.protocols import decoders, images
+from serve_app.protocols.decoders import DecoderPool
+
+LINUX = sys.platform.startswith("linux")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _png(rgb: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _noisy(side: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 255, (side, side, 3), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[DecoderPool]:
+    p = DecoderPool(workers=2)
+    yield p
+    p.shutdown()
+
+
+def test_processes_decode_what_the_router_would(pool: DecoderPool) -> None:
+    pngs = [_png(_noisy(40, i)) for i in range(3)]
+    # Binary-extension elements are views of the body; JSON's are base64.
+    values: list[bytes | memoryview | str] = [memoryview(pngs[0]), pngs[1], base64.b64encode(pngs[2]).decode()]
+    got = asyncio.run(pool.decode(values, 16))
+    np.testing.assert_array_equal(got, images.decode_images(pngs, 16))
+    assert len(pool.pids()) == 1  # one request at a time here: one worker was enough
+
+
+def test_without_memfd_the_images_go_through_the_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decoders, "MEMFD", False)  # the router's side; the worker follows the header
+    pngs = [_png(_noisy(24, i)) for i in range(2)]
+    p = DecoderPool()
+    try:
+        np.testing.assert_array_equal(asyncio.run(p.decode(pngs, 8)), images.decode_images(pngs, 8))
+    finally:
+        p.shutdown()
+
+
+def test_bad_images_are_a_400_with_the_same_words_across_the_process_boundary(pool: DecoderPool) -> None:
+    with pytest.raises(InvalidInput, match=r"image 1: not a PNG or JPEG image"):
+        asyncio.run(pool.decode([_png(_noisy(8)), b"GIF89a..."], 8))
+    with pytest.raises(InvalidInput, match=r"image 0: a BYTES image in JSON must be base64"):
+        asyncio.run(pool.decode(["not base64!"], 8))
+
+
+@pytest.mark.skipif(not LINUX, reason="scheduling classes are Linux's")
+def test_workers_run_in_the_background(pool: DecoderPool) -> None:
+    asyncio.run(pool.decode([_png(_noisy(8))], 8))
+    for pid in pool.pids():
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+
+
+def test_the_event_loop_runs_while_a_worker_decodes(pool: DecoderPool) -> None:
+    values: list[bytes | memoryview | str] = [_png(_noisy(1024, 5))] * 2
+
+    async def go() -> int:
+        ticks = 0
+        decoding = asyncio.ensure_future(pool.decode(values, 32))
+        while not decoding.done():
+            ticks += 1
+            await asyncio.sleep(0.001)
+        assert (await decoding).shape == (2, 3, 32, 32)
+        return ticks
+
+    assert asyncio.run(go()) >= 3
+
+
+def test_a_dead_worker_costs_no_request(pool: DecoderPool) -> None:
+    """A worker killed between requests is found dead by the next one, which goes to a new worker."""
+    asyncio.run(pool.decode([_png(_noisy(8))], 8))
+    (old,) = pool.pids()
+    os.kill(old, signal.SIGKILL)
+    restarts = pool.restarts
+    assert asyncio.run(pool.decode([_png(_noisy(8))], 8)).shape == (1, 3, 8, 8)
+    assert pool.restarts == restarts + 1 and old not in pool.pids()
+
+
+def test_a_worker_error_that_is_not_the_inputs_is_a_500(pool: DecoderPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object) -> tuple[bool, Any]:
+        return False, ModelFailure("image decoding failed: MemoryError")
+
+    monkeypatch.setattr(decoders.DecoderWorker, "call", broken)
+    with pytest.raises(ModelFailure):
+        asyncio.run(pool.decode([_png(_noisy(8))], 8))
+
+
+def test_without_a_worker_process_the_router_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    def cannot_start(self: decoders.DecoderWorker) -> None:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(decoders.DecoderWorker, "__init__", cannot_start)
+    p = DecoderPool()
+    try:
+        assert asyncio.run(p.decode([_png(_noisy(8))], 8)).shape == (1, 3, 8, 8)
+        assert p.pids() == []
+    finally:
+        p.shutdown()
+
+
+def test_workers_end_when_their_router_is_killed(tmp_path: Path) -> None:
+    script = tmp_path / "router.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import asyncio, io, os, signal
+            import numpy as np
+            from PIL import Image
+            from serve_app.protocols.decoders import DECODERS
+
+            async def main():
+                buf = io.BytesIO()
+                Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(buf, format="PNG")
+                await DECODERS.decode([buf.getvalue()], 8)
+                print(*DECODERS.pids(), flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            if __name__ == "__main__":
+                asyncio.run(main())
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    workers = [int(pid) for pid in done.stdout.split()]
+    assert workers, done.stderr
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has ended; only its parent (init, here) has yet to reap it.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_pacer_naps_once_per_interval_of_wall_time() -> None:
+    now = [0.0]
+    naps: list[float] = []
+    pacer = Pacer(every_s=0.001, nap_s=0.00002, clock=lambda: now[0], sleep=naps.append)
+    for _ in range(10):  # 0.3 ms between calls: a nap at 1.2 ms, 2.4 ms
+        now[0] += 0.0003
+        pacer.pace()
+    assert naps == [0.00002, 0.00002] and pacer.naps == 2
+
+
+def test_a_large_png_decodes_in_small_blocks_with_naps(monkeypatch: pytest.MonkeyPatch) -> None:
+    pacers: list[Pacer] = []
+
+    def eager() -> Pacer:  # naps at every read, and records them
+        pacers.append(Pacer(every_s=0.0, sleep=lambda _: None))
+        return pacers[-1]
+
+    monkeypatch.setattr(images, "Pacer", eager)
+    img = images._open(_png(_noisy(1024, 7)), 0)
+    assert getattr(img, "decodermaxblock") == images.PACED_BLOCK  # noqa: B009  # Image.open gives an ImageFile
+    img.load()
+    # About 3 MB of noise compresses to about as much: many blocks, a chance to nap before each.
+    assert pacers[-1].naps > 3 * 2**20 // images.PACED_BLOCK // 2

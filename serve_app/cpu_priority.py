@@ -17,11 +17,13 @@ needs no privilege (raising one needs CAP_SYS_NICE, which pods rarely have).
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 logger = logging.getLogger("ray.serve")
 LINUX = sys.platform.startswith("linux")
@@ -77,9 +79,18 @@ NAP_EVERY_S = 0.0005
 NAP_S = 0.00002
 
 
+# How long background work waits at most, in steps, while its process's urgent work is in flight:
+# about a batch's round trip, so that it never stalls for long.
+MAX_YIELD_S = 0.005
+YIELD_STEP_S = 0.0001
+
+
 class Pacer:
     """Call `pace()` often from background work: every `every_s` of wall time it sleeps `nap_s`,
-    so that its core goes idle for a moment. Time is wall time, as the kernel's balancing sees it."""
+    so that its core goes idle for a moment. Time is wall time, as the kernel's balancing sees it.
+    With `busy`, it also waits (up to `max_yield_s` a call) while `busy()` says that latency-
+    sensitive work is running: background work in the same CPU class would take half a core from
+    it, and no class lower than SCHED_IDLE exists to put the background work in."""
 
     def __init__(
         self,
@@ -87,13 +98,66 @@ class Pacer:
         nap_s: float = NAP_S,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
+        busy: Callable[[], bool] | None = None,
+        max_yield_s: float = MAX_YIELD_S,
     ) -> None:
         self.every_s, self.nap_s, self.clock, self.sleep = every_s, nap_s, clock, sleep
+        self.busy, self.max_yield_s = busy, max_yield_s
         self.naps = 0
+        self.yields = 0  # calls that waited for urgent work
         self._due = clock() + every_s
 
     def pace(self) -> None:
-        if self.clock() >= self._due:
+        if self.busy is not None and self.busy():
+            until = self.clock() + self.max_yield_s
+            while self.busy() and self.clock() < until:
+                self.sleep(YIELD_STEP_S)
+            self.yields += 1
+            self._due = self.clock() + self.every_s
+        elif self.clock() >= self._due:
             self.sleep(self.nap_s)
             self.naps += 1
             self._due = self.clock() + self.every_s
+
+
+class BusyFlag:
+    """How many of this process's latency-sensitive tasks are in flight, published as one byte
+    (nonzero: busy) in an anonymous memory file that child processes map (`fd`), so that their
+    background work can yield to it (Pacer's `busy`). Used from one thread (the event loop).
+    Without memfd (not Linux) nothing is published, and nothing waits for it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._map: mmap.mmap | None = None
+        self._fd: int | None = None
+
+    def fd(self) -> int | None:
+        """The file's descriptor, for a child process to map; made on first use."""
+        if self._fd is None and hasattr(os, "memfd_create"):
+            fd = os.memfd_create("serve-app-busy", os.MFD_CLOEXEC)
+            os.ftruncate(fd, 1)
+            self._map, self._fd = mmap.mmap(fd, 1), fd
+            self._map[0] = int(self.count > 0)
+        return self._fd
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self.count += 1
+        if self._map is not None:
+            self._map[0] = 1
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self._map is not None and self.count == 0:
+                self._map[0] = 0
+
+
+def busy_reader(fd: int) -> Callable[[], bool]:
+    """In a child process: whether the parent's BusyFlag behind `fd` says busy."""
+    view = mmap.mmap(fd, 1, prot=mmap.PROT_READ)
+    return lambda: view[0] != 0
+
+
+# The router's model batches in flight: its image decoders yield to them (serve_app.protocols.decoders).
+MODEL_WORK = BusyFlag()

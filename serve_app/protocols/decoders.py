@@ -13,7 +13,11 @@ error. The file has no name and is freed when both ends close it, so a router or
 leaves nothing behind; a worker ends when its socket closes, so none outlives its router. Where
 there is no memfd (not Linux), the images go through the socket itself.
 
-Run as `python -m serve_app.protocols.decoders FD`: a worker, serving the socket `FD`.
+The workers also see whether the router has model batches in flight (cpu_priority.MODEL_WORK)
+and wait between blocks while it does: they share SCHED_IDLE with the models' bulk lanes, and
+would otherwise take half a core from a batch beside them.
+
+Run as `python -m serve_app.protocols.decoders SOCKET_FD [BUSY_FD]`: a worker.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from serve_app.cpu_priority import lower_thread_priority
+from serve_app.cpu_priority import MODEL_WORK, busy_reader, lower_thread_priority
 from serve_app.errors import InvalidInput, ModelFailure
+from serve_app.protocols import images
 from serve_app.protocols.images import decode_images, encoded
 
 logger = logging.getLogger("ray.serve")
@@ -112,10 +117,13 @@ class DecoderWorker:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
+        fds = [theirs.fileno()]
+        if (busy := MODEL_WORK.fd()) is not None:
+            fds.append(busy)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
+                [sys.executable, "-m", __name__, *map(str, fds)],
+                pass_fds=fds,
                 stdin=subprocess.DEVNULL,
                 # The router's own import path: the worker imports this module as the router did.
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
@@ -214,9 +222,12 @@ class DecoderPool:
 DECODERS = DecoderPool()
 
 
-def serve(sock: socket.socket) -> None:
-    """A worker's life: requests in, pixels or an error out, until the router's end closes."""
+def serve(sock: socket.socket, busy_fd: int | None = None) -> None:
+    """A worker's life: requests in, pixels or an error out, until the router's end closes. With
+    `busy_fd` (the router's MODEL_WORK), decoding waits while the router's batches are out."""
     lower_thread_priority()
+    if busy_fd is not None:
+        images.yield_while = busy_reader(busy_fd)
     while True:
         try:
             blobs, size, mapped = _read_request(sock)
@@ -238,4 +249,4 @@ def serve(sock: socket.socket) -> None:
 
 
 if __name__ == "__main__":
-    serve(socket.socket(fileno=int(sys.argv[1])))
+    serve(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -7,7 +7,7 @@ import base64
 import binascii
 import io
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -68,6 +68,11 @@ def _open(value: bytes | memoryview | str, index: int) -> Image.Image:
 PACED_BLOCK = 16384
 
 
+# In a decoder process (serve_app.protocols.decoders): whether its router has model batches in
+# flight, which the decode waits for between blocks.
+yield_while: Callable[[], bool] | None = None
+
+
 class _PacedBytes(io.BytesIO):
     """The encoded image as Pillow reads it while decoding (a block at a time): between blocks the
     decoder thread naps now and then (serve_app.cpu_priority.Pacer), so that a decode of many
@@ -75,7 +80,7 @@ class _PacedBytes(io.BytesIO):
 
     def __init__(self, data: bytes | memoryview) -> None:
         super().__init__(data)
-        self.pacer = Pacer()
+        self.pacer = Pacer(busy=yield_while)
 
     def read(self, size: int | None = -1) -> bytes:
         self.pacer.pace()

@@ -7,6 +7,7 @@ from typing import Any
 
 from serve_app.config import AppArgs
 from serve_app.contract import BatchReply, Priority
+from serve_app.cpu_priority import MODEL_WORK
 from serve_app.link.client import LinkedSender
 from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, RequestTiming, SendBatch
 
@@ -102,4 +103,14 @@ def handle_sender(handle: Any, router_id: str, node_id: str | None = None) -> Se
         reply: BatchReply = await target.remote(payloads, router_id, queued, lane, traces)
         return reply
 
-    return send if node_id is None else LinkedSender(send, router_id, node_id, handle_only=heavy)
+    return marking_model_work(send if node_id is None else LinkedSender(send, router_id, node_id, handle_only=heavy))
+
+
+def marking_model_work(send: SendBatch) -> SendBatch:
+    """`send`, counted in MODEL_WORK while its batch is out: the router's image decoders wait for it."""
+
+    async def marked(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
+        with MODEL_WORK.held():
+            return await send(payloads, queued, lane, traces)
+
+    return marked

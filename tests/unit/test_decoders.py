@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from serve_app.cpu_priority import Pacer
+from serve_app import cpu_priority
+from serve_app.cpu_priority import BusyFlag, Pacer
 from serve_app.errors import InvalidInput, ModelFailure
 from serve_app.protocols import decoders, images
 from serve_app.protocols.decoders import DecoderPool
+from serve_app.router.dispatchers import marking_model_work
 
 LINUX = sys.platform.startswith("linux")
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,8 +183,8 @@ def test_pacer_naps_once_per_interval_of_wall_time() -> None:
 def test_a_large_png_decodes_in_small_blocks_with_naps(monkeypatch: pytest.MonkeyPatch) -> None:
     pacers: list[Pacer] = []
 
-    def eager() -> Pacer:  # naps at every read, and records them
-        pacers.append(Pacer(every_s=0.0, sleep=lambda _: None))
+    def eager(busy: Callable[[], bool] | None = None) -> Pacer:  # naps at every read, and records them
+        pacers.append(Pacer(every_s=0.0, sleep=lambda _: None, busy=busy))
         return pacers[-1]
 
     monkeypatch.setattr(images, "Pacer", eager)
@@ -191,3 +193,70 @@ def test_a_large_png_decodes_in_small_blocks_with_naps(monkeypatch: pytest.Monke
     img.load()
     # About 3 MB of noise compresses to about as much: many blocks, a chance to nap before each.
     assert pacers[-1].naps > 3 * 2**20 // images.PACED_BLOCK // 2
+
+
+def test_pacer_waits_while_busy_at_most_its_limit() -> None:
+    now = [0.0]
+    busy = [True]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+        if now[0] >= 0.002:  # the urgent work ends after 2 ms
+            busy[0] = False
+
+    pacer = Pacer(every_s=1.0, clock=lambda: now[0], sleep=sleep, busy=lambda: busy[0], max_yield_s=0.005)
+    pacer.pace()
+    assert 0.002 <= now[0] < 0.0025 and pacer.yields == 1 and pacer.naps == 0
+    busy[0], start = True, now[0]
+    pacer.busy = lambda: True  # work that never ends: the wait stops at the limit
+    pacer.pace()
+    assert now[0] - start == pytest.approx(0.005, abs=2e-4)
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd is Linux's")
+def test_busy_flag_is_seen_by_a_child_while_any_batch_is_out() -> None:
+    flag = BusyFlag()
+    with flag.held():  # held before the file exists: the file starts busy
+        fd = flag.fd()
+        assert fd is not None
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(fd)], pass_fds=[fd], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "True"
+        with flag.held():
+            pass  # a second batch ending leaves the first one's mark
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "True"
+    child.stdin.write("\n")
+    child.stdin.flush()
+    assert child.stdout.readline().strip() == "False"
+    child.stdin.close()
+    assert child.wait(timeout=10) == 0
+
+
+CHILD = """
+import sys
+from serve_app.cpu_priority import busy_reader
+busy = busy_reader(int(sys.argv[1]))
+for _ in range(3):
+    print(busy(), flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_batches_out_mark_the_routers_model_work() -> None:
+    seen: list[int] = []
+
+    async def send(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> Any:
+        seen.append(cpu_priority.MODEL_WORK.count)
+        return "reply"
+
+    marked = marking_model_work(send)
+
+    async def go() -> Any:
+        return await marked([1], 0, "bulk", None)
+
+    assert asyncio.run(go()) == "reply"
+    assert seen == [1] and cpu_priority.MODEL_WORK.count == 0

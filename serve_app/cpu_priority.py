@@ -79,18 +79,19 @@ NAP_EVERY_S = 0.0005
 NAP_S = 0.00002
 
 
-# How long background work waits at most, in steps, while its process's urgent work is in flight:
-# about a batch's round trip, so that it never stalls for long.
+# How long background work waits at most, in steps, at one pause while its process's urgent work is
+# in flight (about a batch's round trip), and over a Pacer's whole life: it is slowed, never stalled.
 MAX_YIELD_S = 0.005
+MAX_YIELD_TOTAL_S = 1.0
 YIELD_STEP_S = 0.0001
 
 
 class Pacer:
     """Call `pace()` often from background work: every `every_s` of wall time it sleeps `nap_s`,
     so that its core goes idle for a moment. Time is wall time, as the kernel's balancing sees it.
-    With `busy`, it also waits (up to `max_yield_s` a call) while `busy()` says that latency-
-    sensitive work is running: background work in the same CPU class would take half a core from
-    it, and no class lower than SCHED_IDLE exists to put the background work in."""
+    With `busy`, such a pause instead waits while `busy()` says that latency-sensitive work is
+    running (up to `max_yield_s` a pause and `max_yield_total_s` in all): background work in the
+    same CPU class would take half a core from it, and no class lower than SCHED_IDLE exists."""
 
     def __init__(
         self,
@@ -100,45 +101,51 @@ class Pacer:
         sleep: Callable[[float], None] = time.sleep,
         busy: Callable[[], bool] | None = None,
         max_yield_s: float = MAX_YIELD_S,
+        max_yield_total_s: float = MAX_YIELD_TOTAL_S,
     ) -> None:
         self.every_s, self.nap_s, self.clock, self.sleep = every_s, nap_s, clock, sleep
-        self.busy, self.max_yield_s = busy, max_yield_s
+        self.busy, self.max_yield_s, self.yield_left_s = busy, max_yield_s, max_yield_total_s
         self.naps = 0
-        self.yields = 0  # calls that waited for urgent work
+        self.yields = 0  # pauses that waited for urgent work
         self._due = clock() + every_s
 
     def pace(self) -> None:
-        if self.busy is not None and self.busy():
-            until = self.clock() + self.max_yield_s
+        now = self.clock()
+        if now < self._due:
+            return
+        if self.busy is not None and self.yield_left_s > 0 and self.busy():
+            until = now + min(self.max_yield_s, self.yield_left_s)
             while self.busy() and self.clock() < until:
                 self.sleep(YIELD_STEP_S)
+            self.yield_left_s -= self.clock() - now
             self.yields += 1
-            self._due = self.clock() + self.every_s
-        elif self.clock() >= self._due:
+        else:
             self.sleep(self.nap_s)
             self.naps += 1
-            self._due = self.clock() + self.every_s
+        self._due = self.clock() + self.every_s
 
 
 class BusyFlag:
     """How many of this process's latency-sensitive tasks are in flight, published as one byte
     (nonzero: busy) in an anonymous memory file that child processes map (`fd`), so that their
-    background work can yield to it (Pacer's `busy`). Used from one thread (the event loop).
-    Without memfd (not Linux) nothing is published, and nothing waits for it."""
+    background work can yield to it (Pacer's `busy`). `held` is used from one thread (the event
+    loop), `fd` from any. Without memfd (not Linux) nothing is published, and nothing waits."""
 
     def __init__(self) -> None:
         self.count = 0
         self._map: mmap.mmap | None = None
         self._fd: int | None = None
+        self._lock = threading.Lock()
 
     def fd(self) -> int | None:
         """The file's descriptor, for a child process to map; made on first use."""
-        if self._fd is None and hasattr(os, "memfd_create"):
-            fd = os.memfd_create("serve-app-busy", os.MFD_CLOEXEC)
-            os.ftruncate(fd, 1)
-            self._map, self._fd = mmap.mmap(fd, 1), fd
-            self._map[0] = int(self.count > 0)
-        return self._fd
+        with self._lock:
+            if self._fd is None and hasattr(os, "memfd_create"):
+                fd = os.memfd_create("serve-app-busy", os.MFD_CLOEXEC)
+                os.ftruncate(fd, 1)
+                self._map, self._fd = mmap.mmap(fd, 1), fd
+                self._map[0] = int(self.count > 0)
+            return self._fd
 
     @contextmanager
     def held(self) -> Iterator[None]:

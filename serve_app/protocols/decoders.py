@@ -1,6 +1,6 @@
 """Image decoding in worker processes of the router's own.
 
-A request of large PNGs is tens of milliseconds of decoding. In threads of the router's process
+A request of large PNGs takes long to decode. In threads of the router's process
 the decoders hold the router's GIL between Pillow's blocks, and a decoder that the kernel has set
 aside (it runs under SCHED_IDLE) then holds up the event loop of every other request. In worker
 processes the loop shares no lock with them; the workers run under SCHED_IDLE and nap often
@@ -48,6 +48,9 @@ logger = logging.getLogger("ray.serve")
 
 LENGTH = struct.Struct("!Q")
 MEMFD = hasattr(os, "memfd_create")  # Linux
+# A call still unanswered after this has a worker stuck on something no request should cost
+# (MAX_REQUEST_PIXELS bounds an honest request's decoding far below it): the worker is replaced.
+CALL_TIMEOUT_S = 30.0
 
 
 class WorkerDied(ConnectionError):
@@ -82,10 +85,12 @@ def _in_memory_file(blobs: Sequence[bytes | memoryview], total: int) -> int:
         os.ftruncate(fd, max(1, total))
         with mmap.mmap(fd, max(1, total)) as mapped:
             target, start = np.frombuffer(mapped, dtype=np.uint8), 0
-            for blob in blobs:
-                target[start : start + len(blob)] = np.frombuffer(blob, dtype=np.uint8)  # without the GIL
-                start += len(blob)
-            del target  # the map closes only once no view of it is left
+            try:
+                for blob in blobs:
+                    target[start : start + len(blob)] = np.frombuffer(blob, dtype=np.uint8)  # without the GIL
+                    start += len(blob)
+            finally:
+                del target  # the map closes only once no view of it is left
     except BaseException:
         os.close(fd)
         raise
@@ -102,6 +107,10 @@ def _read_request(sock: socket.socket) -> tuple[list[memoryview], int, mmap.mmap
     lengths, size = _recv_frame(sock)
     if not with_file:
         return [memoryview(_recv_exact(sock, n)) for n in lengths], size, None
+    if len(fds) != 1:  # the descriptor did not arrive (this process is out of them, say)
+        for fd in fds:
+            os.close(fd)
+        raise WorkerDied("no file descriptor with the request")
     (fd,) = fds
     try:
         mapped = mmap.mmap(fd, max(1, sum(lengths)), prot=mmap.PROT_READ)
@@ -117,16 +126,19 @@ class DecoderWorker:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
+        ours.settimeout(CALL_TIMEOUT_S)
         fds = [theirs.fileno()]
         if (busy := MODEL_WORK.fd()) is not None:
             fds.append(busy)
+        # The router's own import path: the worker imports this module as the router did (and, with
+        # -P, nothing from its working directory).
+        path = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", __name__, *map(str, fds)],
+                [sys.executable, "-P", "-m", __name__, *map(str, fds)],
                 pass_fds=fds,
                 stdin=subprocess.DEVNULL,
-                # The router's own import path: the worker imports this module as the router did.
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                env={**os.environ, "PYTHONPATH": path},
             )
         except BaseException:
             ours.close()
@@ -138,22 +150,27 @@ class DecoderWorker:
     def call(self, blobs: Sequence[bytes | memoryview], size: int) -> tuple[bool, Any]:
         """(True, pixels) or (False, the exception the worker raised); WorkerDied if it is gone."""
         lengths = [len(b) for b in blobs]
-        try:
-            if MEMFD:
+        fd = None
+        if MEMFD:
+            try:
                 fd = _in_memory_file(blobs, sum(lengths))
-                try:
-                    socket.send_fds(self.sock, [LENGTH.pack(1)], [fd])
-                finally:
-                    os.close(fd)  # the worker holds its own descriptor now
+            except OSError:  # no memory file here (a descriptor limit, a sandbox): through the socket
+                logger.warning("no memory file for the images; sending them through the socket", exc_info=True)
+        try:
+            if fd is not None:
+                socket.send_fds(self.sock, [LENGTH.pack(1)], [fd])
             else:
                 self.sock.sendall(LENGTH.pack(0))
             _send_frame(self.sock, (lengths, size))
-            if not MEMFD:
+            if fd is None:
                 for blob in blobs:
                     self.sock.sendall(blob)  # from the body itself: no copy in this process
             ok, value = _recv_frame(self.sock)
-        except OSError as e:  # a reset or broken pipe: the worker ended mid-call
+        except OSError as e:  # a reset, a broken pipe, or no answer in time: the worker is lost
             raise WorkerDied(str(e)) from e
+        finally:
+            if fd is not None:
+                os.close(fd)  # the worker holds its own descriptor once sent
         return ok, value
 
     def close(self) -> None:
@@ -188,11 +205,15 @@ class DecoderPool:
             try:
                 ok, value = worker.call(blobs, size)
             except WorkerDied:
-                # Killed, or out of memory: the images go once more, to a new worker.
-                logger.warning("an image decoder process died; starting another")
-                self.restarts += 1
+                # Killed, out of memory, or stuck: the images go once more, to a new worker.
+                logger.warning("an image decoder process died or hung; starting another")
+                with self._lock:
+                    self.restarts += 1
                 worker.close()
                 continue
+            except BaseException:  # the worker's state is unknown: it is not reused
+                worker.close()
+                raise
             with self._lock:
                 self._idle.append(worker)
             if not ok:

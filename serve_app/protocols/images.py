@@ -76,7 +76,7 @@ yield_while: Callable[[], bool] | None = None
 class _PacedBytes(io.BytesIO):
     """The encoded image as Pillow reads it while decoding (a block at a time): between blocks the
     decoder thread naps now and then (serve_app.cpu_priority.Pacer), so that a decode of many
-    milliseconds leaves its core idle for a moment every millisecond."""
+    milliseconds leaves its core idle for a moment every half millisecond."""
 
     def __init__(self, data: bytes | memoryview) -> None:
         super().__init__(data)

@@ -103,14 +103,16 @@ def handle_sender(handle: Any, router_id: str, node_id: str | None = None) -> Se
         reply: BatchReply = await target.remote(payloads, router_id, queued, lane, traces)
         return reply
 
-    return marking_model_work(send if node_id is None else LinkedSender(send, router_id, node_id, handle_only=heavy))
+    return MarkedSender(send if node_id is None else LinkedSender(send, router_id, node_id, handle_only=heavy))
 
 
-def marking_model_work(send: SendBatch) -> SendBatch:
-    """`send`, counted in MODEL_WORK while its batch is out: the router's image decoders wait for it."""
+class MarkedSender:
+    """`inner`, counted in MODEL_WORK while its batch is out: the router's image decoders wait
+    for it (serve_app.protocols.decoders)."""
 
-    async def marked(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
+    def __init__(self, inner: SendBatch) -> None:
+        self.inner = inner
+
+    async def __call__(self, payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
         with MODEL_WORK.held():
-            return await send(payloads, queued, lane, traces)
-
-    return marked
+            return await self.inner(payloads, queued, lane, traces)

@@ -42,6 +42,7 @@ async def router_status(authorization: str | None = Header(None), parts: RouterP
 
 def _transport(send: Any) -> dict[str, Any] | None:
     """How the router's batches for a model travelled: over same-node links or through Serve."""
+    send = getattr(send, "inner", send)  # under the MarkedSender that counts them
     return send.snapshot() if isinstance(send, LinkedSender) else None
 
 

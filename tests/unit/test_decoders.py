@@ -8,9 +8,11 @@ import base64
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,9 +25,11 @@ from PIL import Image
 from serve_app import cpu_priority
 from serve_app.cpu_priority import BusyFlag, Pacer
 from serve_app.errors import InvalidInput, ModelFailure
+from serve_app.link.client import LinkedSender
 from serve_app.protocols import decoders, images
 from serve_app.protocols.decoders import DecoderPool
-from serve_app.router.dispatchers import marking_model_work
+from serve_app.router.dispatchers import MarkedSender
+from serve_app.router.endpoints_status import _transport
 
 LINUX = sys.platform.startswith("linux")
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,9 +63,11 @@ def test_processes_decode_what_the_router_would(pool: DecoderPool) -> None:
 
 def test_without_memfd_the_images_go_through_the_socket(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(decoders, "MEMFD", False)  # the router's side; the worker follows the header
-    pngs = [_png(_noisy(24, i)) for i in range(2)]
+    # Noise hardly compresses: each PNG is far larger than a socket's buffers.
+    pngs = [_png(_noisy(600, i)) for i in range(2)]
     p = DecoderPool()
     try:
+        assert min(len(b) for b in pngs) > 2**20
         np.testing.assert_array_equal(asyncio.run(p.decode(pngs, 8)), images.decode_images(pngs, 8))
     finally:
         p.shutdown()
@@ -106,13 +112,30 @@ def test_a_dead_worker_costs_no_request(pool: DecoderPool) -> None:
     assert pool.restarts == restarts + 1 and old not in pool.pids()
 
 
-def test_a_worker_error_that_is_not_the_inputs_is_a_500(pool: DecoderPool, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(*_: object) -> tuple[bool, Any]:
-        return False, ModelFailure("image decoding failed: MemoryError")
+def test_a_worker_error_that_is_not_the_inputs_is_a_500(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's own loop, on a thread over a socket pair: a failure that is not the input's
+    comes back as a 500 with the exception's type, and the worker serves the next request."""
 
-    monkeypatch.setattr(decoders.DecoderWorker, "call", broken)
-    with pytest.raises(ModelFailure):
-        asyncio.run(pool.decode([_png(_noisy(8))], 8))
+    def failing(blobs: Any, size: int) -> np.ndarray:
+        if bytes(blobs[0]) == b"boom":
+            raise MemoryError("no room")
+        return images.decode_images(blobs, size)
+
+    monkeypatch.setattr(decoders, "decode_images", failing)
+    monkeypatch.setattr(decoders, "lower_thread_priority", lambda: None)  # this test's own thread
+    router, worker = socket.socketpair()
+    thread = threading.Thread(target=decoders.serve, args=(worker,), daemon=True)
+    thread.start()
+    handle = object.__new__(decoders.DecoderWorker)
+    handle.sock = router
+    ok, error = handle.call([b"boom"], 8)
+    assert not ok and isinstance(error, ModelFailure) and "MemoryError" in str(error)
+    ok, pixels = handle.call([_png(_noisy(8))], 8)
+    assert ok and pixels.shape == (1, 3, 8, 8)
+    router.close()  # the worker's loop ends with the router's end
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    worker.close()
 
 
 def test_without_a_worker_process_the_router_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -195,22 +218,32 @@ def test_a_large_png_decodes_in_small_blocks_with_naps(monkeypatch: pytest.Monke
     assert pacers[-1].naps > 3 * 2**20 // images.PACED_BLOCK // 2
 
 
-def test_pacer_waits_while_busy_at_most_its_limit() -> None:
+def test_pacer_waits_while_busy_when_a_pause_is_due_and_within_its_limits() -> None:
     now = [0.0]
     busy = [True]
 
     def sleep(s: float) -> None:
         now[0] += s
-        if now[0] >= 0.002:  # the urgent work ends after 2 ms
+        if now[0] >= 0.003:  # the urgent work ends 3 ms in
             busy[0] = False
 
-    pacer = Pacer(every_s=1.0, clock=lambda: now[0], sleep=sleep, busy=lambda: busy[0], max_yield_s=0.005)
+    pacer = Pacer(
+        every_s=0.001, clock=lambda: now[0], sleep=sleep, busy=lambda: busy[0], max_yield_s=0.005, max_yield_total_s=0.008
+    )
     pacer.pace()
-    assert 0.002 <= now[0] < 0.0025 and pacer.yields == 1 and pacer.naps == 0
-    busy[0], start = True, now[0]
-    pacer.busy = lambda: True  # work that never ends: the wait stops at the limit
+    assert now[0] == 0.0  # no pause is due yet: busy or not, the work goes on
+    now[0] = 0.001
     pacer.pace()
-    assert now[0] - start == pytest.approx(0.005, abs=2e-4)
+    assert 0.003 <= now[0] < 0.0032 and pacer.yields == 1 and pacer.naps == 0
+    pacer.busy = lambda: True  # urgent work that never ends: each pause stops at its limit
+    for expected in (0.005, 0.008 - 0.0021 - 0.005):  # then the total's rest: 8 ms in all
+        now[0] += 0.0011  # a pause is due (every_s, with room for the float sums)
+        start = now[0]
+        pacer.pace()
+        assert now[0] - start == pytest.approx(expected, abs=2e-4)
+    now[0] += 0.0011
+    pacer.pace()  # nothing left to wait: a plain nap
+    assert pacer.naps == 1 and pacer.yields == 3
 
 
 @pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd is Linux's")
@@ -253,10 +286,18 @@ def test_batches_out_mark_the_routers_model_work() -> None:
         seen.append(cpu_priority.MODEL_WORK.count)
         return "reply"
 
-    marked = marking_model_work(send)
-
-    async def go() -> Any:
-        return await marked([1], 0, "bulk", None)
-
-    assert asyncio.run(go()) == "reply"
+    marked = MarkedSender(send)
+    assert asyncio.run(marked([1], 0, "bulk", None)) == "reply"
     assert seen == [1] and cpu_priority.MODEL_WORK.count == 0
+
+
+def test_the_status_page_sees_the_link_under_the_marking() -> None:
+    class Linked(LinkedSender):
+        def __init__(self) -> None:  # no handle, no node: only what the status page reads
+            pass
+
+        def snapshot(self) -> dict[str, Any]:
+            return {"over_link": 3}
+
+    assert _transport(MarkedSender(Linked())) == {"over_link": 3}
+    assert _transport(MarkedSender(lambda *_: None)) is None  # type: ignore[arg-type]

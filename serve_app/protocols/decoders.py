@@ -266,7 +266,10 @@ def serve(sock: socket.socket, busy_fd: int | None = None) -> None:
                 blob.release()
             if mapped is not None:
                 mapped.close()
-        _send_frame(sock, reply)
+        try:
+            _send_frame(sock, reply)
+        except OSError:  # the router ended while this request decoded
+            return
 
 
 if __name__ == "__main__":

@@ -229,7 +229,7 @@ def lost(records: list[list[Any]], good_streams: set[str]) -> dict[str, int]:
     """Answers a client could not use: no answer, a 5xx that is not a 503 with Retry-After, a
     refusal without Retry-After; and for the malformed corpus, anything but a 4xx."""
     out = {"no_answer": 0, "server_error": 0, "refused_without_retry_after": 0, "malformed_not_4xx": 0}
-    for stream, _sent, _lat, status, _by, _ms, retry_after in records:
+    for stream, _sent, _lat, status, _by, _ms, retry_after, *_ in records:
         if stream not in good_streams:
             out["malformed_not_4xx"] += not (400 <= status < 500)
         elif status <= 0:
@@ -246,7 +246,7 @@ def lost_requests(records: list[list[Any]], good_streams: set[str]) -> list[dict
     status of 0 is a timeout, -1 a reset or refused connection."""
     return [
         {"sent_s": round(sent, 3), "latency_ms": round(lat, 1), "status": status, "served_by": by}
-        for stream, sent, lat, status, by, _ms, retry_after in records
+        for stream, sent, lat, status, by, _ms, retry_after, *_ in records
         if stream in good_streams
         and (status <= 0 or (status >= 500 and status != 503) or (status in (429, 503) and not retry_after))
     ]

@@ -216,3 +216,15 @@ def test_clients_that_honor_retry_after_wait_before_sending_again(server_url: st
         assert set(result["statuses"]) == {"503"}
         sent[honor] = result["requests"]
     assert 8 <= sent[True] <= 12 and sent[False] > 100, sent
+
+
+def test_chaos_counts_lost_requests_from_raw_records_of_either_length() -> None:
+    """Raw records gained Server-Timing's metrics at their end; consumers read the fields before it."""
+    from benchmarks.chaos import lost, lost_requests
+
+    old = [["good", 0.1, 5.0, 200, "m", 1.0, False], ["good", 0.2, 5.0, 503, "", None, False]]
+    new = [[*r, {"total": 1.0}] for r in old] + [["good", 0.3, 30.0, 0, "", None, False, None]]
+    assert lost(old, {"good"})["refused_without_retry_after"] == 1
+    counts = lost(new, {"good"})
+    assert counts["refused_without_retry_after"] == 1 and counts["no_answer"] == 1
+    assert [r["status"] for r in lost_requests(new, {"good"})] == [503, 0]

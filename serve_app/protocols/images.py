@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import io
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from PIL import Image
 
-from serve_app.cpu_priority import Pacer, lower_thread_priority
+from serve_app.cpu_priority import Pacer
 from serve_app.errors import InvalidInput
 
 # MPO is how Pillow names a JPEG that carries further pictures (a camera's preview, say): its
@@ -141,13 +139,3 @@ def decode_images(values: Sequence[bytes | memoryview | str], size: int) -> np.n
     if (total := sum(img.width * img.height for img in images)) > MAX_REQUEST_PIXELS:
         raise InvalidInput(f"{total} pixels in one request's images; at most {MAX_REQUEST_PIXELS} are allowed")
     return np.stack([_pixels(img, size, i) for i, img in enumerate(images)])
-
-
-# The fallback where worker processes cannot be fed (serve_app.protocols.decoders): threads of the
-# router's own, in the background (SCHED_IDLE, serve_app.cpu_priority), off its event loop.
-# Pillow releases the GIL while it decodes and resamples, so the loop keeps serving meanwhile.
-DECODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="image-decode", initializer=lower_thread_priority)
-
-
-async def decode_images_in_threads(values: Sequence[bytes | memoryview | str], size: int) -> np.ndarray:
-    return await asyncio.get_running_loop().run_in_executor(DECODER, decode_images, values, size)

@@ -7,7 +7,6 @@ import asyncio
 import base64
 import io
 import json
-import os
 import struct
 import sys
 import zlib
@@ -21,7 +20,7 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from serve_app.errors import InvalidInput
 from serve_app.protocols import openai, v2, v2_render
-from serve_app.protocols.images import decode_image, decode_images_in_threads
+from serve_app.protocols.images import decode_image
 
 
 def _binary_body(tensors: list[tuple[str, str, np.ndarray, bytes]], **extra) -> tuple[bytes, str]:
@@ -323,33 +322,6 @@ def test_a_truncated_image_is_refused_without_the_decoders_own_words():
         decode_image(whole[: len(whole) // 2], 4)
     assert "corrupt, truncated or unsupported" in str(refused.value)
     assert "Error" not in str(refused.value)  # no exception class or library text reaches the client
-
-
-def test_large_images_decode_off_the_event_loop():
-    """While a request's images decode, the router's loop keeps running other work."""
-    noisy = np.random.default_rng(2).integers(0, 255, (2048, 2048, 3), dtype=np.uint8)
-    values: list[bytes | str] = [_png(noisy)] * 2
-
-    async def go() -> tuple[int, np.ndarray]:
-        ticks = 0
-        decoding = asyncio.ensure_future(decode_images_in_threads(values, 32))
-        while not decoding.done():  # another request's work: it runs only while the loop is free
-            ticks += 1
-            await asyncio.sleep(0.001)
-        return ticks, await decoding
-
-    ticks, images = asyncio.run(go())
-    assert images.shape == (2, 3, 32, 32)
-    # Decoding on the loop itself would finish before the loop ran anything else (0 ticks).
-    assert ticks >= 3, ticks
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread scheduling classes are Linux's")
-def test_images_decode_on_background_threads() -> None:
-    """Where no decoder process can be fed, the router's own threads decode, in the background."""
-    from serve_app.protocols.images import DECODER
-
-    assert DECODER.submit(os.sched_getscheduler, 0).result() == os.SCHED_IDLE
 
 
 def image_replica(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:

@@ -86,9 +86,13 @@ class Record:
     latency_ms: float
     status: int
     served_by: str
-    server_ms: float | None = None  # the server's own `Server-Timing: total`, when it sends one
     retry_after: bool = False  # the answer carried Retry-After (what a 503 or 429 owes its client)
     server_parts: dict[str, float] | None = None  # every Server-Timing metric (queue, model, ...), when sent
+
+    @property
+    def server_ms(self) -> float | None:
+        """The server's own `Server-Timing: total`, when it sent one."""
+        return None if self.server_parts is None else self.server_parts.get("total")
 
 
 @dataclass
@@ -139,11 +143,6 @@ def server_timing(value: str) -> dict[str, float]:
                 except ValueError:
                     pass
     return metrics
-
-
-def server_total_ms(value: str) -> float | None:
-    """`total;dur=12.3` out of a Server-Timing header: the server's whole handling."""
-    return server_timing(value).get("total")
 
 
 class Connection:
@@ -280,7 +279,6 @@ class LoadGenerator:
                     (done - scheduled) * 1000,
                     status,
                     served_by,
-                    None if timing is None else timing.get("total"),
                     retry_after is not None,
                     timing,
                 )

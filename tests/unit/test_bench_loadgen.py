@@ -113,10 +113,10 @@ def test_closed_loop_counts_every_status_and_model(server_url: str, tmp_path: Pa
 
 
 def test_server_timing_total_is_read_from_any_position() -> None:
-    assert loadgen.server_total_ms("total;dur=12.5") == 12.5
-    assert loadgen.server_total_ms('queue;dur=1, total;desc="all";dur=3') == 3.0
-    assert loadgen.server_total_ms("queue;dur=1") is None
-    assert loadgen.server_total_ms("total;dur=abc") is None
+    assert loadgen.server_timing("total;dur=12.5").get("total") == 12.5
+    assert loadgen.server_timing('queue;dur=1, total;desc="all";dur=3').get("total") == 3.0
+    assert loadgen.server_timing("queue;dur=1").get("total") is None
+    assert loadgen.server_timing("total;dur=abc").get("total") is None
     assert loadgen.server_timing('queue;dur=1, model;desc="m";dur=2.5, cache, total;dur=x') == {"queue": 1.0, "model": 2.5}
 
 

@@ -3,34 +3,28 @@
 Recording a Ray metric costs enough to show up in the router's profile
 (benchmarks/results/profile/), so the request path only bumps plain counters;
 a background loop turns them into Ray metrics every `interval_s`. That loop
-shares the event loop with requests: it records the queue waits (one
-histogram observation per request) in chunks and yields between them, so a
-high-priority request that arrives meanwhile waits for one chunk, not for two
-seconds' worth of a flood.
+shares the event loop with requests, so it yields between series. The two
+per-request histograms (latency, queue wait) are binned here and exported as
+their bucket series (`serve_app/observability/histograms.py`): a Ray histogram
+would cost Ray's metrics agent work for every request.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import cast
 
 from ray.serve import metrics
 
+from serve_app.observability.histograms import GaugeHistogram
+from serve_app.observability.histograms import tag_keys as tags
 from serve_app.scheduling.dispatcher import Dispatcher
 
 QUEUE_WAIT_MS_BOUNDARIES = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0]
 
 
-def tags(*keys: str) -> tuple[str]:
-    """Tag keys as Ray's metrics take them: Ray annotates `tag_keys` as `Tuple[str]` (one key)
-    but accepts any number; the cast keeps mypy on the rest of the call."""
-    return cast("tuple[str]", keys)
-
-
 class RouterTelemetry:
     interval_s = 2.0
-    chunk = 32  # observations between yields to the event loop (a short slice of work)
 
     def __init__(self) -> None:
         self.queue_depth = metrics.Gauge(
@@ -63,17 +57,17 @@ class RouterTelemetry:
             description="The requests serve_app_shed counts, by the priority they asked for.",
             tag_keys=tags("model", "priority"),
         )
-        self.latency = metrics.Histogram(
+        self.latency = GaugeHistogram(
             "serve_app_request_latency_ms",
-            description="Time from a request's admission to its model's answer, per model and priority.",
-            boundaries=QUEUE_WAIT_MS_BOUNDARIES,
-            tag_keys=tags("model", "priority"),
+            "Time from a request's admission to its model's answer, per model and priority",
+            QUEUE_WAIT_MS_BOUNDARIES,
+            ("model", "priority"),
         )
-        self.queue_wait = metrics.Histogram(
+        self.queue_wait = GaugeHistogram(
             "serve_app_queue_wait_ms",
-            description="Time a request waited in the router before its batch was sent.",
-            boundaries=QUEUE_WAIT_MS_BOUNDARIES,
-            tag_keys=("model",),
+            "Time a request waited in the router before its batch was sent",
+            QUEUE_WAIT_MS_BOUNDARIES,
+            ("model",),
         )
         self.cascade = metrics.Counter(
             "serve_app_cascade_items",
@@ -110,17 +104,16 @@ class RouterTelemetry:
             for priority, n in self._delta(f"shed_priority/{model}", d.stats.shed_priority).items():
                 self.shed_priority.inc(n, tags={"model": model, "priority": priority})
             waits, d.stats.queue_wait_s = d.stats.queue_wait_s, []
-            tags = {"model": model}
-            for i, w in enumerate(waits, 1):
-                self.queue_wait.observe(w * 1000, tags=tags)
-                if i % self.chunk == 0:
-                    await asyncio.sleep(0)
+            self.queue_wait.add({"model": model}, (w * 1000 for w in waits))
             latencies, d.stats.latency_s = d.stats.latency_s, []
-            by_priority = {p: {"model": model, "priority": p} for p in ("high", "normal", "low")}
-            for i, (priority, seconds) in enumerate(latencies, 1):
-                self.latency.observe(seconds * 1000, tags=by_priority[priority])
-                if i % self.chunk == 0:
-                    await asyncio.sleep(0)
+            by_priority: dict[str, list[float]] = {}
+            for priority, seconds in latencies:
+                by_priority.setdefault(priority, []).append(seconds * 1000)
+            for priority, ms in by_priority.items():
+                self.latency.add({"model": model, "priority": priority}, ms)
+            await asyncio.sleep(0)
+        await self.queue_wait.export()
+        await self.latency.export()
         flat = Counter({f"{route}\0{outcome}": n for (route, outcome), n in cascade.items()})
         for key, n in self._delta("cascade", flat).items():
             route, outcome = key.split("\0")

@@ -1,0 +1,77 @@
+"""Per-request histograms binned in bulk and exported as a histogram's cumulative series."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from serve_app.observability.histograms import BucketCounts, GaugeHistogram, le_label
+
+
+class FakeGauge:
+    def __init__(self) -> None:
+        self.values: dict[tuple[tuple[str, str], ...], float] = {}
+        self.sets = 0
+
+    def set(self, value: float, tags: dict[str, str] | None = None) -> None:
+        self.values[tuple(sorted((tags or {}).items()))] = value
+        self.sets += 1
+
+
+def test_each_value_counts_in_every_bucket_at_or_above_it_as_prometheus_does() -> None:
+    bounds = [1.0, 2.0, 5.0]
+    values = [random.uniform(0, 8) for _ in range(1000)] + [1.0, 2.0, 5.0, 0.0, 100.0]
+    h = BucketCounts(bounds)
+    h.add({"model": "m"}, values[:500])
+    h.add({"model": "m"}, values[500:])
+    [(tags, cumulative, total)] = h.take_changed()
+    assert tags == {"model": "m"}
+    assert cumulative == [sum(v <= b for v in values) for b in bounds] + [len(values)]
+    assert total == pytest.approx(sum(values))
+    assert h.les == ["1.0", "2.0", "5.0", "+Inf"]
+
+
+def test_only_tag_sets_counted_into_since_the_last_take_are_returned_and_counts_stay_cumulative() -> None:
+    h = BucketCounts([10.0])
+    h.add({"p": "high"}, [1.0])
+    h.add({"p": "low"}, [20.0])
+    h.add({"p": "low"}, [])
+    assert [(t["p"], c) for t, c, _ in h.take_changed()] == [("high", [1, 1]), ("low", [0, 1])]
+    assert h.take_changed() == []
+    h.add({"p": "low"}, [3.0])
+    assert [(t["p"], c) for t, c, _ in h.take_changed()] == [("low", [1, 2])]
+
+
+@pytest.mark.parametrize("bounds", [[], [2.0, 1.0], [1.0, 1.0]])
+def test_boundaries_must_increase(bounds: list[float]) -> None:
+    with pytest.raises(ValueError):
+        BucketCounts(bounds)
+
+
+def test_le_labels_are_written_as_prometheus_python_client_writes_them() -> None:
+    assert [le_label(b) for b in (1, 2.5, 5000.0, float("inf"))] == ["1.0", "2.5", "5000.0", "+Inf"]
+
+
+def test_the_export_sets_bucket_sum_and_count_of_changed_tag_sets_only() -> None:
+    h = GaugeHistogram("x_ms", "X", [1.0, 5.0], ("model",))
+    h.bucket, h.sum, h.count = FakeGauge(), FakeGauge(), FakeGauge()  # type: ignore[assignment]
+    h.add({"model": "a"}, [0.5, 3.0, 9.0])
+    h.add({"model": "b"}, [4.0])
+    asyncio.run(h.export())
+    assert h.bucket.values == {  # type: ignore[attr-defined]
+        (("le", "1.0"), ("model", "a")): 1,
+        (("le", "5.0"), ("model", "a")): 2,
+        (("le", "+Inf"), ("model", "a")): 3,
+        (("le", "1.0"), ("model", "b")): 0,
+        (("le", "5.0"), ("model", "b")): 1,
+        (("le", "+Inf"), ("model", "b")): 1,
+    }
+    assert h.sum.values == {(("model", "a"),): 12.5, (("model", "b"),): 4.0}  # type: ignore[attr-defined]
+    assert h.count.values == {(("model", "a"),): 3, (("model", "b"),): 1}  # type: ignore[attr-defined]
+    h.add({"model": "b"}, [0.1])
+    sets = h.bucket.sets  # type: ignore[attr-defined]
+    asyncio.run(h.export())
+    assert h.bucket.sets - sets == 3  # type: ignore[attr-defined]  # b's three buckets, not a's
+    assert h.count.values[(("model", "b"),)] == 2  # type: ignore[attr-defined]

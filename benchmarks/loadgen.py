@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,7 +88,14 @@ class Record:
     status: int
     served_by: str
     retry_after: bool = False  # the answer carried Retry-After (what a 503 or 429 owes its client)
-    server_parts: dict[str, float] | None = None  # every Server-Timing metric (queue, model, ...), when sent
+    # Server-Timing as sent, when sent: read after the run, so that the client spends no time on
+    # it while it loads the server (the server under test shares the client's cores).
+    timing_header: str | None = None
+
+    @cached_property
+    def server_parts(self) -> dict[str, float] | None:
+        """Every Server-Timing metric (queue, model, ...), when the answer carried the header."""
+        return None if self.timing_header is None else server_timing(self.timing_header)
 
     @property
     def server_ms(self) -> float | None:
@@ -167,8 +175,8 @@ class Connection:
             self.writer.close()
         self.reader = self.writer = None
 
-    async def request(self, raw: bytes) -> tuple[int, str, dict[str, float] | None, float | None]:
-        """Send one request; return (status, X-Served-By, Server-Timing's metrics in ms or None when
+    async def request(self, raw: bytes) -> tuple[int, str, str | None, float | None]:
+        """Send one request; return (status, X-Served-By, the Server-Timing header or None when
         none came, Retry-After's seconds or None when none came).
         A response cache's X-Cache joins X-Served-By after a "|" (`bert-heavy|hit-local`)."""
         reader, writer = await self._ensure()
@@ -186,7 +194,7 @@ class Connection:
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
         length, chunked, served_by, close, cache = 0, False, "", False, ""
-        timing: dict[str, float] | None = None
+        timing: str | None = None
         retry_after: float | None = None
         for line in lines[1:]:
             name, _, value = line.partition(":")
@@ -198,7 +206,7 @@ class Connection:
             elif name == "x-served-by":
                 served_by = value.strip()
             elif name == "server-timing":
-                timing = server_timing(value)
+                timing = value
             elif name == "connection" and "close" in value.lower():
                 close = True
             elif name == "retry-after":

@@ -112,6 +112,14 @@ def test_closed_loop_counts_every_status_and_model(server_url: str, tmp_path: Pa
     assert parts["plain"] == {"queue": 1.5, "model": 2.0, "total": 4.25} and parts["chunked"] is None
 
 
+def test_a_record_reads_its_server_timing_header_when_asked() -> None:
+    timed = loadgen.Record("a", 0.1, 4.0, 200, "m", timing_header=" queue;dur=0.5, total;dur=3.25")
+    assert timed.server_parts == {"queue": 0.5, "total": 3.25}
+    assert timed.server_ms == 3.25
+    untimed = loadgen.Record("a", 0.1, 4.0, 200, "m")
+    assert untimed.server_parts is None and untimed.server_ms is None
+
+
 def test_server_timing_total_is_read_from_any_position() -> None:
     assert loadgen.server_timing("total;dur=12.5").get("total") == 12.5
     assert loadgen.server_timing('queue;dur=1, total;desc="all";dur=3').get("total") == 3.0

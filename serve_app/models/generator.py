@@ -30,6 +30,7 @@ from serve_app.models.kv_cache import CacheShape, KVCache
 from serve_app.models.sampling import GenerationParams
 from serve_app.models.sequence import Sequence, TokenEvent
 from serve_app.observability import tracing
+from serve_app.observability.histograms import GaugeHistogram
 from serve_app.padding import pad_left
 from serve_app.tokenization import TextTokenizer
 
@@ -211,6 +212,7 @@ class TextGenerator(GeneratorBase):
         assert self._wake is not None
         while True:
             if not self.scheduler.has_work:
+                self._metrics.flush()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -245,6 +247,8 @@ class TextGenerator(GeneratorBase):
 class GenerationMetrics:
     """Prometheus metrics of one replica's decode loop, through Ray's metrics agent."""
 
+    EXPORT_S = 1.0
+
     def __init__(self, model: str) -> None:
         def tags() -> dict[str, str]:
             return {"model": model}  # fresh each time: Ray Serve adds its own tags to the dict it is given
@@ -254,20 +258,19 @@ class GenerationMetrics:
             g.set_default_tags(tags())
             return g
 
-        def histogram(name: str, doc: str) -> metrics.Histogram:
-            h = metrics.Histogram(name, description=doc, boundaries=LATENCY_MS, tag_keys=("model",))
-            h.set_default_tags(tags())
-            return h
-
         self.running = gauge("serve_app_gen_running", "Sequences in the decode batch.")
         self.waiting = gauge("serve_app_gen_waiting", "Sequences waiting for a KV slot (preempted ones included).")
         self.kv_occupancy = gauge("serve_app_gen_kv_occupancy", "Share of KV cache positions in use.")
         self.kv_slots = gauge("serve_app_gen_kv_slots_used", "KV cache slots in use.")
         self.tokens = metrics.Counter("serve_app_gen_tokens", description="Generated tokens.", tag_keys=("model",))
         self.tokens.set_default_tags(tags())
-        self.ttft = histogram("serve_app_gen_ttft_ms", "Time to first token.")
-        self.itl = histogram("serve_app_gen_itl_ms", "Time between consecutive tokens of a sequence.")
+        # Observed for every token: binned here and exported at most every EXPORT_S
+        # (serve_app/observability/histograms.py), not one Ray observation per token.
+        self.ttft = GaugeHistogram("serve_app_gen_ttft_ms", "Time to first token", LATENCY_MS, ("model",))
+        self.itl = GaugeHistogram("serve_app_gen_itl_ms", "Time between consecutive tokens of a sequence", LATENCY_MS, ("model",))
+        self._tags = tags()
         self._seen = 0
+        self._exported = 0.0
 
     def update(self, s: ContinuousScheduler) -> None:
         self.running.set(len(s.running))
@@ -278,5 +281,14 @@ class GenerationMetrics:
         if new:
             self.tokens.inc(new)
         self._seen = s.stats.generated_tokens
-        for kind, seconds in s.stats.last_step_latencies:
-            (self.ttft if kind == "ttft" else self.itl).observe(seconds * 1000)
+        steps = s.stats.last_step_latencies
+        self.ttft.add(self._tags, (seconds * 1000 for kind, seconds in steps if kind == "ttft"))
+        self.itl.add(self._tags, (seconds * 1000 for kind, seconds in steps if kind != "ttft"))
+        if (now := time.monotonic()) - self._exported >= self.EXPORT_S:
+            self.flush()
+            self._exported = now
+
+    def flush(self) -> None:
+        """Export the latency histograms now (the decode loop does when it runs out of work)."""
+        self.ttft.flush()
+        self.itl.flush()

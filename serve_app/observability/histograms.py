@@ -93,12 +93,19 @@ class GaugeHistogram:
     def add(self, tags: dict[str, str], values: Iterable[float]) -> None:
         self.counts.add(tags, values)
 
+    def _set(self, tags: dict[str, str], cumulative: list[int], total: float) -> None:
+        for le, n in zip(self.counts.les, cumulative, strict=True):
+            self.bucket.set(n, tags={**tags, "le": le})
+        self.sum.set(total, tags=tags)
+        self.count.set(cumulative[-1], tags=tags)
+
+    def flush(self) -> None:
+        """Set the series of every tag set that counted something since the last export."""
+        for series in self.counts.take_changed():
+            self._set(*series)
+
     async def export(self) -> None:
-        """Set the series of every tag set that counted something since the last export, yielding
-        to the event loop between tag sets."""
-        for tags, cumulative, total in self.counts.take_changed():
-            for le, n in zip(self.counts.les, cumulative, strict=True):
-                self.bucket.set(n, tags={**tags, "le": le})
-            self.sum.set(total, tags=tags)
-            self.count.set(cumulative[-1], tags=tags)
+        """`flush`, yielding to the event loop between tag sets."""
+        for series in self.counts.take_changed():
+            self._set(*series)
             await asyncio.sleep(0)

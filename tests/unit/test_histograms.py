@@ -75,3 +75,24 @@ def test_the_export_sets_bucket_sum_and_count_of_changed_tag_sets_only() -> None
     asyncio.run(h.export())
     assert h.bucket.sets - sets == 3  # type: ignore[attr-defined]  # b's three buckets, not a's
     assert h.count.values[(("model", "b"),)] == 2  # type: ignore[attr-defined]
+
+
+def test_the_decode_loop_bins_token_latencies_and_exports_them_at_most_every_export_s() -> None:
+    from types import SimpleNamespace
+
+    from serve_app.models.generator import GenerationMetrics
+
+    m = GenerationMetrics("gpt")
+    for h in (m.ttft, m.itl):
+        h.bucket, h.sum, h.count = FakeGauge(), FakeGauge(), FakeGauge()  # type: ignore[assignment]
+    cache = SimpleNamespace(used_slots=1, used_positions=8, capacity_positions=64)
+    step = SimpleNamespace(generated_tokens=0, last_step_latencies=[("ttft", 0.030), ("itl", 0.004), ("itl", 0.006)])
+    scheduler = SimpleNamespace(running=[1], waiting=[], cache=cache, stats=step)
+    m.update(scheduler)  # type: ignore[arg-type]  # the first step exports at once
+    assert m.ttft.count.values == {(("model", "gpt"),): 1}  # type: ignore[attr-defined]
+    assert m.itl.count.values == {(("model", "gpt"),): 2}  # type: ignore[attr-defined]
+    m.update(scheduler)  # type: ignore[arg-type]  # within EXPORT_S of it: binned, not yet exported
+    assert m.itl.count.values == {(("model", "gpt"),): 2}  # type: ignore[attr-defined]
+    m.flush()  # the loop ran out of work
+    assert m.itl.count.values == {(("model", "gpt"),): 4}  # type: ignore[attr-defined]
+    assert m.ttft.bucket.values[(("le", "50.0"), ("model", "gpt"))] == 2  # type: ignore[attr-defined]

@@ -11,10 +11,11 @@ request-level `@serve.batch` version it replaces, kept for the benchmark.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import numpy as np
@@ -212,9 +213,11 @@ class TextGenerator(GeneratorBase):
         assert self._wake is not None
         while True:
             if not self.scheduler.has_work:
-                self._metrics.flush()
+                self._export_metrics(self._metrics.refresh)
                 self._wake.clear()
-                await self._wake.wait()
+                # Awake now and then while idle: Ray drops a gauge that is not set again.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), GenerationMetrics.KEEPALIVE_S)
                 continue
             started = time.perf_counter()
             try:
@@ -232,7 +235,13 @@ class TextGenerator(GeneratorBase):
                     queue.put_nowait(event)
             if events:
                 self.record_batch(len(events), started)  # "batch size": tokens this step produced
-            self._metrics.update(self.scheduler)
+            self._export_metrics(self._metrics.update)
+
+    def _export_metrics(self, export: Callable[[ContinuousScheduler], None]) -> None:
+        try:
+            export(self.scheduler)
+        except Exception:  # metrics must not stop the decode loop
+            logger.exception("%s: exporting metrics failed", self.name)
 
     async def stats(self) -> dict[str, Any]:
         """The scheduler's view: running and waiting sequences, KV occupancy, tokens/s, TTFT, ITL."""
@@ -245,11 +254,17 @@ class TextGenerator(GeneratorBase):
 
 
 class GenerationMetrics:
-    """Prometheus metrics of one replica's decode loop, through Ray's metrics agent."""
+    """Prometheus metrics of one replica's decode loop, through Ray's metrics agent.
+
+    Every step counts its tokens and bins their latencies; the gauges and the latency
+    histograms are set every EXPORT_S while steps run, when the loop runs out of work, and every
+    KEEPALIVE_S while it is idle (within Ray's report interval: Ray forgets a gauge's value once
+    it has exported it)."""
 
     EXPORT_S = 1.0
+    KEEPALIVE_S = 5.0
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, clock: Callable[[], float] = time.monotonic) -> None:
         def tags() -> dict[str, str]:
             return {"model": model}  # fresh each time: Ray Serve adds its own tags to the dict it is given
 
@@ -264,19 +279,16 @@ class GenerationMetrics:
         self.kv_slots = gauge("serve_app_gen_kv_slots_used", "KV cache slots in use.")
         self.tokens = metrics.Counter("serve_app_gen_tokens", description="Generated tokens.", tag_keys=("model",))
         self.tokens.set_default_tags(tags())
-        # Observed for every token: binned here and exported at most every EXPORT_S
-        # (serve_app/observability/histograms.py), not one Ray observation per token.
+        # Observed for every token: binned here, exported as series (serve_app/observability/histograms.py).
         self.ttft = GaugeHistogram("serve_app_gen_ttft_ms", "Time to first token", LATENCY_MS, ("model",))
         self.itl = GaugeHistogram("serve_app_gen_itl_ms", "Time between consecutive tokens of a sequence", LATENCY_MS, ("model",))
         self._tags = tags()
         self._seen = 0
-        self._exported = 0.0
+        self.clock = clock
+        self._exported = -float("inf")
 
     def update(self, s: ContinuousScheduler) -> None:
-        self.running.set(len(s.running))
-        self.waiting.set(len(s.waiting))
-        self.kv_slots.set(s.cache.used_slots)
-        self.kv_occupancy.set(s.cache.used_positions / s.cache.capacity_positions)
+        """After each step."""
         new = s.stats.generated_tokens - self._seen
         if new:
             self.tokens.inc(new)
@@ -284,11 +296,15 @@ class GenerationMetrics:
         steps = s.stats.last_step_latencies
         self.ttft.add(self._tags, (seconds * 1000 for kind, seconds in steps if kind == "ttft"))
         self.itl.add(self._tags, (seconds * 1000 for kind, seconds in steps if kind != "ttft"))
-        if (now := time.monotonic()) - self._exported >= self.EXPORT_S:
-            self.flush()
-            self._exported = now
+        if self.clock() - self._exported >= self.EXPORT_S:
+            self.refresh(s)
 
-    def flush(self) -> None:
-        """Export the latency histograms now (the decode loop does when it runs out of work)."""
+    def refresh(self, s: ContinuousScheduler) -> None:
+        """Set every gauge and latency series now."""
+        self.running.set(len(s.running))
+        self.waiting.set(len(s.waiting))
+        self.kv_slots.set(s.cache.used_slots)
+        self.kv_occupancy.set(s.cache.used_positions / s.cache.capacity_positions)
         self.ttft.flush()
         self.itl.flush()
+        self._exported = self.clock()

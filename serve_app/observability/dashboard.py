@@ -4,7 +4,7 @@ schema), written to `observability/grafana-dashboard.json`.
 
 Metric names are as Ray's Prometheus endpoint exports them: `ray_` in front of
 the name the app registers, `_total` after a counter's, `_bucket` after a
-histogram's (the router's latency and queue-wait histograms register their
+histogram's (the app's per-request and per-token histograms register their
 `_bucket` series themselves: `serve_app/observability/histograms.py`).
 `tests/integration/test_scheduling.py` checks every name here against a scrape
 of a running app.

@@ -5,12 +5,16 @@ one observation at a time, so a Ray histogram observed for every request costs t
 work in proportion to the request rate (`ray-system:DashboardAgent` in `bench compare`'s
 per-process accounting).
 
-`BucketCounts` bins a batch of values at once and keeps Prometheus's own cumulative series for
-a histogram: `<name>_bucket{le=...}`, `<name>_sum` and `<name>_count`. `GaugeHistogram` exports
-them as Ray gauges that the router sets every export. A scrape shows the same names and labels as a
-Ray histogram, and PromQL's `histogram_quantile(q, rate(<name>_bucket[5m]))` reads them the
-same way. A router that restarts starts its series at zero again, which `rate` takes for a
-counter reset.
+`BucketCounts` bins a batch of values at once and keeps Prometheus's cumulative series for a
+histogram: `<name>_bucket{le=...}`, `<name>_sum` and `<name>_count`. `GaugeHistogram` exports
+them as Ray gauges, every series on every export: Ray forgets a gauge's value once it has
+exported it, and its agent drops a series it has not heard of for two report intervals, so a
+quiet series must be set again to stay in the scrape.
+
+A scrape shows the names and labels of a Ray histogram's series (`# TYPE` says gauge), and
+PromQL's `histogram_quantile(q, rate(<name>_bucket[5m]))` reads them the same way. `_sum` is
+the exact sum, where Ray's agent estimates one from bucket midpoints. Each replica's series carry
+its `replica` tag, so a replacement starts series of its own.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ def tag_keys(*keys: str) -> tuple[str]:
 
 
 def le_label(bound: float) -> str:
-    """A bucket's upper bound as Prometheus's Python client writes it (`5.0`, `+Inf`)."""
-    return "+Inf" if bound == float("inf") else repr(float(bound))
+    """A bucket's upper bound as Ray's exporter writes a histogram's (`5.0`, `+Inf`): the
+    dashboards and rule tests match on it."""
+    return "+Inf" if bound == float("inf") else f"{float(bound)}"
 
 
 @dataclass
@@ -49,7 +54,6 @@ class BucketCounts:
 
     boundaries: Sequence[float]
     series: dict[TagKey, _Series] = field(default_factory=dict)
-    changed: set[TagKey] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         bounds = [float(b) for b in self.boundaries]
@@ -69,14 +73,11 @@ class BucketCounts:
             s = self.series[key] = _Series(np.zeros(len(self.les), dtype=np.int64))
         s.counts += np.bincount(np.searchsorted(self._bounds, v, side="left"), minlength=len(self.les))
         s.total += float(v.sum())
-        self.changed.add(key)
 
-    def take_changed(self) -> list[tuple[dict[str, str], list[int], float]]:
-        """Each tag set counted into since the last call: its cumulative bucket counts (one per
-        `les`, the last the total count) and sum."""
-        out = [(dict(k), np.cumsum(self.series[k].counts).tolist(), self.series[k].total) for k in sorted(self.changed)]
-        self.changed.clear()
-        return out
+    def snapshot(self) -> list[tuple[dict[str, str], list[int], float]]:
+        """Every tag set counted into so far: its cumulative bucket counts (one per `les`, the
+        last the total count) and sum."""
+        return [(dict(k), np.cumsum(s.counts).tolist(), s.total) for k, s in sorted(self.series.items())]
 
 
 class GaugeHistogram:
@@ -94,18 +95,20 @@ class GaugeHistogram:
         self.counts.add(tags, values)
 
     def _set(self, tags: dict[str, str], cumulative: list[int], total: float) -> None:
-        for le, n in zip(self.counts.les, cumulative, strict=True):
+        # Largest first: Ray may export between two of these sets, and a scrape that sees only
+        # part of them still sees counts that grow with `le`.
+        self.count.set(cumulative[-1], tags=tags)
+        for le, n in reversed(list(zip(self.counts.les, cumulative, strict=True))):
             self.bucket.set(n, tags={**tags, "le": le})
         self.sum.set(total, tags=tags)
-        self.count.set(cumulative[-1], tags=tags)
 
     def flush(self) -> None:
-        """Set the series of every tag set that counted something since the last export."""
-        for series in self.counts.take_changed():
+        """Set every series now."""
+        for series in self.counts.snapshot():
             self._set(*series)
 
     async def export(self) -> None:
         """`flush`, yielding to the event loop between tag sets."""
-        for series in self.counts.take_changed():
+        for series in self.counts.snapshot():
             self._set(*series)
             await asyncio.sleep(0)

@@ -9,10 +9,11 @@ from collections import Counter
 from ray.serve import metrics
 
 from serve_app.cache.tiered import ResponseCache
-from serve_app.router.telemetry import QUEUE_WAIT_MS_BOUNDARIES, tags
+from serve_app.observability.histograms import GaugeHistogram
+from serve_app.observability.histograms import tag_keys as tags
+from serve_app.router.telemetry import QUEUE_WAIT_MS_BOUNDARIES
 from serve_app.router.versions import VersionedModels
 
-CHUNK = 32  # observations between yields to the event loop
 PROB_DIFF_BOUNDARIES = [0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 0.9]
 
 
@@ -27,11 +28,12 @@ class LifecycleTelemetry:
             description="Calls to a model version by outcome: ok, error (counts against the version), refused.",
             tag_keys=tags("model", "version", "outcome"),
         )
-        self.latency = metrics.Histogram(
+        # Per call and per mirrored row: binned here, exported as series (serve_app/observability/histograms.py).
+        self.latency = GaugeHistogram(
             "serve_app_version_latency_ms",
-            description="Time from a call's admission to a version's answer.",
-            boundaries=QUEUE_WAIT_MS_BOUNDARIES,
-            tag_keys=mv,
+            "Time from a call's admission to a version's answer",
+            QUEUE_WAIT_MS_BOUNDARIES,
+            ("model", "version"),
         )
         self.rollbacks = metrics.Counter(
             "serve_app_rollbacks", description="Canaries rolled back to weight 0 automatically.", tag_keys=mv
@@ -50,11 +52,11 @@ class LifecycleTelemetry:
         self.shadow_agreement = metrics.Gauge(
             "serve_app_shadow_agreement", description="Share of mirrored rows whose label agreed, since start.", tag_keys=mv
         )
-        self.prob_diff = metrics.Histogram(
+        self.prob_diff = GaugeHistogram(
             "serve_app_shadow_prob_diff",
-            description="Per mirrored row, the largest difference between the primary's and the candidate's probabilities.",
-            boundaries=PROB_DIFF_BOUNDARIES,
-            tag_keys=mv,
+            "Per mirrored row, the largest difference between the primary's and the candidate's probabilities",
+            PROB_DIFF_BOUNDARIES,
+            ("model", "version"),
         )
         self.cache_lookups = metrics.Counter(
             "serve_app_cache_lookups",
@@ -81,10 +83,8 @@ class LifecycleTelemetry:
                 self.calls.inc(d, tags={"model": model, "version": version, "outcome": outcome})
         for (model, version), lats in list(versions.latencies.items()):
             versions.latencies[(model, version)] = []
-            for i, lat in enumerate(lats, 1):
-                self.latency.observe(lat * 1e3, tags={"model": model, "version": version})
-                if i % CHUNK == 0:
-                    await asyncio.sleep(0)  # a slice at a time: requests go on between them
+            self.latency.add({"model": model, "version": version}, (lat * 1e3 for lat in lats))
+        await self.latency.export()
         rolled = Counter((r.model, r.version) for r in versions.policy.rollbacks)
         for (model, version), n in rolled.items():
             if d := self._delta(f"rollback/{model}/{version}", n):
@@ -99,10 +99,9 @@ class LifecycleTelemetry:
                     self.shadow_calls.inc(d, tags={**mv, "outcome": outcome})
             self.shadow_agreement.set(s.agreement, tags=mv)
             diffs, s.prob_diffs = s.prob_diffs, []
-            for i, x in enumerate(diffs, 1):
-                self.prob_diff.observe(x, tags=mv)
-                if i % CHUNK == 0:
-                    await asyncio.sleep(0)
+            self.prob_diff.add(mv, diffs)
+            await asyncio.sleep(0)
+        await self.prob_diff.export()
         for (tier, outcome), n in list(cache.lookups.items()):
             if d := self._delta(f"cache/{tier}/{outcome}", n):
                 self.cache_lookups.inc(d, tags={"tier": tier, "outcome": outcome})

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -485,10 +485,11 @@ def process_role(p: psutil.Process) -> str | None:
     return None
 
 
-def cpu_snapshot() -> dict[int, tuple[str, float]]:
+def cpu_snapshot(label: Callable[[psutil.Process], str | None] = process_role) -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of every process `label` names, by pid: (its label, seconds)."""
     snap: dict[int, tuple[str, float]] = {}
     for p in psutil.process_iter():
-        role = process_role(p)
+        role = label(p)
         if role is None:
             continue
         with contextlib.suppress(psutil.Error):

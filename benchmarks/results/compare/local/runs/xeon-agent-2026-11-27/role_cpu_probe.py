@@ -11,7 +11,6 @@ opened per request.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import tempfile
@@ -20,32 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from benchmarks import scenarios
-from benchmarks.cluster import HTTP_PORT, RayCluster, process_label, run_loadgen
+from benchmarks.cluster import HTTP_PORT, RayCluster, cpu_by_role, cpu_snapshot, process_label, run_loadgen
 
 MODEL = "bert-heavy"
-Snapshot = dict[int, tuple[str, float]]
-
-
-def snapshot() -> Snapshot:
-    out: Snapshot = {}
-    for p in psutil.process_iter():
-        label = process_label(p)
-        if label is None:
-            continue
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            out[p.pid] = (label, t.user + t.system)
-    return out
-
-
-def cores(before: Snapshot, after: Snapshot, wall_s: float) -> dict[str, float]:
-    used: dict[str, float] = {}
-    for pid, (label, t1) in after.items():
-        used[label] = used.get(label, 0.0) + (t1 - before.get(pid, (label, 0.0))[1]) / wall_s
-    return {k: round(v, 3) for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.002}
 
 
 def tcp_active_opens() -> int:
@@ -55,9 +32,10 @@ def tcp_active_opens() -> int:
 
 
 def over(seconds: float) -> dict[str, float]:
-    before, t0 = snapshot(), time.perf_counter()
+    """Cores per process label (Ray's daemons one by one) over the next `seconds`."""
+    before, t0 = cpu_snapshot(process_label), time.perf_counter()
     time.sleep(seconds)
-    return cores(before, snapshot(), time.perf_counter() - t0)
+    return cpu_by_role(before, cpu_snapshot(process_label), time.perf_counter() - t0)
 
 
 def main(which: str, config: str) -> dict[str, Any]:

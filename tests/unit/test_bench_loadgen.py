@@ -194,7 +194,7 @@ def test_a_request_crossing_a_kept_alive_close_is_sent_again_once(server_url: st
     streams = [workloads.StreamSpec("reload", "/reload", [{"x": 1}]), workloads.StreamSpec("reset", "/reset", [{"x": 2}])]
     out = tmp_path / "r.json"
     argv = ["--url", server_url, "--workload", str(workloads.write(streams, tmp_path / "w.json")),
-            "--concurrency", "2", "--seconds", "0.5", "--warmup", "0.1", "--out", str(out)]  # fmt: skip
+            "--concurrency", "2", "--seconds", "2", "--warmup", "0.1", "--out", str(out)]  # fmt: skip
     assert loadgen.main(argv) == 0
     res = json.loads(out.read_text())
     reload, reset = res["streams"]["reload"], res["streams"]["reset"]
@@ -211,8 +211,9 @@ def test_retry_after_is_read_as_seconds() -> None:
 
 def test_clients_that_honor_retry_after_wait_before_sending_again(server_url: str, tmp_path: Path) -> None:
     # `/busy` refuses every request with Retry-After: 1. Four clients for 2.5 s: waiting, each sends
-    # three times (at 0, 1 and 2 s; twice if the machine stalls); sending again at once, they send
-    # as fast as the server answers.
+    # three times (at 0, 1 and 2 s; once or twice if the machine stalls); sending again at once,
+    # they send as fast as the server answers, which on a loaded machine may be slow: compared
+    # with the waiting clients, not with a rate.
     wl = workloads.write([workloads.StreamSpec("busy", "/busy", [{"x": 1}])], tmp_path / "w.json")
     sent = {}
     for honor in (True, False):
@@ -223,7 +224,7 @@ def test_clients_that_honor_retry_after_wait_before_sending_again(server_url: st
         result = json.loads(out.read_text())
         assert set(result["statuses"]) == {"503"}
         sent[honor] = result["requests"]
-    assert 8 <= sent[True] <= 12 and sent[False] > 100, sent
+    assert 4 <= sent[True] <= 12 and sent[False] > 3 * sent[True], sent
 
 
 def test_chaos_counts_lost_requests_from_raw_records_of_either_length() -> None:

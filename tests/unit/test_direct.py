@@ -14,6 +14,7 @@ from ray.serve._private import http_util
 
 from serve_app.router import callwatch, direct
 from serve_app.router.shedgate import Receive, Scope, Send
+from tests.unit.fakes import VirtualTimeLoop
 from tests.unit.test_coalesce import exchange, free_port, serve_and
 
 HOOK_NAME = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
@@ -216,6 +217,8 @@ def this_task() -> asyncio.Task[Any]:
 
 
 def test_the_time_limit_expires_only_late_calls_and_keeps_no_timer_once_they_are_done() -> None:
+    # On a virtual clock: on a loaded machine a real loop stalled past the limit would see the
+    # quick call's wake-up and the expiry in one turn, and expire both.
     deadlines = callwatch.Deadlines()
     cycle = SimpleNamespace(disconnected=False)
 
@@ -235,7 +238,11 @@ def test_the_time_limit_expires_only_late_calls_and_keeps_no_timer_once_they_are
     async def main() -> tuple[tuple[str, float], tuple[str, float]]:
         return await asyncio.gather(call(0.01), call(30.0))
 
-    (quick, _), (slow, waited) = asyncio.run(main())
+    loop = VirtualTimeLoop()
+    try:
+        (quick, _), (slow, waited) = loop.run_until_complete(main())
+    finally:
+        loop.close()
     assert (quick, slow) == ("done", "expired")
     assert 0.2 <= waited < 30.0
     assert not deadlines.calls and deadlines.timer is None

@@ -181,17 +181,20 @@ def test_calls_in_flight_fail_as_link_broken_when_the_replica_goes(tmp_path: Pat
 
 def test_shutdown_lets_running_batches_finish_and_turns_new_ones_away(tmp_path: Path) -> None:
     async def main() -> None:
-        replica = Replica(delay_s=0.2)
+        replica = Replica()
         server = serve(tmp_path, replica)
         address = await server.start()
         client = LinkClient(address)
-        running = asyncio.ensure_future(client.call([1], "r", 0, "bulk", None))
+        # Held until the new call was turned away: however slow the machine, it is still running then.
+        running = asyncio.ensure_future(client.call(["held"], "r", 0, "bulk", None))
         await until(lambda: server.inflight == 1)
         closing = asyncio.ensure_future(server.close(5.0))
         await until(lambda: server.closing)
         with pytest.raises(LinkBroken, match="shutting down"):
             await done_soon(client.call([2], "r", 0, "bulk", None))
-        assert (await done_soon(running)).results == [2]
+        assert not running.done()
+        replica.held.set()
+        assert (await done_soon(running)).results == ["heldheld"]
         await done_soon(closing)
         assert not Path(address.path).exists()
 

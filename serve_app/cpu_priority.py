@@ -89,9 +89,9 @@ YIELD_STEP_S = 0.0001
 class Pacer:
     """Call `pace()` often from background work: every `every_s` of wall time it sleeps `nap_s`,
     so that its core goes idle for a moment. Time is wall time, as the kernel's balancing sees it.
-    With `busy`, such a pause instead waits while `busy()` says that latency-sensitive work is
-    running (up to `max_yield_s` a pause and `max_yield_total_s` in all): background work in the
-    same CPU class would take half a core from it, and no class lower than SCHED_IDLE exists."""
+    With `busy`, any call instead waits while `busy()` says that latency-sensitive work is running
+    (up to `max_yield_s` a wait and `max_yield_total_s` in all): background work in the same CPU
+    class would take half a core from it, and no class lower than SCHED_IDLE exists."""
 
     def __init__(
         self,
@@ -110,26 +110,32 @@ class Pacer:
         self._due = clock() + every_s
 
     def pace(self) -> None:
+        # Urgent work is looked for at every call (one mapped byte's read), not only when a nap is
+        # due: a call comes every block of work, and a nap's interval spans many blocks.
+        if self.busy is not None and self.yield_left_s > 0 and self.busy():
+            start = self.clock()
+            until = start + min(self.max_yield_s, self.yield_left_s)
+            while self.busy() and self.clock() < until:
+                self.sleep(YIELD_STEP_S)
+            now = self.clock()
+            self.yield_left_s -= now - start
+            self.yields += 1
+            self._due = now + self.every_s
+            return
         now = self.clock()
         if now < self._due:
             return
-        if self.busy is not None and self.yield_left_s > 0 and self.busy():
-            until = now + min(self.max_yield_s, self.yield_left_s)
-            while self.busy() and self.clock() < until:
-                self.sleep(YIELD_STEP_S)
-            self.yield_left_s -= self.clock() - now
-            self.yields += 1
-        else:
-            self.sleep(self.nap_s)
-            self.naps += 1
+        self.sleep(self.nap_s)
+        self.naps += 1
         self._due = self.clock() + self.every_s
 
 
 class BusyFlag:
     """How many of this process's latency-sensitive tasks are in flight, published as one byte
     (nonzero: busy) in an anonymous memory file that child processes map (`fd`), so that their
-    background work can yield to it (Pacer's `busy`). `held` is used from one thread (the event
-    loop), `fd` from any. Without memfd (not Linux) nothing is published, and nothing waits."""
+    background work can yield to it (Pacer's `busy`). Any thread may hold it: a router's requests
+    may come on more than one event loop. Without memfd (not Linux) nothing is published, and
+    nothing waits."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -149,15 +155,17 @@ class BusyFlag:
 
     @contextmanager
     def held(self) -> Iterator[None]:
-        self.count += 1
-        if self._map is not None:
-            self._map[0] = 1
+        with self._lock:
+            self.count += 1
+            if self._map is not None:
+                self._map[0] = 1
         try:
             yield
         finally:
-            self.count -= 1
-            if self._map is not None and self.count == 0:
-                self._map[0] = 0
+            with self._lock:
+                self.count -= 1
+                if self._map is not None and self.count == 0:
+                    self._map[0] = 0
 
 
 def busy_reader(fd: int) -> Callable[[], bool]:
@@ -166,5 +174,7 @@ def busy_reader(fd: int) -> Callable[[], bool]:
     return lambda: view[0] != 0
 
 
-# The router's model batches in flight: its image decoders yield to them (serve_app.protocols.decoders).
+# The router's latency-sensitive work in flight (its model batches out, and classification requests
+# other than encoded images from their decoded input to their answer): its image decoders yield to
+# it (serve_app.protocols.decoders).
 MODEL_WORK = BusyFlag()

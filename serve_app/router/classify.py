@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import numpy as np
 
 from serve_app.config import AppArgs
+from serve_app.cpu_priority import MODEL_WORK
 from serve_app.errors import InvalidInput
 from serve_app.manifest import Manifest
 from serve_app.protocols import v2
@@ -26,6 +29,18 @@ def check_count(args: AppArgs, model: str, n: int) -> None:
         raise InvalidInput("empty batch: the input tensor has no items")
     if n > limit:
         raise InvalidInput(f"{n} items in one request; at most {limit} are allowed")
+
+
+def carries_encoded_images(manifest: Manifest, body: v2.InferRequest) -> bool:
+    """Whether the request's images are PNG/JPEG, for the router's decoder processes."""
+    return manifest.family != "bert" and any(t.datatype == "BYTES" for t in body.inputs)
+
+
+def urgent(manifest: Manifest, body: v2.InferRequest) -> AbstractContextManager[object]:
+    """Held while a request is handled: every classification but one of encoded images is work the
+    image decoders yield to (cpu_priority.MODEL_WORK), from its input's decoding to its answer, and
+    not only while its batch is out. An encoded image's request waits on the decoders themselves."""
+    return nullcontext() if carries_encoded_images(manifest, body) else MODEL_WORK.held()
 
 
 async def decode_input(args: AppArgs, model: str, manifest: Manifest, body: v2.InferRequest) -> Payload:

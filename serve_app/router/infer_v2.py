@@ -97,7 +97,8 @@ async def infer(
     if manifest.family == "gpt":
         answer = await _generate(parts, name, version, body, params, qos, tenant, headers, use_cache)
     else:
-        answer = await _classify(parts, name, version, manifest, body, qos, timing, tenant, headers, use_cache)
+        with classify.urgent(manifest, body):
+            answer = await _classify(parts, name, version, manifest, body, qos, timing, tenant, headers, use_cache)
     outputs = _requested(body, answer.outputs)
     parameters: dict[str, Any] = {"served_by": answer.served_by}
     out_headers = {"X-Served-By": ",".join(dict.fromkeys(answer.served_by))}

@@ -26,8 +26,10 @@ from serve_app import cpu_priority
 from serve_app.cpu_priority import BusyFlag, Pacer
 from serve_app.errors import InvalidInput, ModelFailure
 from serve_app.link.client import LinkedSender
-from serve_app.protocols import decoders, images
+from serve_app.manifest import Manifest
+from serve_app.protocols import decoders, images, v2
 from serve_app.protocols.decoders import DecoderPool
+from serve_app.router import classify
 from serve_app.router.dispatchers import MarkedSender
 from serve_app.router.endpoints_status import _transport
 
@@ -218,7 +220,7 @@ def test_a_large_png_decodes_in_small_blocks_with_naps(monkeypatch: pytest.Monke
     assert pacers[-1].naps > 3 * 2**20 // images.PACED_BLOCK // 2
 
 
-def test_pacer_waits_while_busy_when_a_pause_is_due_and_within_its_limits() -> None:
+def test_pacer_waits_at_any_call_while_busy_and_within_its_limits() -> None:
     now = [0.0]
     busy = [True]
 
@@ -228,21 +230,24 @@ def test_pacer_waits_while_busy_when_a_pause_is_due_and_within_its_limits() -> N
             busy[0] = False
 
     pacer = Pacer(
-        every_s=0.001, clock=lambda: now[0], sleep=sleep, busy=lambda: busy[0], max_yield_s=0.005, max_yield_total_s=0.008
+        every_s=0.001, clock=lambda: now[0], sleep=sleep, busy=lambda: busy[0], max_yield_s=0.005, max_yield_total_s=0.010
     )
-    pacer.pace()
-    assert now[0] == 0.0  # no pause is due yet: busy or not, the work goes on
-    now[0] = 0.001
-    pacer.pace()
+    pacer.pace()  # no nap is due yet, but urgent work is running: the work waits for it
     assert 0.003 <= now[0] < 0.0032 and pacer.yields == 1 and pacer.naps == 0
-    pacer.busy = lambda: True  # urgent work that never ends: each pause stops at its limit
-    for expected in (0.005, 0.008 - 0.0021 - 0.005):  # then the total's rest: 8 ms in all
-        now[0] += 0.0011  # a pause is due (every_s, with room for the float sums)
+    waited = now[0]
+    pacer.pace()  # neither busy nor due: the work goes on
+    assert now[0] == waited and pacer.yields == 1 and pacer.naps == 0
+    pacer.busy = lambda: True  # urgent work that never ends: each wait stops at its limit
+    for expected in (0.005, 0.010 - waited - 0.005):  # then the total's rest: 10 ms in all
         start = now[0]
         pacer.pace()
         assert now[0] - start == pytest.approx(expected, abs=2e-4)
+    assert pacer.yields == 3
+    start = now[0]
+    pacer.pace()  # nothing left to wait, and the nap's interval has not passed since the last wait
+    assert now[0] == start and pacer.naps == 0
     now[0] += 0.0011
-    pacer.pace()  # nothing left to wait: a plain nap
+    pacer.pace()  # a plain nap
     assert pacer.naps == 1 and pacer.yields == 3
 
 
@@ -289,6 +294,22 @@ def test_batches_out_mark_the_routers_model_work() -> None:
     marked = MarkedSender(send)
     assert asyncio.run(marked([1], 0, "bulk", None)) == "reply"
     assert seen == [1] and cpu_priority.MODEL_WORK.count == 0
+
+
+def test_classifications_but_encoded_images_mark_the_routers_model_work() -> None:
+    text = Manifest(name="t", family="bert", inputs=[], outputs=[])
+    image = Manifest(name="i", family="resnet", inputs=[], outputs=[], image_size=2)
+
+    def body(name: str, shape: list[int], datatype: str, data: list[Any]) -> v2.InferRequest:
+        return v2.InferRequest.model_validate({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]})
+
+    texts = body("text", [1], "BYTES", ["a review"])
+    pixels = body("image", [1, 3, 2, 2], "UINT8", [0] * 12)
+    pngs = body("image", [1], "BYTES", ["not decoded here"])
+    for manifest, request, held in ((text, texts, 1), (image, pixels, 1), (image, pngs, 0)):
+        with classify.urgent(manifest, request):
+            assert cpu_priority.MODEL_WORK.count == held
+        assert cpu_priority.MODEL_WORK.count == 0
 
 
 def test_the_status_page_sees_the_link_under_the_marking() -> None:

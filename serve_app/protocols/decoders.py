@@ -13,9 +13,10 @@ error. The file has no name and is freed when both ends close it, so a router or
 leaves nothing behind; a worker ends when its socket closes, so none outlives its router. Where
 there is no memfd (not Linux), the images go through the socket itself.
 
-The workers also see whether the router has model batches in flight (cpu_priority.MODEL_WORK)
-and wait between blocks while it does: they share SCHED_IDLE with the models' bulk lanes, and
-would otherwise take half a core from a batch beside them.
+The workers also see whether the router has latency-sensitive work in flight
+(cpu_priority.MODEL_WORK: model batches out, other classifications being handled) and wait between
+blocks while it does: they share SCHED_IDLE with the models' bulk lanes, and would otherwise take
+half a core from a batch beside them.
 
 Run as `python -m serve_app.protocols.decoders SOCKET_FD [BUSY_FD]`: a worker.
 """
@@ -245,7 +246,7 @@ DECODERS = DecoderPool()
 
 def serve(sock: socket.socket, busy_fd: int | None = None) -> None:
     """A worker's life: requests in, pixels or an error out, until the router's end closes. With
-    `busy_fd` (the router's MODEL_WORK), decoding waits while the router's batches are out."""
+    `busy_fd` (the router's MODEL_WORK), decoding waits while the router's urgent work is in flight."""
     lower_thread_priority()
     if busy_fd is not None:
         images.yield_while = busy_reader(busy_fd)

@@ -66,8 +66,8 @@ def _open(value: bytes | memoryview | str, index: int) -> Image.Image:
 PACED_BLOCK = 16384
 
 
-# In a decoder process (serve_app.protocols.decoders): whether its router has model batches in
-# flight, which the decode waits for between blocks.
+# In a decoder process (serve_app.protocols.decoders): whether its router has latency-sensitive
+# work in flight (cpu_priority.MODEL_WORK), which the decode waits for between blocks.
 yield_while: Callable[[], bool] | None = None
 
 

@@ -22,8 +22,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 logger = logging.getLogger("ray.serve")
 LINUX = sys.platform.startswith("linux")
@@ -153,19 +152,22 @@ class BusyFlag:
                 self._map[0] = int(self.count > 0)
             return self._fd
 
-    @contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self) -> BusyFlag:
+        """`with flag.held():` counts the block in flight (it nests). A plain object rather than a
+        generator: it is entered once per request."""
+        return self
+
+    def __enter__(self) -> None:
         with self._lock:
             self.count += 1
             if self._map is not None:
                 self._map[0] = 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.count -= 1
-                if self._map is not None and self.count == 0:
-                    self._map[0] = 0
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.count -= 1
+            if self._map is not None and self.count == 0:
+                self._map[0] = 0
 
 
 def busy_reader(fd: int) -> Callable[[], bool]:

@@ -78,10 +78,12 @@ NAP_EVERY_S = 0.0005
 NAP_S = 0.00002
 
 
-# How long background work waits at most, in steps, at one pause while its process's urgent work is
-# in flight (about a batch's round trip), and over a Pacer's whole life: it is slowed, never stalled.
+# How long background work waits at most, in steps, at one call while its process's urgent work is
+# in flight (a few requests' time in the router), and over a Pacer's whole life (a decoder's: one
+# request's images, whatever their number): it is slowed, never stalled. The total stays well
+# inside the router's time limit for a decoder's answer (serve_app.protocols.decoders.CALL_TIMEOUT_S).
 MAX_YIELD_S = 0.005
-MAX_YIELD_TOTAL_S = 1.0
+MAX_YIELD_TOTAL_S = 4.0
 YIELD_STEP_S = 0.0001
 
 
@@ -105,7 +107,7 @@ class Pacer:
         self.every_s, self.nap_s, self.clock, self.sleep = every_s, nap_s, clock, sleep
         self.busy, self.max_yield_s, self.yield_left_s = busy, max_yield_s, max_yield_total_s
         self.naps = 0
-        self.yields = 0  # pauses that waited for urgent work
+        self.yields = 0  # calls that found urgent work in flight, and waited for it
         self._due = clock() + every_s
 
     def pace(self) -> None:
@@ -132,25 +134,36 @@ class Pacer:
 class BusyFlag:
     """How many of this process's latency-sensitive tasks are in flight, published as one byte
     (nonzero: busy) in an anonymous memory file that child processes map (`fd`), so that their
-    background work can yield to it (Pacer's `busy`). Any thread may hold it: a router's requests
-    may come on more than one event loop. Without memfd (not Linux) nothing is published, and
-    nothing waits."""
+    background work can yield to it (Pacer's `busy`). Without memfd (not Linux) nothing is
+    published, and nothing waits.
+
+    The count and the byte change together under a lock, which any thread may take: the request
+    handlers that hold the flag, and the decoders' I/O threads that make its file (`fd`). Under the
+    lock nothing blocks or allocates, so a background thread never holds it for long; it is
+    reentrant, so a garbage collection that ends a request's coroutine inside it cannot deadlock."""
 
     def __init__(self) -> None:
         self.count = 0
         self._map: mmap.mmap | None = None
         self._fd: int | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def fd(self) -> int | None:
         """The file's descriptor, for a child process to map; made on first use."""
-        with self._lock:
-            if self._fd is None and hasattr(os, "memfd_create"):
-                fd = os.memfd_create("serve-app-busy", os.MFD_CLOEXEC)
-                os.ftruncate(fd, 1)
-                self._map, self._fd = mmap.mmap(fd, 1), fd
-                self._map[0] = int(self.count > 0)
+        if self._fd is not None or not hasattr(os, "memfd_create"):
             return self._fd
+        fd = os.memfd_create("serve-app-busy", os.MFD_CLOEXEC)
+        os.ftruncate(fd, 1)
+        view = mmap.mmap(fd, 1)
+        with self._lock:
+            if self._fd is None:  # else another thread made it first
+                view[0] = int(self.count > 0)
+                self._map = view
+                self._fd = fd
+                return fd
+        view.close()
+        os.close(fd)
+        return self._fd
 
     def held(self) -> BusyFlag:
         """`with flag.held():` counts the block in flight (it nests). A plain object rather than a
@@ -176,7 +189,7 @@ def busy_reader(fd: int) -> Callable[[], bool]:
     return lambda: view[0] != 0
 
 
-# The router's latency-sensitive work in flight (its model batches out, and classification requests
-# other than encoded images from their decoded input to their answer): its image decoders yield to
-# it (serve_app.protocols.decoders).
+# The router's latency-sensitive work in flight (its model batches out, and classifications other
+# than encoded images' or low priority's, serve_app.router.classify.urgent): its image decoders
+# yield to it (serve_app.protocols.decoders).
 MODEL_WORK = BusyFlag()

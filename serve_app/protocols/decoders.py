@@ -15,8 +15,9 @@ there is no memfd (not Linux), the images go through the socket itself.
 
 The workers also see whether the router has latency-sensitive work in flight
 (cpu_priority.MODEL_WORK: model batches out, other classifications being handled) and wait between
-blocks while it does: they share SCHED_IDLE with the models' bulk lanes, and would otherwise take
-half a core from a batch beside them.
+blocks while it does, up to a limit per request (cpu_priority.MAX_YIELD_TOTAL_S): they share
+SCHED_IDLE with the models' bulk lanes, and would otherwise take half a core from a batch beside
+them.
 
 Run as `python -m serve_app.protocols.decoders SOCKET_FD [BUSY_FD]`: a worker.
 """

@@ -45,11 +45,12 @@ def encoded(value: bytes | memoryview | str, index: int) -> bytes | memoryview:
         raise InvalidInput(f"image {index}: a BYTES image in JSON must be base64-encoded PNG or JPEG") from None
 
 
-def _open(value: bytes | memoryview | str, index: int) -> Image.Image:
-    """The image's header read (not its pixels), with its format and size checked."""
+def _open(value: bytes | memoryview | str, index: int, pacer: Pacer | None = None) -> Image.Image:
+    """The image's header read (not its pixels), with its format and size checked. `pacer`: the
+    request's (one for all its images, so that its waits have one limit); by default its own."""
     value = encoded(value, index)
     try:
-        img = Image.open(_PacedBytes(value))  # the header only: MAX_PIXELS is checked before any pixel
+        img = Image.open(_PacedBytes(value, pacer or new_pacer()))  # the header only: MAX_PIXELS is checked before any pixel
     except Image.UnidentifiedImageError:
         raise InvalidInput(f"image {index}: not a PNG or JPEG image (its bytes match no known image format)") from None
     except _BROKEN:
@@ -71,14 +72,20 @@ PACED_BLOCK = 16384
 yield_while: Callable[[], bool] | None = None
 
 
+def new_pacer() -> Pacer:
+    """A request's pacer: its waits for the router's urgent work are limited per request
+    (cpu_priority.MAX_YIELD_TOTAL_S), whatever its number of images."""
+    return Pacer(busy=yield_while)
+
+
 class _PacedBytes(io.BytesIO):
     """The encoded image as Pillow reads it while decoding (a block at a time): between blocks the
     decoder thread naps now and then (serve_app.cpu_priority.Pacer), so that a decode of many
     milliseconds leaves its core idle for a moment every half millisecond."""
 
-    def __init__(self, data: bytes | memoryview) -> None:
+    def __init__(self, data: bytes | memoryview, pacer: Pacer) -> None:
         super().__init__(data)
-        self.pacer = Pacer(busy=yield_while)
+        self.pacer = pacer
 
     def read(self, size: int | None = -1) -> bytes:
         self.pacer.pace()
@@ -135,7 +142,8 @@ def decode_image(value: bytes | memoryview | str, size: int, index: int = 0) -> 
 
 def decode_images(values: Sequence[bytes | memoryview | str], size: int) -> np.ndarray:
     """A request's images, every header checked (and their pixels counted) before any is decoded."""
-    images = [_open(v, i) for i, v in enumerate(values)]
+    pacer = new_pacer()
+    images = [_open(v, i, pacer) for i, v in enumerate(values)]
     if (total := sum(img.width * img.height for img in images)) > MAX_REQUEST_PIXELS:
         raise InvalidInput(f"{total} pixels in one request's images; at most {MAX_REQUEST_PIXELS} are allowed")
     return np.stack([_pixels(img, size, i) for i, img in enumerate(images)])

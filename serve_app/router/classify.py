@@ -7,6 +7,7 @@ from contextlib import AbstractContextManager, nullcontext
 import numpy as np
 
 from serve_app.config import AppArgs
+from serve_app.contract import Priority
 from serve_app.cpu_priority import MODEL_WORK
 from serve_app.errors import InvalidInput
 from serve_app.manifest import Manifest
@@ -36,11 +37,14 @@ def carries_encoded_images(manifest: Manifest, body: v2.InferRequest) -> bool:
     return manifest.family != "bert" and any(t.datatype == "BYTES" for t in body.inputs)
 
 
-def urgent(manifest: Manifest, body: v2.InferRequest) -> AbstractContextManager[object]:
-    """Held while a request is handled: every classification but one of encoded images is work the
-    image decoders yield to (cpu_priority.MODEL_WORK), from its input's decoding to its answer, and
-    not only while its batch is out. An encoded image's request waits on the decoders themselves."""
-    return nullcontext() if carries_encoded_images(manifest, body) else MODEL_WORK.held()
+def urgent(manifest: Manifest, body: v2.InferRequest, priority: Priority) -> AbstractContextManager[object]:
+    """Held while a classification is handled, from before its input is decoded until its outputs
+    are built (its queueing included): work the image decoders yield to (cpu_priority.MODEL_WORK),
+    not only while its batch is out. Not for a request of encoded images, which waits on the
+    decoders itself, nor for low priority, which yields to images of any class."""
+    if priority == Priority.LOW or carries_encoded_images(manifest, body):
+        return nullcontext()
+    return MODEL_WORK.held()
 
 
 async def decode_input(args: AppArgs, model: str, manifest: Manifest, body: v2.InferRequest) -> Payload:

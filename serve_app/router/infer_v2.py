@@ -97,7 +97,7 @@ async def infer(
     if manifest.family == "gpt":
         answer = await _generate(parts, name, version, body, params, qos, tenant, headers, use_cache)
     else:
-        with classify.urgent(manifest, body):
+        with classify.urgent(manifest, body, qos.priority):
             answer = await _classify(parts, name, version, manifest, body, qos, timing, tenant, headers, use_cache)
     outputs = _requested(body, answer.outputs)
     parameters: dict[str, Any] = {"served_by": answer.served_by}

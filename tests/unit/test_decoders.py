@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import mmap
 import os
 import signal
 import socket
@@ -23,6 +24,7 @@ import pytest
 from PIL import Image
 
 from serve_app import cpu_priority
+from serve_app.contract import Priority
 from serve_app.cpu_priority import BusyFlag, Pacer
 from serve_app.errors import InvalidInput, ModelFailure
 from serve_app.link.client import LinkedSender
@@ -306,10 +308,52 @@ def test_classifications_but_encoded_images_mark_the_routers_model_work() -> Non
     texts = body("text", [1], "BYTES", ["a review"])
     pixels = body("image", [1, 3, 2, 2], "UINT8", [0] * 12)
     pngs = body("image", [1], "BYTES", ["not decoded here"])
-    for manifest, request, held in ((text, texts, 1), (image, pixels, 1), (image, pngs, 0)):
-        with classify.urgent(manifest, request):
+    cases = [(text, texts, Priority.NORMAL, 1), (image, pixels, Priority.HIGH, 1), (image, pngs, Priority.HIGH, 0)]
+    cases.append((text, texts, Priority.LOW, 0))  # low priority's text yields to images of any class
+    for manifest, request, priority, held in cases:
+        with classify.urgent(manifest, request, priority):
             assert cpu_priority.MODEL_WORK.count == held
         assert cpu_priority.MODEL_WORK.count == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd is Linux's")
+def test_a_request_cancelled_inside_the_flag_leaves_it_clear() -> None:
+    flag = BusyFlag()
+    fd = flag.fd()
+    assert fd is not None and flag.fd() == fd  # made once
+    view = mmap.mmap(fd, 1, prot=mmap.PROT_READ)
+    entered = asyncio.Event()
+
+    async def request() -> None:
+        with flag.held(), flag.held():  # a batch out inside its request's hold
+            entered.set()
+            await asyncio.sleep(60)
+
+    async def go() -> None:
+        task = asyncio.create_task(request())
+        await entered.wait()
+        assert flag.count == 2 and view[0] == 1
+        task.cancel()  # the client left, or the call's time limit passed
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert flag.count == 0 and view[0] == 0
+    view.close()
+
+
+def test_a_requests_images_share_one_limit_on_their_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[Pacer] = []
+
+    def recorded(busy: Callable[[], bool] | None = None) -> Pacer:
+        made.append(Pacer(busy=busy))
+        return made[-1]
+
+    monkeypatch.setattr(images, "Pacer", recorded)
+    pixels = images.decode_images([_png(_noisy(64, s)) for s in range(5)], 32)
+    assert pixels.shape == (5, 3, 32, 32) and len(made) == 1
+    # A request's waits for urgent work leave most of the router's time limit for its decoding.
+    assert cpu_priority.MAX_YIELD_TOTAL_S * 4 <= decoders.CALL_TIMEOUT_S
 
 
 def test_the_status_page_sees_the_link_under_the_marking() -> None:

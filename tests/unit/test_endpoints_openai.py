@@ -1,11 +1,13 @@
 """The generation endpoints' admission, without Ray: the caller's deadline (or the configured
-generation timeout) and one rate-limit token per generation, however many prompts and choices."""
+generation timeout) and one rate-limit token per generation, however many prompts and choices.
+Also, on v2 infer's shared path: which classifications the router's image decoders yield to."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,3 +88,33 @@ def test_on_the_v2_path_too_a_refused_generation_costs_only_the_arrival_token(pa
         tenant.admit()
     with pytest.raises(RateLimited):
         tenant.admit()
+
+
+@pytest.mark.parametrize(
+    ("model", "tensor", "priority", "held"),
+    [
+        ("bert-heavy", {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a review"]}, "normal", 1),
+        ("bert-heavy", {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a review"]}, "low", 0),
+        ("resnet-heavy", {"name": "image", "shape": [1], "datatype": "BYTES", "data": ["a PNG"]}, "high", 0),
+    ],
+)
+def test_v2_infer_marks_a_classification_as_work_the_image_decoders_yield_to(
+    parts: RouterParts, monkeypatch: pytest.MonkeyPatch, model: str, tensor: dict[str, Any], priority: str, held: int
+):
+    from serve_app import cpu_priority
+    from serve_app.protocols import v2
+    from serve_app.router import infer_v2
+    from serve_app.scheduling.dispatcher import RequestTiming
+
+    seen: list[int] = []
+
+    async def classify(*args: Any) -> infer_v2.Answer:  # in place of the queue and the model
+        seen.append(cpu_priority.MODEL_WORK.count)
+        return infer_v2.Answer([], [model], "1")
+
+    monkeypatch.setattr(infer_v2, "_classify", classify)
+    body = v2.InferRequest.model_validate({"inputs": [tensor]})
+    tenant = Tenant("t", bucket=TokenBucket(rate_per_s=1, burst=10, clock=lambda: 0.0))
+    headers = infer_v2.InferHeaders(priority=priority)
+    asyncio.run(infer_v2.infer(parts, model, None, body, headers, tenant, RequestTiming()))
+    assert seen == [held] and cpu_priority.MODEL_WORK.count == 0

@@ -253,6 +253,90 @@ def test_pacer_waits_at_any_call_while_busy_and_within_its_limits() -> None:
     assert pacer.naps == 1 and pacer.yields == 3
 
 
+def test_runnable_tasks_are_loadavgs_fourth_field() -> None:
+    assert cpu_priority.runnable_tasks(b"0.52 0.41 0.30 3/120 4242\n") == 3
+    assert cpu_priority.runnable_tasks(b"12.00 9.10 8.00 17/2048 1\n") == 17
+
+
+@pytest.mark.parametrize(
+    ("content", "taken"),
+    [
+        (b"1.0 1.0 1.0 3/120 1\n", True),  # the caller and two others: both cores have another task
+        (b"1.0 1.0 1.0 2/120 1\n", False),  # the caller and one other: a core to spare
+        (b"1.0 1.0 1.0 1/120 1\n", False),  # the caller alone
+        (b"not a loadavg\n", True),  # unreadable: yield as if taken
+    ],
+)
+def test_cores_taken_counts_the_caller_out(tmp_path: Path, content: bytes, taken: bool) -> None:
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_bytes(content)
+    assert cpu_priority.cores_taken(cpus=2, path=str(loadavg))() is taken
+
+
+def test_cores_taken_rereads_the_count_at_every_call(tmp_path: Path) -> None:
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_bytes(b"1.0 1.0 1.0 5/120 1\n")
+    taken = cpu_priority.cores_taken(cpus=4, path=str(loadavg))
+    assert taken()
+    loadavg.write_bytes(b"1.0 1.0 1.0 2/120 1\n")  # same length, read from the start again
+    assert not taken()
+
+
+def test_without_a_count_every_core_is_taken(tmp_path: Path) -> None:
+    assert cpu_priority.cores_taken(path=str(tmp_path / "absent"))()
+
+
+@pytest.mark.skipif(not os.path.exists(cpu_priority.LOADAVG), reason="/proc/loadavg is Linux's")
+def test_this_machines_count_is_read() -> None:
+    with open(cpu_priority.LOADAVG, "rb") as f:
+        assert cpu_priority.runnable_tasks(f.read()) >= 1  # this test's own thread runs
+    assert cpu_priority.cores_taken(cpus=100_000)() is False  # more cores than tasks: one is free
+    assert cpu_priority.cores_taken(cpus=1, path=cpu_priority.LOADAVG)() in (True, False)
+
+
+def test_a_decoder_waits_only_while_its_router_is_busy_and_the_cores_are_taken() -> None:
+    flag, taken, asked = [True], [False], []
+
+    def cores() -> bool:
+        asked.append(flag[0])
+        return taken[0]
+
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    busy = cpu_priority.when_contended(lambda: flag[0], cores)
+    pacer = Pacer(every_s=1.0, clock=lambda: now[0], sleep=sleep, busy=busy, max_yield_s=0.005)
+    pacer.pace()  # urgent work in flight, but a core is free: no wait
+    assert now[0] == 0.0 and pacer.yields == 0
+    taken[0] = True
+    pacer.pace()  # and now every core is taken: the decoder waits, up to its limit
+    assert now[0] == pytest.approx(0.005, abs=2e-4) and pacer.yields == 1
+    flag[0], asked[:] = False, []
+    pacer.pace()  # nothing urgent: the count is not even read
+    assert asked == [] and pacer.yields == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd is Linux's")
+@pytest.mark.parametrize("taken", [False, True])
+def test_a_worker_yields_to_its_routers_flag_only_on_taken_cores(monkeypatch: pytest.MonkeyPatch, taken: bool) -> None:
+    monkeypatch.setattr(images, "yield_while", None)  # restored after: serve sets it for the process
+    monkeypatch.setattr(decoders, "lower_thread_priority", lambda: None)  # this test's own thread
+    monkeypatch.setattr(decoders, "cores_taken", lambda: lambda: taken)
+    flag = BusyFlag()
+    fd = flag.fd()
+    assert fd is not None
+    router, worker = socket.socketpair()
+    router.close()  # the worker's loop ends at once; what it set up stays
+    decoders.serve(worker, fd)
+    worker.close()
+    busy = images.yield_while
+    assert busy is not None and busy() is False  # nothing in flight
+    with flag.held():
+        assert busy() is taken
+
+
 @pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd is Linux's")
 def test_busy_flag_is_seen_by_a_child_while_any_batch_is_out() -> None:
     flag = BusyFlag()

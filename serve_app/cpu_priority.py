@@ -199,10 +199,11 @@ def runnable_tasks(loadavg: bytes) -> int:
 
 
 def cores_taken(cpus: int | None = None, path: str = LOADAVG) -> Callable[[], bool]:
-    """Whether another task waits for or holds every core of the machine, the caller aside (it is
-    running, so it counts itself). Only then does background work take a core from anyone: with
-    a core to spare, the caller's SCHED_IDLE class already leaves the others theirs. Where the
-    count cannot be read (not Linux), always True: the caller yields as if every core were taken."""
+    """Whether the tasks that run or wait now, the caller among them (it is running), leave no
+    core of the machine free. A task that wakes then finds none idle: one of the models' bulk
+    batches, in the caller's own SCHED_IDLE class, would share a core with it. With a core
+    free, the waking task takes that one. Where the count cannot be read (not Linux), always
+    True: the caller yields as if every core were taken."""
     n = cpus or os.cpu_count() or 1
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -211,7 +212,7 @@ def cores_taken(cpus: int | None = None, path: str = LOADAVG) -> Callable[[], bo
 
     def taken() -> bool:
         try:
-            return runnable_tasks(os.pread(fd, 128, 0)) > n
+            return runnable_tasks(os.pread(fd, 128, 0)) >= n
         except (OSError, ValueError, IndexError):
             return True
 
@@ -219,13 +220,13 @@ def cores_taken(cpus: int | None = None, path: str = LOADAVG) -> Callable[[], bo
 
 
 def when_contended(busy: Callable[[], bool], taken: Callable[[], bool]) -> Callable[[], bool]:
-    """`busy`, and only while the cores are taken (`cores_taken`): latency-sensitive work in
-    flight costs a background task a wait only where the task would share a core with it. The
-    flag first: it is one mapped byte, the count a read of /proc."""
+    """`busy`, and only while no core is left free (`cores_taken`): latency-sensitive work in
+    flight costs a background task a wait only where the task would take the last core it could
+    run on. The flag first: it is one mapped byte, the count a read of /proc."""
     return lambda: busy() and taken()
 
 
 # The router's latency-sensitive work in flight (its model batches out, and classifications other
 # than encoded images' or low priority's, serve_app.router.classify.urgent): its image decoders
-# yield to it while every core is taken (serve_app.protocols.decoders).
+# yield to it while no core is left free (serve_app.protocols.decoders).
 MODEL_WORK = BusyFlag()

@@ -68,7 +68,7 @@ PACED_BLOCK = 16384
 
 
 # In a decoder process (serve_app.protocols.decoders): whether its router has latency-sensitive
-# work in flight (cpu_priority.MODEL_WORK) while every core is taken, which the decode waits for
+# work in flight (cpu_priority.MODEL_WORK) while no core is left free, which the decode waits for
 # between blocks.
 yield_while: Callable[[], bool] | None = None
 

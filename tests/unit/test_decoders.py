@@ -261,13 +261,13 @@ def test_runnable_tasks_are_loadavgs_fourth_field() -> None:
 @pytest.mark.parametrize(
     ("content", "taken"),
     [
-        (b"1.0 1.0 1.0 3/120 1\n", True),  # the caller and two others: both cores have another task
-        (b"1.0 1.0 1.0 2/120 1\n", False),  # the caller and one other: a core to spare
-        (b"1.0 1.0 1.0 1/120 1\n", False),  # the caller alone
+        (b"1.0 1.0 1.0 3/120 1\n", True),  # the caller and two others
+        (b"1.0 1.0 1.0 2/120 1\n", True),  # the caller and one other: no core left for a task that wakes
+        (b"1.0 1.0 1.0 1/120 1\n", False),  # the caller alone: a core free
         (b"not a loadavg\n", True),  # unreadable: yield as if taken
     ],
 )
-def test_cores_taken_counts_the_caller_out(tmp_path: Path, content: bytes, taken: bool) -> None:
+def test_cores_taken_leaves_a_core_free(tmp_path: Path, content: bytes, taken: bool) -> None:
     loadavg = tmp_path / "loadavg"
     loadavg.write_bytes(content)
     assert cpu_priority.cores_taken(cpus=2, path=str(loadavg))() is taken
@@ -278,7 +278,7 @@ def test_cores_taken_rereads_the_count_at_every_call(tmp_path: Path) -> None:
     loadavg.write_bytes(b"1.0 1.0 1.0 5/120 1\n")
     taken = cpu_priority.cores_taken(cpus=4, path=str(loadavg))
     assert taken()
-    loadavg.write_bytes(b"1.0 1.0 1.0 2/120 1\n")  # same length, read from the start again
+    loadavg.write_bytes(b"1.0 1.0 1.0 3/120 1\n")  # same length, read from the start again
     assert not taken()
 
 

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from benchmarks.images import png_images
-from serve_app.cpu_priority import MODEL_WORK
+from serve_app.cpu_priority import LOADAVG, MODEL_WORK, runnable_tasks, usable_cores
 from serve_app.protocols.decoders import DecoderPool
 
 
@@ -31,17 +31,26 @@ async def measure(requests: int, images: int, px: int, size: int) -> dict[str, A
         await pool.decode(pngs, size)  # the worker process starts: not timed
         out: dict[str, Any] = {}
         for name, hold in (("nothing_in_flight", nullcontext()), ("text_in_flight", MODEL_WORK.held())):
-            times = []
+            times, runnable = [], []
             with hold:
                 for _ in range(requests):
+                    runnable.append(_runnable())  # how busy the machine was: the result depends on it
                     started = time.perf_counter()
                     await pool.decode(pngs, size)
                     times.append(round((time.perf_counter() - started) * 1e3, 1))
-            out[name] = {"ms": times, "mean_ms": round(sum(times) / len(times), 1)}
+            out[name] = {"ms": times, "mean_ms": round(sum(times) / len(times), 1), "runnable_tasks_before": runnable}
         out["ratio"] = round(out["text_in_flight"]["mean_ms"] / out["nothing_in_flight"]["mean_ms"], 2)
         return out
     finally:
         pool.shutdown()
+
+
+def _runnable() -> int | None:
+    try:
+        with open(LOADAVG, "rb") as f:
+            return runnable_tasks(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def main() -> None:
@@ -52,7 +61,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224, help="the model input's side the images are resized to")
     ns = parser.parse_args()
     result = asyncio.run(measure(ns.requests, ns.images, ns.px, ns.size))
-    print(json.dumps({"cores": os.cpu_count(), "settings": vars(ns), **result}))
+    print(json.dumps({"cores": os.cpu_count(), "usable_cores": usable_cores(), "settings": vars(ns), **result}))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ needs no privilege (raising one needs CAP_SYS_NICE, which pods rarely have).
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import os
 import sys
@@ -107,12 +108,13 @@ class Pacer:
         self.every_s, self.nap_s, self.clock, self.sleep = every_s, nap_s, clock, sleep
         self.busy, self.max_yield_s, self.yield_left_s = busy, max_yield_s, max_yield_total_s
         self.naps = 0
-        self.yields = 0  # calls that found urgent work in flight, and waited for it
+        self.yields = 0  # calls that found `busy()` true, and waited while it was
         self._due = clock() + every_s
 
     def pace(self) -> None:
-        # Urgent work is looked for at every call (one mapped byte's read), not only when a nap is
-        # due: a call comes every block of work, and a nap's interval spans many blocks.
+        # Urgent work is looked for at every call (a mapped byte's read, and while it is set a read
+        # of /proc for the cores), not only when a nap is due: a call comes every block of work,
+        # and a nap's interval spans many blocks.
         if self.busy is not None and self.yield_left_s > 0 and self.busy():
             start = self.clock()
             until = start + min(self.max_yield_s, self.yield_left_s)
@@ -190,21 +192,54 @@ def busy_reader(fd: int) -> Callable[[], bool]:
 
 
 LOADAVG = "/proc/loadavg"
+CGROUP = "/sys/fs/cgroup"
 
 
 def runnable_tasks(loadavg: bytes) -> int:
     """Tasks running or waiting for a core now, on every core of the machine: the fourth field of
-    /proc/loadavg (`runnable/total`)."""
+    /proc/loadavg (`runnable/total`). In a container, the node's count, not the container's."""
     return int(loadavg.split()[3].partition(b"/")[0])
 
 
+def cgroup_cpu_limit(root: str = CGROUP) -> float | None:
+    """This process's cgroup CPU quota in cores (a pod's CPU limit), or None where it has none:
+    cgroup v2's `cpu.max` (`quota period`, or `max`), else v1's `cpu.cfs_quota_us` (-1: none)."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
+            quota_us = int(f.read())
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
+            period_us = int(f.read())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def usable_cores(root: str = CGROUP) -> int:
+    """The cores this process may use: its CPU affinity (a cpuset), capped by its cgroup's CPU
+    quota, rounded up. Fewer than the machine's whenever a container is limited."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    limit = cgroup_cpu_limit(root)
+    return max(1, min(cores, math.ceil(limit))) if limit else max(1, cores)
+
+
 def cores_taken(cpus: int | None = None, path: str = LOADAVG) -> Callable[[], bool]:
-    """Whether the tasks that run or wait now, the caller among them (it is running), leave no
-    core of the machine free. A task that wakes then finds none idle: one of the models' bulk
-    batches, in the caller's own SCHED_IDLE class, would share a core with it. With a core
-    free, the waking task takes that one. Where the count cannot be read (not Linux), always
-    True: the caller yields as if every core were taken."""
-    n = cpus or os.cpu_count() or 1
+    """Whether the tasks that run or wait now, the caller among them (it is running), leave none
+    of the caller's cores free. A task that wakes then finds none idle: one of the models' bulk
+    batches, in the caller's own SCHED_IDLE class, would share a core with it. With a core free,
+    the waking task takes that one.
+
+    The count is the machine's (a container's /proc shows the node's), the cores the caller's
+    own (`usable_cores`: a pod's CPU limit or cpuset): a limited container thus counts its cores
+    taken sooner, never later. Where the count cannot be read (not Linux), or reads 0 (a sandbox
+    such as gVisor prints `0/0`; a real kernel counts the reader), always True: the caller yields
+    as if every core were taken. Hyperthreads count as cores."""
+    n = cpus or usable_cores()
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -212,9 +247,10 @@ def cores_taken(cpus: int | None = None, path: str = LOADAVG) -> Callable[[], bo
 
     def taken() -> bool:
         try:
-            return runnable_tasks(os.pread(fd, 128, 0)) >= n
+            runnable = runnable_tasks(os.pread(fd, 128, 0))
         except (OSError, ValueError, IndexError):
             return True
+        return runnable < 1 or runnable >= n
 
     return taken
 

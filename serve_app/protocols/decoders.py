@@ -18,7 +18,8 @@ The workers also see whether the router has latency-sensitive work in flight
 blocks while it does and they would take the machine's last free core, up to a limit per request
 (cpu_priority.MAX_YIELD_TOTAL_S): they share SCHED_IDLE with the models' bulk lanes, and would
 otherwise take half a core from a batch beside them. With cores to spare (a node of many cores,
-or models on a GPU) they go on decoding.
+or models on a GPU) they go on decoding; a container counts only the cores its CPU limit gives
+it (cpu_priority.usable_cores).
 
 Run as `python -m serve_app.protocols.decoders SOCKET_FD [BUSY_FD]`: a worker.
 """

@@ -108,7 +108,7 @@ def handle_sender(handle: Any, router_id: str, node_id: str | None = None) -> Se
 
 class MarkedSender:
     """`inner`, counted in MODEL_WORK while its batch is out: the router's image decoders wait
-    for it (serve_app.protocols.decoders)."""
+    for it when no core is free (serve_app.protocols.decoders)."""
 
     def __init__(self, inner: SendBatch) -> None:
         self.inner = inner

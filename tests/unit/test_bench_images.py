@@ -37,5 +37,6 @@ def test_decoder_wait_times_both_phases_with_real_decoder_processes() -> None:
     result = asyncio.run(decoder_wait.measure(requests=2, images=1, px=64, size=32))
     for phase in ("nothing_in_flight", "text_in_flight"):
         assert len(result[phase]["ms"]) == 2 and result[phase]["mean_ms"] > 0
+        assert len(result[phase]["runnable_tasks_before"]) == 2
     assert result["ratio"] > 0
     assert cpu_priority.MODEL_WORK.count == 0  # the flag is left as it was found

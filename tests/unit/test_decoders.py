@@ -265,6 +265,7 @@ def test_runnable_tasks_are_loadavgs_fourth_field() -> None:
         (b"1.0 1.0 1.0 2/120 1\n", True),  # the caller and one other: no core left for a task that wakes
         (b"1.0 1.0 1.0 1/120 1\n", False),  # the caller alone: a core free
         (b"not a loadavg\n", True),  # unreadable: yield as if taken
+        (b"0.00 0.00 0.00 0/0 0\n", True),  # a sandbox's made-up count (gVisor): a real one counts the reader
     ],
 )
 def test_cores_taken_leaves_a_core_free(tmp_path: Path, content: bytes, taken: bool) -> None:
@@ -286,12 +287,42 @@ def test_without_a_count_every_core_is_taken(tmp_path: Path) -> None:
     assert cpu_priority.cores_taken(path=str(tmp_path / "absent"))()
 
 
-@pytest.mark.skipif(not os.path.exists(cpu_priority.LOADAVG), reason="/proc/loadavg is Linux's")
-def test_this_machines_count_is_read() -> None:
+def _real_count() -> int:
     with open(cpu_priority.LOADAVG, "rb") as f:
-        assert cpu_priority.runnable_tasks(f.read()) >= 1  # this test's own thread runs
+        return cpu_priority.runnable_tasks(f.read())
+
+
+@pytest.mark.skipif(not os.path.exists(cpu_priority.LOADAVG) or _real_count() < 1, reason="no real /proc/loadavg")
+def test_this_machines_count_is_read() -> None:
     assert cpu_priority.cores_taken(cpus=100_000)() is False  # more cores than tasks: one is free
-    assert cpu_priority.cores_taken(cpus=1, path=cpu_priority.LOADAVG)() in (True, False)
+    assert cpu_priority.cores_taken(cpus=1)() is True  # the reader itself takes the one core
+
+
+@pytest.mark.parametrize(
+    ("files", "limit"),
+    [
+        ({"cpu.max": "400000 100000\n"}, 4.0),  # cgroup v2, a pod's `limits.cpu: 4`
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu.max": "max 100000\n"}, None),  # no limit
+        ({"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2.0),  # cgroup v1
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({}, None),  # no cgroup files at all
+    ],
+)
+def test_cgroup_cpu_limit(tmp_path: Path, files: dict[str, str], limit: float | None) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpu_priority.cgroup_cpu_limit(str(tmp_path)) == limit
+
+
+def test_usable_cores_follow_a_containers_limit(tmp_path: Path) -> None:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    assert cpu_priority.usable_cores(str(tmp_path)) == cores  # no limit: the affinity
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # half a core: one, rounded up
+    assert cpu_priority.usable_cores(str(tmp_path)) == 1
+    (tmp_path / "cpu.max").write_text(f"{(cores + 8) * 100000} 100000\n")  # above the affinity: the affinity
+    assert cpu_priority.usable_cores(str(tmp_path)) == cores
 
 
 def test_a_decoder_waits_only_while_its_router_is_busy_and_the_cores_are_taken() -> None:

@@ -14,12 +14,12 @@ leaves nothing behind; a worker ends when its socket closes, so none outlives it
 there is no memfd (not Linux), the images go through the socket itself.
 
 The workers also see whether the router has latency-sensitive work in flight
-(cpu_priority.MODEL_WORK: model batches out, other classifications being handled) and wait between
-blocks while it does and they would take the machine's last free core, up to a limit per request
-(cpu_priority.MAX_YIELD_TOTAL_S): they share SCHED_IDLE with the models' bulk lanes, and would
-otherwise take half a core from a batch beside them. With cores to spare (a node of many cores,
-or models on a GPU) they go on decoding; a container counts only the cores its CPU limit gives
-it (cpu_priority.usable_cores).
+(cpu_priority.MODEL_WORK: model batches out, other classifications being handled). They wait
+between blocks while it does and they would take the last free core they may run on, up to a
+limit per request (cpu_priority.MAX_YIELD_TOTAL_S): they share SCHED_IDLE with the models' bulk
+lanes, and would otherwise take half a core from a batch beside them. With cores to spare (a node
+of many cores, or models on a GPU) they go on decoding; a container counts only the cores its CPU
+limit gives it (cpu_priority.usable_cores).
 
 Run as `python -m serve_app.protocols.decoders SOCKET_FD [BUSY_FD]`: a worker.
 """
@@ -250,7 +250,7 @@ DECODERS = DecoderPool()
 def serve(sock: socket.socket, busy_fd: int | None = None) -> None:
     """A worker's life: requests in, pixels or an error out, until the router's end closes. With
     `busy_fd` (the router's MODEL_WORK), decoding waits while the router's urgent work is in flight
-    and no core of the machine is left free (cpu_priority.cores_taken)."""
+    and none of the worker's cores is left free (cpu_priority.cores_taken)."""
     lower_thread_priority()
     if busy_fd is not None:
         images.yield_while = when_contended(busy_reader(busy_fd), cores_taken())

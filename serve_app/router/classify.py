@@ -40,8 +40,9 @@ def carries_encoded_images(manifest: Manifest, body: v2.InferRequest) -> bool:
 def urgent(manifest: Manifest, body: v2.InferRequest, priority: Priority) -> AbstractContextManager[object]:
     """Held while a classification is handled, from before its input is decoded until its outputs
     are built (its queueing included): work the image decoders yield to when no core is free
-    (cpu_priority.MODEL_WORK), not only while its batch is out. Not for a request of encoded images, which waits on the
-    decoders itself, nor for low priority, which yields to images of any class."""
+    (cpu_priority.MODEL_WORK), not only while its batch is out. Not for a request of encoded
+    images, which waits on the decoders itself, nor for low priority, which yields to images of
+    any class."""
     if priority == Priority.LOW or carries_encoded_images(manifest, body):
         return nullcontext()
     return MODEL_WORK.held()

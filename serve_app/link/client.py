@@ -41,10 +41,12 @@ class LinkClient:
         try:
             writer = await self._open()
             call_id = next(self._ids)
+            self._write(writer, encode(call_id, args))
+            # Registered after the write: its answer can only come once this call awaits it, and a
+            # write that fails leaves no future behind whose exception nobody would retrieve.
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             self._pending[call_id] = future
             try:
-                writer.write(encode(call_id, args))
                 ok, value = await future
             finally:
                 self._pending.pop(call_id, None)
@@ -55,6 +57,18 @@ class LinkClient:
         if not ok:
             raise value
         return value
+
+    def _write(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
+        """The frame onto the connection; LinkBroken where the connection closed before the reader
+        task saw it (the replica died a moment ago). uvloop raises RuntimeError on a closed
+        transport, and asyncio's own loop drops the write: neither may reach the request as a 500."""
+        try:
+            if writer.is_closing():
+                raise ConnectionResetError("the link's connection is closed")
+            writer.write(frame)
+        except (RuntimeError, OSError) as e:
+            self._fail(LinkBroken(f"link: cannot send ({e})"))
+            raise LinkBroken(str(e)) from e
 
     def retire(self) -> None:
         """Take no more calls and close once those in flight are answered: a replica that turned

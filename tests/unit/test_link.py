@@ -179,6 +179,58 @@ def test_calls_in_flight_fail_as_link_broken_when_the_replica_goes(tmp_path: Pat
     asyncio.run(main())
 
 
+class DeadWriter:
+    """A connection that closed under the client before its reader task saw it: `closing` as
+    asyncio's transports say it, or not yet, with a write that raises as uvloop's then does."""
+
+    def __init__(self, closing: bool) -> None:
+        self.closing = closing
+        self.closed = False
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def write(self, data: bytes) -> None:
+        raise RuntimeError("unable to perform operation on <UnixTransport closed=True>; the handler is closed")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("closing", [True, False])
+def test_a_call_on_a_connection_that_just_closed_is_link_broken(tmp_path: Path, closing: bool) -> None:
+    async def main() -> None:
+        replica = Replica()
+        server = serve(tmp_path, replica)
+        client = LinkClient(await server.start())
+        assert (await done_soon(client.call([1], "r", 0, "bulk", None))).results == [2]
+        dead = DeadWriter(closing)
+        client._writer = dead  # type: ignore[assignment]  # the replica died a moment ago
+        with pytest.raises(LinkBroken):
+            await done_soon(client.call([2], "r", 0, "bulk", None))
+        assert client.broken and dead.closed and not client._pending and client.inflight == 0
+        await server.close(1.0)
+
+    asyncio.run(main())
+
+
+def test_a_batch_whose_connection_just_closed_goes_through_serve(tmp_path: Path) -> None:
+    async def main() -> None:
+        replica = Replica()
+        server = serve(tmp_path, replica)
+        handle = Handle(await server.start())
+        send = LinkedSender(handle, "r", "n1", clock=Clock())
+        await done_soon(send([1], 0, "bulk", None))  # through Serve: the link is learned
+        assert (await done_soon(send([1], 0, "bulk", None))).results == [2]  # over the link
+        (link,) = send.links.values()
+        link._writer = DeadWriter(False)  # type: ignore[assignment]
+        assert (await done_soon(send([3], 0, "bulk", None))).results == [6]  # through Serve, no 500
+        assert send.counts["link_broken"] == 1 and not send.links
+        await server.close(1.0)
+
+    asyncio.run(main())
+
+
 def test_shutdown_lets_running_batches_finish_and_turns_new_ones_away(tmp_path: Path) -> None:
     async def main() -> None:
         replica = Replica()

@@ -216,11 +216,7 @@ def test_a_call_on_a_connection_that_just_closed_is_link_broken(tmp_path: Path, 
 
 def test_a_batch_whose_connection_just_closed_goes_through_serve(tmp_path: Path) -> None:
     async def main() -> None:
-        replica = Replica()
-        server = serve(tmp_path, replica)
-        handle = Handle(await server.start())
-        send = LinkedSender(handle, "r", "n1", clock=Clock())
-        await done_soon(send([1], 0, "bulk", None))  # through Serve: the link is learned
+        server, _, send = await learned(tmp_path, Replica())
         assert (await done_soon(send([1], 0, "bulk", None))).results == [2]  # over the link
         (link,) = send.links.values()
         link._writer = DeadWriter(False)  # type: ignore[assignment]
@@ -271,6 +267,16 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+async def learned(tmp_path: Path, replica: Replica, clock: Clock | None = None) -> tuple[LinkServer, Handle, LinkedSender]:
+    """A replica's link server, Serve's handle to it, and a sender that has learned the link from
+    one batch through Serve (router id "r", node "n1")."""
+    server = serve(tmp_path, replica)
+    handle = Handle(await server.start())
+    send = LinkedSender(handle, "r", "n1", clock=clock or Clock())
+    await done_soon(send([1], 0, "bulk", None))
+    return server, handle, send
 
 
 def test_the_sender_finds_a_local_link_through_serve_and_then_uses_it(tmp_path: Path) -> None:
@@ -329,10 +335,7 @@ def test_the_sender_keeps_to_serve_for_other_nodes_heavy_batches_and_full_links(
 def test_a_replica_shutting_down_finishes_the_links_batches_and_the_next_go_through_serve(tmp_path: Path) -> None:
     async def main() -> None:
         replica = Replica()
-        server = serve(tmp_path, replica)
-        handle = Handle(await server.start())
-        send = LinkedSender(handle, "r", "n1", clock=Clock())
-        await done_soon(send([1], 0, "bulk", None))  # learns the link
+        server, handle, send = await learned(tmp_path, replica)
         held = asyncio.ensure_future(send(["held"], 0, "bulk", None))
         await until(lambda: server.inflight == 1)
         closing = asyncio.ensure_future(server.close(5.0))
@@ -351,10 +354,7 @@ def test_a_replica_shutting_down_finishes_the_links_batches_and_the_next_go_thro
 def test_a_batch_whose_link_breaks_goes_through_serve_and_the_link_is_forgotten(tmp_path: Path) -> None:
     async def main() -> None:
         replica, clock = Replica(), Clock()
-        server = serve(tmp_path, replica)
-        handle = Handle(await server.start())
-        send = LinkedSender(handle, "r", "n1", clock=clock)
-        await done_soon(send([1], 0, "bulk", None))
+        server, handle, send = await learned(tmp_path, replica, clock)
         assert (await done_soon(send([1], 0, "bulk", None))).results == [2]  # over the link, connected
         assert replica.routers == ["r"]
         await server.close(1.0)  # the replica went away

@@ -111,6 +111,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="images: instead of the burst, this many SCHED_IDLE busy-loop processes beside the text requests",
     )
     p.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="compare: after the curves, plain and ours deployed in turn this many rounds at the headline concurrency",
+    )
+    p.add_argument(
         "--rounds", type=int, default=2, help="generation: phases of each setup per concurrency (default: %(default)s)"
     )
 
@@ -252,6 +258,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     s = make(models=ns.models, model_dir=model_dir, config=ns.config.resolve())
     if ns.seconds:
         s.seconds = ns.seconds
+    s.pairs = ns.pairs
     if ns.concurrency:
         s.concurrencies = ns.concurrency
         s.headline_concurrency = max(ns.concurrency) if s.headline_concurrency not in ns.concurrency else s.headline_concurrency

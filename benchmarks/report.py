@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 from datetime import datetime, timezone
 from importlib.metadata import version
@@ -179,6 +180,7 @@ def compare_markdown(res: dict[str, Any]) -> str:
             ),
             "- best throughput over the curve: "
             + ", ".join(f"{s} {max(p['goodput_rps'] for p in r[s]['closed'])} req/s" for s in (*SETUPS, "ours-binary") if s in r),
+            *pairs_lines(r.get("pairs"), c),
             "",
             f"Open loop, Poisson arrivals at {r['open_rate_rps']} req/s (half the naive server's best), same for every setup:",
             "",
@@ -190,6 +192,33 @@ def compare_markdown(res: dict[str, Any]) -> str:
         lines += ["", *cost_table(r, m, c)]
         lines += ["", f"![latency vs throughput]({plot_name('curve', m)})", ""]
     return "\n".join(lines)
+
+
+def pairs_lines(rounds: list[dict[str, Any]] | None, c: int) -> list[str]:
+    """compare --pairs: plain and ours deployed in turn at concurrency `c`, a row per round, and
+    the median of the rounds' ratios (what a drifting machine moves least)."""
+    if not rounds:
+        return []
+    ratios = [r["ours"]["goodput_rps"] / r["plain"]["goodput_rps"] for r in rounds if r["plain"]["goodput_rps"]]
+    lines = [
+        "",
+        f"Side by side: plain Ray Serve and ours deployed in turn, {len(rounds)} round{'s' * (len(rounds) != 1)} at "
+        f"concurrency {c}, JSON inputs "
+        "(`--pairs`; each round's first setup named first):",
+        "",
+        "| round | order | plain req/s | ours req/s | ours / plain | non-2xx (plain, ours) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rounds:
+        plain, ours = r["plain"], r["ours"]
+        lines.append(
+            f"| {r['round'] + 1} | {', '.join(r['order'])} | {plain['goodput_rps']} | {ours['goodput_rps']} | "
+            f"{_ratio(ours['goodput_rps'], plain['goodput_rps'])} | {_not_answered(plain)}, {_not_answered(ours)} |"
+        )
+    if ratios:
+        lines += ["", f"- median of the rounds' ratios: **{statistics.median(ratios):.2f}x** (range "
+                      f"{min(ratios):.2f}x-{max(ratios):.2f}x)"]  # fmt: skip
+    return lines
 
 
 def _not_answered(point: dict[str, Any]) -> int:

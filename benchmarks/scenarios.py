@@ -68,6 +68,9 @@ class Settings:
     ingress_concurrencies: list[int] = field(default_factory=lambda: [8, 32])
     profile_seconds: float = 15.0
     idle_seconds: float = 5.0  # compare: each served setup's CPU with no load, before its load points
+    # compare: after the curves, plain and ours deployed in turn this many rounds at the headline
+    # concurrency (JSON), so that their ratio does not ride on how fast the machine was minutes apart.
+    pairs: int = 0
     high_share: float = 0.1  # high-priority rate, as a share of the measured capacity
     overload: float = 2.0  # low-priority rate, as a multiple of the measured capacity
     # Measured window of the priority scenario's open-loop runs: ~200 high requests, so a p99
@@ -257,9 +260,44 @@ def compare(s: Settings) -> dict[str, Any]:
             # the same curve: what a tritonclient user's requests cost, and what they reach.
             binary = workload(s, m, tmp, binary=True)
             out["models"][m]["ours-binary"] = {"closed": _closed_curve(url, binary, s, (m, "router")), "idle_cores_by_role": idle}
+        if s.pairs:
+            for m, rounds in _side_by_side(s, cluster, tmp).items():
+                out["models"][m]["pairs"] = rounds
     out["ingress"] = DEFAULT_INGRESS.label
     shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def pair_orders(rounds: int) -> list[tuple[str, str]]:
+    """Which setup goes first in each round: ours first in round 0 (the curves leave it deployed),
+    then turn about, so that a machine that speeds up or slows down over the rounds favours
+    neither setup, and consecutive rounds share a deployment."""
+    return [("ours", "plain") if i % 2 == 0 else ("plain", "ours") for i in range(rounds)]
+
+
+def _side_by_side(s: Settings, cluster: RayCluster, tmp: Path) -> dict[str, list[dict[str, Any]]]:
+    """Plain and ours at the headline concurrency, JSON inputs, deployed in turn (`pair_orders`);
+    one point per setup, model and round. Ours is the whole catalog, deployed once a turn; plain
+    one model at a time, as in the curves."""
+    url, c = f"http://127.0.0.1:{HTTP_PORT}", s.headline_concurrency
+    deployed = "ours"  # as the curves leave the cluster
+    rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in s.models}
+    for i, order in enumerate(pair_orders(s.pairs)):
+        points: dict[str, dict[str, Any]] = {m: {"round": i, "order": list(order)} for m in s.models}
+        for setup in order:
+            for m in s.models:
+                want = "ours" if setup == "ours" else f"plain:{m}"
+                if deployed != want:
+                    if setup == "ours":
+                        cluster.deploy(pin_replicas(ours_config(s), s.models), probe(s, m))
+                    else:
+                        cluster.deploy(pin_replicas(plain_config(s, m), ["PlainModel"]), probe(s, m))
+                    deployed = want
+                watch = (m, "router") if setup == "ours" else ("PlainModel",)
+                points[m][setup] = run_loadgen(url, workload(s, m, tmp), {"concurrency": c}, s.seconds, s.warmup, watch)
+        for m in s.models:
+            rounds[m].append(points[m])
+    return rounds
 
 
 def sweep(s: Settings) -> dict[str, Any]:

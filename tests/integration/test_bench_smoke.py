@@ -36,9 +36,9 @@ def one_ray_for_the_module() -> Iterator[None]:
     stop_ray()
 
 
-def _bench(scenario: str, model_dir: Path, out: Path, *models: str) -> dict:
+def _bench(scenario: str, model_dir: Path, out: Path, *models: str, extra: tuple[str, ...] = ()) -> dict:
     cmd = [sys.executable, "-m", "benchmarks", scenario, "--smoke", "--model-dir", str(model_dir),
-           "--out", str(out), "--models", *models]  # fmt: skip
+           "--out", str(out), *extra, "--models", *models]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ})
     assert done.returncode == 0, done.stderr[-3000:]
     res = json.loads((out / "result.json").read_text())
@@ -72,7 +72,8 @@ def test_sweep(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
     # One model: the harness is the same for each, and CI time is short.
-    res = _bench("compare", tiny_model_dir, tmp_path, "resnet-heavy")
+    # One round side by side: ours as the curves left it, then plain deployed again.
+    res = _bench("compare", tiny_model_dir, tmp_path, "resnet-heavy", extra=("--pairs", "1"))
     for model in ("resnet-heavy",):
         r = res["result"]["models"][model]
         assert r["limit"]["best"]["items_per_s"] > 0 and len(r["limit"]["points"]) == 2
@@ -91,10 +92,17 @@ def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
         _answered(r["ours-binary"]["closed"][0])  # the binary tensor extension, end to end
         # Each served setup measured with no load too: the cost model's fixed cores.
         assert all(isinstance(r[s]["idle_cores_by_role"], dict) for s in ("plain", "ours", "ours-binary"))
+        [pair] = r["pairs"]
+        assert pair["order"] == ["ours", "plain"]
+        _answered(pair["ours"])
+        _answered(pair["plain"])
+        assert pair["ours"]["served_by"] == {model: pair["ours"]["requests"]}
+        assert "replica:PlainModel" in pair["plain"]["cpu_cores_by_role"]
     assert sorted(res["plots"]) == ["curve_resnet-heavy.png"]
     readme = (tmp_path / "README.md").read_text()
     assert "ours vs plain Ray Serve" in readme and "| ours | binary |" in readme and "ceiling, 16 cores" in readme
     assert "| idle cores | total above idle |" in readme
+    assert "Side by side: plain Ray Serve and ours deployed in turn, 1 round at" in readme
 
 
 @pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy not installed")

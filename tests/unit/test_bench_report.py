@@ -48,3 +48,25 @@ def test_the_compare_table_counts_what_was_not_answered_beside_latencies_of_what
     row = next(line for line in text.splitlines() if line.startswith("| ours") and "req/s" in line and "| 415 |" in line)
     assert row.split(" | ")[2] == "415"  # the 503s of ours at c=32 on resnet-heavy
     assert "(cores; 16 = the whole machine)" in text
+
+
+def test_side_by_side_rounds_turn_about_and_start_with_what_the_curves_left_deployed() -> None:
+    from benchmarks.scenarios import pair_orders
+
+    assert pair_orders(0) == []
+    assert pair_orders(3) == [("ours", "plain"), ("plain", "ours"), ("ours", "plain")]
+
+
+def test_the_side_by_side_table_gives_each_round_and_the_median_of_their_ratios() -> None:
+    def point(rps: float, refused: int = 0) -> dict:
+        return {"goodput_rps": rps, "statuses": {"200": 100, **({"503": refused} if refused else {})}}
+
+    rounds = [
+        {"round": 0, "order": ["ours", "plain"], "ours": point(900.0), "plain": point(1000.0)},
+        {"round": 1, "order": ["plain", "ours"], "ours": point(1300.0, refused=2), "plain": point(1000.0)},
+        {"round": 2, "order": ["ours", "plain"], "ours": point(1100.0), "plain": point(1000.0)},
+    ]
+    lines = report.pairs_lines(rounds, 32)
+    assert "| 2 | plain, ours | 1000.0 | 1300.0 | 1.30x | 0, 2 |" in lines
+    assert lines[-1] == "- median of the rounds' ratios: **1.10x** (range 0.90x-1.30x)"
+    assert report.pairs_lines(None, 32) == [] and report.pairs_lines([], 32) == []

@@ -3,8 +3,10 @@
 Three tiers where a router and model replicas share a node, best first:
 1. a model's urgent lane, at the niceness Ray gives every worker (15 by
    default, `RAY_worker_niceness`);
-2. the router, at nice 19: little work per request (benchmarks/results/profile/),
-   never the bottleneck of a high-priority request, so it yields to urgent batches;
+2. the router, at nice 19 by default (`scheduling.router_nice`): where models are the
+   bottleneck, it has little work per request (benchmarks/results/profile/), so it yields
+   to urgent batches. A catalog of small models whose router is the bottleneck keeps it at
+   the workers' niceness instead (configs/local.yaml), so it does not wait behind the rest;
 3. a model's bulk lane, under SCHED_IDLE: it gets every idle cycle and
    nothing more.
 

@@ -271,7 +271,7 @@ def compare(s: Settings) -> dict[str, Any]:
 def pair_orders(rounds: int) -> list[tuple[str, str]]:
     """Which setup goes first in each round: ours first in round 0 (the curves leave it deployed),
     then turn about, so that a machine that speeds up or slows down over the rounds favours
-    neither setup, and consecutive rounds share a deployment."""
+    neither setup, and the setup that ends a round starts the next."""
     return [("ours", "plain") if i % 2 == 0 else ("plain", "ours") for i in range(rounds)]
 
 

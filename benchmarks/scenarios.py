@@ -280,6 +280,7 @@ def _side_by_side(s: Settings, cluster: RayCluster, tmp: Path) -> dict[str, list
     one point per setup, model and round. Ours is the whole catalog, deployed once a turn; plain
     one model at a time, as in the curves."""
     url, c = f"http://127.0.0.1:{HTTP_PORT}", s.headline_concurrency
+    bodies = {m: workload(s, m, tmp) for m in s.models}  # the same file for every round
     deployed = "ours"  # as the curves leave the cluster
     rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in s.models}
     for i, order in enumerate(pair_orders(s.pairs)):
@@ -294,7 +295,7 @@ def _side_by_side(s: Settings, cluster: RayCluster, tmp: Path) -> dict[str, list
                         cluster.deploy(pin_replicas(plain_config(s, m), ["PlainModel"]), probe(s, m))
                     deployed = want
                 watch = (m, "router") if setup == "ours" else ("PlainModel",)
-                points[m][setup] = run_loadgen(url, workload(s, m, tmp), {"concurrency": c}, s.seconds, s.warmup, watch)
+                points[m][setup] = run_loadgen(url, bodies[m], {"concurrency": c}, s.seconds, s.warmup, watch)
         for m in s.models:
             rounds[m].append(points[m])
     return rounds

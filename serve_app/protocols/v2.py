@@ -356,11 +356,28 @@ def decode_numeric(tensor: RequestInput) -> np.ndarray:
 
 def encode(name: str, value: np.ndarray | list[str]) -> ResponseOutput:
     if isinstance(value, list):
-        return ResponseOutput(name=name, shape=[len(value)], datatype="BYTES", data=value)
+        return _made_output(name, [len(value)], "BYTES", value, None)
     datatype = DATATYPE_OF.get(value.dtype)
     assert datatype is not None, f"no v2 datatype for {value.dtype}"
-    out = ResponseOutput(name=name, shape=list(value.shape), datatype=datatype)
-    out._array = value
+    return _made_output(name, list(value.shape), datatype, None, value)
+
+
+_OUTPUT_SET = {"name", "shape", "datatype"}
+_set_attribute = object.__setattr__
+
+
+def _made_output(
+    name: str, shape: list[int], datatype: str, data: list[Any] | None, array: np.ndarray | None
+) -> ResponseOutput:
+    """An output the router made itself, as pydantic's `model_construct` makes one (no validation:
+    these values are the router's own), without its per-field bookkeeping: every answer builds a
+    few of these, and pydantic's constructors cost more than the rest of rendering them."""
+    out = ResponseOutput.__new__(ResponseOutput)
+    fields = {"name": name, "shape": shape, "datatype": datatype, "parameters": None, "data": data}
+    _set_attribute(out, "__dict__", fields)
+    _set_attribute(out, "__pydantic_fields_set__", _OUTPUT_SET | {"data"} if data is not None else set(_OUTPUT_SET))
+    _set_attribute(out, "__pydantic_extra__", None)
+    _set_attribute(out, "__pydantic_private__", {"_array": array})
     return out
 
 

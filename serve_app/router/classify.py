@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
@@ -75,16 +76,38 @@ async def decode_input(args: AppArgs, model: str, manifest: Manifest, body: v2.I
     return images
 
 
+# Up to this many logits in an answer, its softmax runs on Python floats: numpy's cost per call is
+# fixed, and on the one-row answers that most requests get it is most of the work.
+SMALL_ANSWER = 64
+
+
 def outputs(result: ClassifierResult, labels: list[str]) -> list[v2.ResponseOutput]:
     """logits, probabilities and the label of each item."""
-    # The softmax in place, in the answer's float32: on one-row answers numpy's per-call cost is
-    # most of the work, so every temporary saved counts.
     logits = result.logits.astype(np.float32, copy=False)
-    probs = logits - logits.max(axis=1, keepdims=True)
-    np.exp(probs, out=probs)
-    probs /= probs.sum(axis=1, keepdims=True)
+    probs, best = softmax_rows(logits)
     return [
         v2.encode("logits", logits),
         v2.encode("probabilities", probs),
-        v2.encode("label", [labels[i] for i in probs.argmax(axis=1).tolist()]),
+        v2.encode("label", [labels[i] for i in best]),
     ]
+
+
+def softmax_rows(logits: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """(N, C) float32 logits -> their softmax in float32, and each row's most probable class."""
+    table = logits.tolist() if logits.size <= SMALL_ANSWER else None
+    # NaN or an infinity (a sum is finite only when every value is) takes numpy's path, which
+    # answers them as before.
+    if table is not None and all(math.isfinite(sum(row)) for row in table):
+        rows, best = [], []
+        for row in table:
+            top = max(row)
+            e = [math.exp(v - top) for v in row]
+            total = sum(e)
+            rows.append([v / total for v in e])
+            best.append(row.index(top))  # exp is monotonic: the top logit is the top probability
+        return np.array(rows, dtype=np.float32).reshape(logits.shape), best
+    # The softmax in place, in the answer's float32: every temporary saved counts.
+    probs = logits - logits.max(axis=1, keepdims=True)
+    np.exp(probs, out=probs)
+    probs /= probs.sum(axis=1, keepdims=True)
+    return probs, probs.argmax(axis=1).tolist()

@@ -140,6 +140,10 @@ class RequestQueue:
             self._discard(ticket)
             self._compact()
 
+    def queued(self) -> list[Ticket]:
+        """The tickets still queued, in no particular order."""
+        return [t for _, t in self._heap if not t.done]
+
     def oldest_wait(self, now: float) -> float:
         """Seconds the head of the queue has waited; 0 when empty."""
         live = [t.enqueued for _, t in self._heap if not t.done]

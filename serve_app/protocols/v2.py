@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -44,6 +44,9 @@ DATATYPE_OF: dict[np.dtype[Any], str] = {np.dtype(v): k for k, v in NUMPY_DTYPES
 # arithmetic, and every array it sizes, within int64.
 MAX_DIMS = 8
 MAX_ELEMENTS = 2**40
+
+
+Model = TypeVar("Model", bound=BaseModel)
 
 
 def _private(model: BaseModel, name: str) -> Any:
@@ -211,8 +214,10 @@ def parse_request(body: bytes | bytearray, header_length: str | None) -> InferRe
             raise InvalidInput(f"Inference-Header-Content-Length is {n}, but the body has {len(body)} bytes")
         json_part, rest = bytes(view[:n]), view[n:]
     # Only for a body with a tensor worth decoding apart, and none of floats (see v2_json).
-    fast = len(json_part) >= FAST_JSON_BYTES and b'"FP' not in json_part
-    request = _decoded_fast(json_part) if fast else None
+    if len(json_part) < FAST_JSON_BYTES:
+        request = _decoded_small(json_part)
+    else:
+        request = _decoded_fast(json_part) if b'"FP' not in json_part else None
     if request is None:
         request = _validated(json_part)
     offset = 0
@@ -235,9 +240,28 @@ def parse_request(body: bytes | bytearray, header_length: str | None) -> InferRe
     return request
 
 
-# Below this, a body carries no tensor worth decoding apart (a few texts, a small tensor), and
-# pydantic's one pass is as quick.
+# Below this, a body carries no tensor worth decoding apart (a few texts, a small tensor): it is
+# decoded in one pass, values and all (`_decoded_small`).
 FAST_JSON_BYTES = 1024
+
+
+def _decoded_small(json_part: bytes | bytearray) -> InferRequest | None:
+    """A small body through msgspec's typed decoder, into the same models pydantic's validation
+    would make, built without validating again (msgspec has checked every field's type; a
+    body it does not take whole, None, goes to pydantic, which says what is wrong with it)."""
+    small = v2_json.decode_small(json_part)
+    if small is None:
+        return None
+    inputs = [
+        _trusted(RequestInput, {"name": t.name, "shape": t.shape, "datatype": t.datatype, "parameters": t.parameters,
+                                "data": t.data}, {"_raw": None, "_array": None})
+        for t in small.inputs
+    ]  # fmt: skip
+    outputs = None
+    if small.outputs is not None:
+        outputs = [_trusted(RequestOutput, {"name": o.name, "parameters": o.parameters}, None) for o in small.outputs]
+    fields = {"id": small.id, "parameters": small.parameters, "inputs": inputs, "outputs": outputs}
+    return _trusted(InferRequest, fields, None)
 
 
 def _decoded_fast(json_part: bytes | bytearray) -> InferRequest | None:
@@ -362,23 +386,28 @@ def encode(name: str, value: np.ndarray | list[str]) -> ResponseOutput:
     return _made_output(name, list(value.shape), datatype, None, value)
 
 
-_OUTPUT_SET = {"name", "shape", "datatype"}
 _set_attribute = object.__setattr__
+
+
+def _trusted(cls: type[Model], fields: dict[str, Any], private: dict[str, Any] | None) -> Model:
+    """An instance of `cls` from values already of its fields' types, as pydantic's `model_construct`
+    makes one (no validation) without its per-field bookkeeping: the router makes a few of these
+    for every request, and pydantic's constructors cost more than the rest of handling them.
+    `fields` names every field; each counts as set, as after validation of a body that gave it."""
+    obj = cls.__new__(cls)
+    _set_attribute(obj, "__dict__", fields)
+    _set_attribute(obj, "__pydantic_fields_set__", {k for k, v in fields.items() if v is not None})
+    _set_attribute(obj, "__pydantic_extra__", None)
+    _set_attribute(obj, "__pydantic_private__", private)
+    return obj
 
 
 def _made_output(
     name: str, shape: list[int], datatype: str, data: list[Any] | None, array: np.ndarray | None
 ) -> ResponseOutput:
-    """An output the router made itself, as pydantic's `model_construct` makes one (no validation:
-    these values are the router's own), without its per-field bookkeeping: every answer builds a
-    few of these, and pydantic's constructors cost more than the rest of rendering them."""
-    out = ResponseOutput.__new__(ResponseOutput)
+    """An output the router made itself: its values are its own, and need no validation."""
     fields = {"name": name, "shape": shape, "datatype": datatype, "parameters": None, "data": data}
-    _set_attribute(out, "__dict__", fields)
-    _set_attribute(out, "__pydantic_fields_set__", _OUTPUT_SET | {"data"} if data is not None else set(_OUTPUT_SET))
-    _set_attribute(out, "__pydantic_extra__", None)
-    _set_attribute(out, "__pydantic_private__", {"_array": array})
-    return out
+    return _trusted(ResponseOutput, fields, {"_array": array})
 
 
 def binary_blob(output: ResponseOutput) -> bytes:

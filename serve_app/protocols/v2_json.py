@@ -47,7 +47,23 @@ class Request(msgspec.Struct):
     outputs: list[Output] | None = None
 
 
+class SmallInput(msgspec.Struct):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = None
+
+
+class SmallRequest(msgspec.Struct):
+    inputs: list[SmallInput]
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    outputs: list[Output] | None = None
+
+
 _REQUEST = msgspec.json.Decoder(Request)
+_SMALL_REQUEST = msgspec.json.Decoder(SmallRequest)
 _ANY = msgspec.json.Decoder()
 
 
@@ -62,6 +78,19 @@ def decode(json_part: bytes | bytearray) -> Request | None:
     try:
         request = _REQUEST.decode(json_part)
     except Exception:  # anything msgspec refuses (bad JSON, bad UTF-8, wrong types): pydantic says why
+        return None
+    return request if request.inputs else None
+
+
+def decode_small(json_part: bytes | bytearray) -> SmallRequest | None:
+    """A small body (a few texts, a small tensor) in one pass, its `data` as Python values; None
+    for a body msgspec does not take whole (pydantic then says what is wrong, or takes what
+    its lax types allow)."""
+    if json_part.count(b"[") + json_part.count(b"{") > MAX_BRACKETS:
+        return None
+    try:
+        request = _SMALL_REQUEST.decode(json_part)
+    except Exception:
         return None
     return request if request.inputs else None
 

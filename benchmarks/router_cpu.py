@@ -32,6 +32,7 @@ from benchmarks.scenarios import single_versions
 from serve_app.config import AppArgs
 from serve_app.contract import BatchReply
 from serve_app.router import direct
+from serve_app.router.gcwatch import FullCollectionSchedule, freeze_startup_heap
 from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
 
@@ -86,7 +87,9 @@ class Cycle:
         return {"type": "http.disconnect"}
 
 
-async def drive(app: Any, path: str, requests: list[tuple[bytes, list[tuple[bytes, bytes]]]], total: int, concurrency: int) -> dict[str, Any]:
+async def drive(
+    app: Any, path: str, requests: list[tuple[bytes, list[tuple[bytes, bytes]]]], total: int, concurrency: int
+) -> dict[str, Any]:
     statuses: dict[int, int] = {}
     left = total
 
@@ -125,6 +128,9 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
     direct.APP, direct.APP_LOOP = app, asyncio.get_running_loop()
     entry = direct.DirectInfer(app.through_fastapi)
     requests = requests_of(ns.model_dir / ns.model, ns.binary)
+    # The collector as the router's replica runs it (serve_app.router.startup, background.py).
+    freeze_startup_heap()
+    FullCollectionSchedule.take_over()
     path = f"/v2/models/{ns.model}/infer"
     await drive(entry, path, requests, min(2000, ns.requests), ns.concurrency)  # warm: manifests, estimators
     return await drive(entry, path, requests, ns.requests, ns.concurrency)

@@ -402,12 +402,18 @@ def _trusted(cls: type[Model], fields: dict[str, Any], private: dict[str, Any] |
     return obj
 
 
-def _made_output(
-    name: str, shape: list[int], datatype: str, data: list[Any] | None, array: np.ndarray | None
-) -> ResponseOutput:
+def _made_output(name: str, shape: list[int], datatype: str, data: list[Any] | None, array: np.ndarray | None) -> ResponseOutput:
     """An output the router made itself: its values are its own, and need no validation."""
     fields = {"name": name, "shape": shape, "datatype": datatype, "parameters": None, "data": data}
     return _trusted(ResponseOutput, fields, {"_array": array})
+
+
+def made_response(
+    name: str, version: str | None, request_id: str | None, parameters: dict[str, Any] | None, outputs: list[ResponseOutput]
+) -> InferResponse:
+    """A response the router made itself (see `_trusted`)."""
+    fields = {"model_name": name, "model_version": version, "id": request_id, "parameters": parameters, "outputs": outputs}
+    return _trusted(InferResponse, fields, None)
 
 
 def binary_blob(output: ResponseOutput) -> bytes:

@@ -44,7 +44,6 @@ import asyncio
 import logging
 import random
 import sys
-import uuid
 from typing import Any
 
 from starlette.middleware import Middleware
@@ -89,7 +88,18 @@ def request_id(scope: Scope) -> bytes:
     for name, value in scope["headers"]:
         if name == REQUEST_ID:
             return bytes(value)
-    return str(uuid.UUID(int=random.getrandbits(128), version=4)).encode()
+    return new_request_id()
+
+
+# A version-4 UUID's fixed bits, as `uuid.UUID(int=..., version=4)` sets them.
+_UUID4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
+_UUID4_SET = (0x8000 << 48) | (4 << 76)
+
+
+def new_request_id() -> bytes:
+    """A random version-4 UUID in its text form, without building a `uuid.UUID` on every request."""
+    h = "%032x" % (random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}".encode()
 
 
 class DirectInfer:
@@ -103,7 +113,7 @@ class DirectInfer:
         except RuntimeError:
             loop = None
         # The router's app only on the loop it runs on (see the module docstring).
-        self.router = APP if APP is not None and loop is APP_LOOP else None
+        self.router = getattr(APP, "direct_infer", APP) if APP is not None and loop is APP_LOOP else None
         self.deadlines = Deadlines()
         BUILT = BUILT or self.router is not None
 

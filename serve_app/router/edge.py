@@ -39,6 +39,55 @@ class InflightBytes:
         self.held -= n
 
 
+class BodyBudget:
+    """One request's body against the limits: its declared length first, then each chunk as it
+    comes. `close` gives its room back; call it however the request ends."""
+
+    __slots__ = ("held", "inflight", "limit", "seen")
+
+    def __init__(self, limit: int, inflight: InflightBytes) -> None:
+        self.limit, self.inflight = limit, inflight
+        self.held = self.seen = 0
+
+    def open(self, declared: bytes | None) -> ServeAppError | None:
+        """The refusal its Content-Length earns at once (413, or 503 while the router holds too
+        many bytes), before any of the body is read; None to read on."""
+        if declared is None or not declared.isdigit():
+            return None
+        n = int(declared)
+        if n > self.limit:
+            return PayloadTooLarge(f"request body is {n} bytes; at most {self.limit} are allowed")
+        if not self.inflight.take(n):
+            return full(self.inflight)
+        self.held = n
+        return None
+
+    def count(self, size: int) -> None:
+        """A chunk of `size` bytes arrived. Raises an HTTPException into whoever reads the body: FastAPI
+        turns any other error in its own body read into a 400; the app renders it in the protocol's shape."""
+        self.seen += size
+        if self.seen > self.held:  # a chunked body (or one longer than it said) takes its room as it comes
+            if not self.inflight.take(self.seen - self.held):
+                raise HTTPException(503, full(self.inflight).message, headers={"Retry-After": "1"})
+            self.held = self.seen
+        if self.seen > self.limit:
+            raise HTTPException(413, f"request body is over {self.limit} bytes; at most {self.limit} are allowed")
+
+    def close(self) -> None:
+        self.inflight.give_back(self.held)
+        self.held = 0
+
+
+def full(inflight: InflightBytes) -> Overloaded:
+    return Overloaded(
+        f"the router holds {inflight.held} bytes of request bodies, its limit is {inflight.limit}", retry_after_s=1.0
+    )
+
+
+def content_length(scope: Scope) -> bytes | None:
+    return next((v for k, v in scope["headers"] if k == b"content-length"), None)
+
+
 class BodyLimit:
     def __init__(self, app: ASGIApp, max_bytes: int, inflight: InflightBytes) -> None:
         self.app = app
@@ -49,45 +98,21 @@ class BodyLimit:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        limit = self.max_bytes
-        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            too_large = PayloadTooLarge(f"request body is {int(declared)} bytes; at most {limit} are allowed")
-            await error_response(scope["path"], too_large)(scope, receive, send)
+        budget = BodyBudget(self.max_bytes, self.inflight)
+        refusal = budget.open(content_length(scope))
+        if refusal is not None:
+            await error_response(scope["path"], refusal)(scope, receive, send)
             return
-        held = 0
-        if declared is not None and declared.isdigit():
-            if not self.inflight.take(int(declared)):
-                await error_response(scope["path"], self._full())(scope, receive, send)
-                return
-            held = int(declared)
-        seen = 0
 
         async def counted() -> Message:
-            nonlocal seen, held
             message = await receive()
-            size = len(message.get("body", b""))
-            seen += size
-            if seen > held:  # a chunked body (or one longer than it said) takes its room as it comes
-                if not self.inflight.take(seen - held):
-                    raise HTTPException(503, self._full().message, headers={"Retry-After": "1"})
-                held = seen
-            if seen > limit:
-                # Raised into whoever reads the body. An HTTPException, because FastAPI turns any
-                # other error in its own body read into a 400; the app renders it in the protocol's shape.
-                raise HTTPException(413, f"request body is over {limit} bytes; at most {limit} are allowed")
+            budget.count(len(message.get("body", b"")))
             return message
 
         try:
             await self.app(scope, counted, send)
         finally:
-            self.inflight.give_back(held)
-
-    def _full(self) -> Overloaded:
-        return Overloaded(
-            f"the router holds {self.inflight.held} bytes of request bodies, its limit is {self.inflight.limit}",
-            retry_after_s=1.0,
-        )
+            budget.close()
 
 
 class KeyGate:

@@ -18,6 +18,7 @@ as for every path.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -57,41 +58,57 @@ class InferFastPath:
         if route is None:
             await self.app(scope, receive, send)
             return
+        await answer(self.parts, scope, receive, send, route, wanted_headers(scope["headers"]))
 
-        async def next_chunk() -> tuple[bytes, bool]:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnect()
-            return message.get("body", b""), message.get("more_body", False)
 
-        async def read_body() -> bytes | bytearray:
+async def answer(
+    parts: RouterParts,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    route: tuple[str, str | None],
+    h: dict[bytes, str],
+    count: Callable[[int], None] | None = None,
+) -> None:
+    """Answer one v2 infer request, errors in the protocol's shape. `h`: its headers (`wanted_headers`);
+    `count`, when given, is told each body chunk's size as it arrives, and may raise to refuse it."""
+
+    async def next_chunk() -> tuple[bytes, bool]:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        if count is not None:
+            count(len(chunk))
+        return chunk, message.get("more_body", False)
+
+    async def read_body() -> bytes | bytearray:
+        chunk, more = await next_chunk()
+        if not more:
+            return chunk  # one chunk: as it came, no copy
+        # Grown chunk by chunk as they arrive: a body of megabytes (a request of images) is
+        # copied a chunk at a time between other requests' turns on the loop, not in one
+        # join at its end that holds up every other request meanwhile.
+        body = bytearray(chunk)
+        while more:
             chunk, more = await next_chunk()
-            if not more:
-                return chunk  # one chunk: as it came, no copy
-            # Grown chunk by chunk as they arrive: a body of megabytes (a request of images) is
-            # copied a chunk at a time between other requests' turns on the loop, not in one
-            # join at its end that holds up every other request meanwhile.
-            body = bytearray(chunk)
-            while more:
-                chunk, more = await next_chunk()
-                body += chunk
-            return body
+            body += chunk
+        return body
 
-        h = wanted_headers(scope["headers"])
-        path = scope["path"]
-        try:
-            headers = InferHeaders(
-                h.get(b"x-priority"), h.get(b"x-request-timeout-ms"), h.get(b"authorization"),
-                h.get(b"inference-header-content-length"), h.get(b"x-session-key"), h.get(b"cache-control"),
-            )  # fmt: skip
-            response = await answer_infer(self.parts, route[0], route[1], read_body, headers)
-        except ClientDisconnect:
-            return  # nobody to answer
-        except ServeAppError as e:
-            response = error_response(path, e)
-        except HTTPException as e:  # the edge's body limit, raised into the body read (router/edge.py)
-            response = error_response(path, from_http_exception(e))
-        except Exception as e:  # as the app's last-resort handler: the protocol's shape, never bare text
-            logger.exception("unhandled error on %s", path)
-            response = error_response(path, ModelFailure(f"internal error: {type(e).__name__}"))
-        await response(scope, receive, send)
+    path = scope["path"]
+    try:
+        headers = InferHeaders(
+            h.get(b"x-priority"), h.get(b"x-request-timeout-ms"), h.get(b"authorization"),
+            h.get(b"inference-header-content-length"), h.get(b"x-session-key"), h.get(b"cache-control"),
+        )  # fmt: skip
+        response = await answer_infer(parts, route[0], route[1], read_body, headers)
+    except ClientDisconnect:
+        return  # nobody to answer
+    except ServeAppError as e:
+        response = error_response(path, e)
+    except HTTPException as e:  # the edge's body limit, raised into the body read (router/edge.py)
+        response = error_response(path, from_http_exception(e))
+    except Exception as e:  # as the app's last-resort handler: the protocol's shape, never bare text
+        logger.exception("unhandled error on %s", path)
+        response = error_response(path, ModelFailure(f"internal error: {type(e).__name__}"))
+    await response(scope, receive, send)

@@ -24,6 +24,7 @@ from serve_app.protocols.errors import error_response, from_http_exception
 from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
 from serve_app.router.edge import BodyLimit, KeyGate
 from serve_app.router.fastpath import InferFastPath
+from serve_app.router.infer_edge import InferEdge
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import ASGIApp, HeaderCheck, Message, Receive, Scope, Send, ShedGate
 from serve_app.router.traced import TraceContext
@@ -41,11 +42,19 @@ class RouterApp(FastAPI):
     """
 
     edge: ASGIApp
+    infer_edge: ASGIApp  # v2 infer calls from the direct path: the same edge, in one call (infer_edge.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.edge(scope, receive, send)
             return
+        await self._last_resort(self.edge, scope, receive, send)
+
+    async def direct_infer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A v2 infer call that Serve's direct ingress hands over (serve_app.router.direct)."""
+        await self._last_resort(self.infer_edge, scope, receive, send)
+
+    async def _last_resort(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def tracked(message: Message) -> None:
@@ -54,7 +63,7 @@ class RouterApp(FastAPI):
             await send(message)
 
         try:
-            await self.edge(scope, receive, tracked)
+            await app(scope, receive, tracked)
         except Exception as e:
             if started:  # answered already (FastAPI's last-resort handler re-raises after its 500): Serve's to log
                 raise
@@ -96,7 +105,7 @@ def build_http_app(
     # body limit; all before routing and the body parse. Innermost, v2 infer leaves FastAPI out.
     limits = parts.args.limits
     check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.loop_lag, parts.lag_shedding)
-    app.edge = TraceContext(
+    edge = TraceContext(
         KeyGate(
             ShedGate(
                 BodyLimit(
@@ -110,6 +119,8 @@ def build_http_app(
             authenticate=parts.callers.authenticate,
         )
     )
+    app.edge = edge
+    app.infer_edge = InferEdge(parts, edge, check, limits.max_request_bytes)
     add_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -50,6 +50,19 @@ class InferHeaders:
         return {k: v for k, v in carried.items() if v}
 
 
+class ReadyResponse(Response):
+    """A response whose body is rendered and whose headers are final: starlette's constructor would
+    look both over again, on every answer."""
+
+    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = body
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        raw.append((b"content-length", str(len(body)).encode()))
+        self.raw_headers = raw
+
+
 @dataclass
 class Answer:
     outputs: list[v2.ResponseOutput]
@@ -76,7 +89,7 @@ async def answer_infer(
     content, extra = v2_render.render_response(response, v2.binary_outputs(body, [o.name for o in response.outputs]))
     # Where the time went inside the server, so a client can tell it from the network's share.
     out_headers["Server-Timing"] = timing.header(time.perf_counter() - started)
-    return Response(content, headers={**out_headers, **extra})
+    return ReadyResponse(content, {**out_headers, **extra})
 
 
 async def infer(
@@ -106,9 +119,7 @@ async def infer(
         parameters["degraded"] = out_headers["X-Degraded"] = answer.degraded
     if answer.cache:
         out_headers["X-Cache"] = answer.cache
-    response = v2.InferResponse.model_construct(
-        model_name=name, model_version=answer.version, id=body.id, parameters=parameters, outputs=outputs
-    )
+    response = v2.made_response(name, answer.version, body.id, parameters, outputs)
     return response, out_headers
 
 

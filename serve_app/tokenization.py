@@ -13,6 +13,12 @@ from tokenizers import Tokenizer
 from serve_app.errors import InvalidInput
 
 DEFAULT_SPECIAL = {"pad": "<pad>", "eos": "<eos>"}
+# Up to this many texts, a batch is tokenized on the calling thread, one text after another.
+# The library's `encode_batch` hands a batch to a thread pool of its own: on a few shared cores
+# that costs more CPU than it saves time, and its threads run at normal priority even when
+# the caller is a replica's background (bulk) lane, taking cores from the router and from
+# urgent batches. A large batch (a GPU node's) still spreads over the pool.
+SEQUENTIAL_UP_TO = 32
 
 
 class TextTokenizer:
@@ -37,6 +43,9 @@ class TextTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         try:
+            if len(texts) <= SEQUENTIAL_UP_TO:
+                encode = self._tok.encode
+                return [encode(text, add_special_tokens=False).ids for text in texts]
             return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
         except TypeError:
             raise not_unicode(texts) or TypeError("texts must be strings") from None

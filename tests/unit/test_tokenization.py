@@ -36,3 +36,14 @@ def test_a_text_that_is_not_unicode_is_the_callers_400_naming_it(tmp_path):
         tok.encode("\udfff")
     with pytest.raises(TypeError):  # not text at all: the caller's check is missing, not the client's fault
         tok.encode_batch([b"bytes"])  # type: ignore[list-item]
+
+
+def test_a_small_batch_on_the_callers_thread_and_a_large_one_on_the_pool_give_the_same_ids(tmp_path):
+    from serve_app.tokenization import SEQUENTIAL_UP_TO
+
+    texts = data.sentiment_dataset(2 * SEQUENTIAL_UP_TO, 0)[0]
+    tok = train_byte_level_bpe(texts, 300, tmp_path / "tokenizer.json")
+    small, large = tok.encode_batch(texts[:SEQUENTIAL_UP_TO]), tok.encode_batch(texts)
+    assert small == large[:SEQUENTIAL_UP_TO] == [tok.encode(t) for t in texts[:SEQUENTIAL_UP_TO]]
+    with pytest.raises(InvalidInput, match=f"text {SEQUENTIAL_UP_TO} is not valid Unicode"):
+        tok.encode_batch([*texts[:SEQUENTIAL_UP_TO], "a\ud800b"])  # past the threshold: the pool's path

@@ -75,7 +75,9 @@ def with_length(body: bytes, *headers: tuple[bytes, bytes]) -> list[tuple[bytes,
         ("/v2/models/bert-heavy/versions/9/infer", json.dumps(TEXT).encode(), 404),
     ],
 )
-def test_an_answer_is_the_same_through_the_layers_and_in_one_call(tiny_model_dir: Path, path: str, body: bytes, status: int) -> None:
+def test_an_answer_is_the_same_through_the_layers_and_in_one_call(
+    tiny_model_dir: Path, path: str, body: bytes, status: int
+) -> None:
     layered, direct = both(router(tiny_model_dir), path, body, with_length(body, (b"x-priority", b"high")))
     assert layered == direct
     assert direct[0] == status

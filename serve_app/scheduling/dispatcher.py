@@ -26,6 +26,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from serve_app.contract import BULK, URGENT, BatchReply, Priority
@@ -35,7 +36,7 @@ from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
 from serve_app.scheduling.limit import AdaptiveLimit
 from serve_app.scheduling.queue import QueueFull, QueuePolicy, RequestQueue, Ticket, make_queue
-from serve_app.scheduling.waits import TIMER_SLACK_S, watch_wait
+from serve_app.scheduling.waits import WaitBounds
 
 
 @dataclass
@@ -99,9 +100,7 @@ class Lane:
     inflight: int = 0
     inflight_items: int = 0
     timer: asyncio.TimerHandle | None = None
-    # One timer for the lane's queued tickets without a deadline: it fires when the oldest of them
-    # reaches `max_queued_s` (Dispatcher._starve_old).
-    starve_timer: asyncio.TimerHandle | None = None
+    bounds: WaitBounds | None = None  # how long its requests may wait (set by the dispatcher)
     # Recent batches as (router queue s, round trip s, replica wait s, exec s): where latency goes.
     recent: deque[tuple[float, float, float, float]] = field(default_factory=lambda: deque(maxlen=512))
 
@@ -223,6 +222,9 @@ class Dispatcher:
         self.retryable = retryable
         self.stats = DispatchStats()
         self._tasks: set[asyncio.Task[None]] = set()
+        for lane in self.lanes:
+            expire, starve = partial(self._expire, lane), partial(self._starve, lane)
+            lane.bounds = WaitBounds(lane.queue.queued, s.max_queued_s, clock, expire, starve)
 
     @property
     def prioritized(self) -> bool:
@@ -293,8 +295,8 @@ class Dispatcher:
             raise self._refuse(lane, "queue_full", priority, f"overloaded ({e})") from None
         loop = asyncio.get_running_loop()
         ticket.result = loop.create_future()
-        if self.prioritized:  # the FIFO baseline keeps a plain queue's behaviour
-            self._bound_wait(loop, lane, ticket)
+        if self.prioritized and lane.bounds is not None:  # the FIFO baseline keeps a plain queue's behaviour
+            lane.bounds.admitted(loop, ticket)
         for victim in evicted:
             self.stats.count_shed("evicted", victim.priority)
             victim.result.set_exception(
@@ -304,60 +306,23 @@ class Dispatcher:
         self._dispatch(lane)
         return ticket
 
-    def _bound_wait(self, loop: asyncio.AbstractEventLoop, lane: Lane, ticket: Ticket) -> None:
-        """Answer the ticket when it has waited too long, wherever it is then: a 504 when its deadline
-        passes, queued or in a batch not answered yet (a replica starting from zero); a 503 with
-        Retry-After when still queued `max_queued_s` after admission (higher classes kept arriving
-        ahead of it), rather than holding its memory until its client gives up.
-
-        A ticket with a deadline has a timer of its own. The rest, nearly every request, share
-        the lane's one timer (`_starve_old`): a timer per request costs the router more than
-        the request's own admission, for a bound that rarely fires."""
-        if ticket.deadline is None:
-            if lane.starve_timer is None:  # none queued (or none without a deadline) before this one
-                self._arm_starve(loop, lane, self.settings.max_queued_s)
-            return
-
-        def expire(queued: bool) -> None:
-            if queued:
-                lane.queue.cancel(ticket)
-            self.stats.count_shed("expired", ticket.priority)
-            where = "queued" if queued else "the model ran"
-            ticket.result.set_exception(DeadlineExceeded(f"{self.model}: deadline passed while {where}"))
-
-        def starve() -> None:
-            self._starve(lane, ticket)
-
-        watch_wait(loop, ticket, ticket.enqueued + self.settings.max_queued_s, self.clock, expire, starve)
+    def _expire(self, lane: Lane, ticket: Ticket, queued: bool) -> None:
+        """A 504 when the ticket's deadline passes, queued or in a batch not answered yet (a replica
+        starting from zero)."""
+        if queued:
+            lane.queue.cancel(ticket)
+        self.stats.count_shed("expired", ticket.priority)
+        where = "queued" if queued else "the model ran"
+        ticket.result.set_exception(DeadlineExceeded(f"{self.model}: deadline passed while {where}"))
 
     def _starve(self, lane: Lane, ticket: Ticket) -> None:
+        """A 503 with Retry-After when still queued `max_queued_s` after admission (higher classes
+        kept arriving ahead of it), rather than holding its memory until its client gives up."""
         lane.queue.cancel(ticket)
         self.stats.count_shed("starved", ticket.priority)
         waited = self.clock() - ticket.enqueued
         error = Overloaded(f"{self.model}: overloaded (queued {waited:.1f} s)", retry_after_s=self._retry_after(lane))
         ticket.result.set_exception(error)
-
-    def _arm_starve(self, loop: asyncio.AbstractEventLoop, lane: Lane, delay_s: float) -> None:
-        # In a context of its own, as a batch's (see _detached): the timer outlives the request that armed it.
-        lane.starve_timer = loop.call_later(max(0.0, delay_s), self._starve_old, loop, lane, context=contextvars.Context())
-
-    def _starve_old(self, loop: asyncio.AbstractEventLoop, lane: Lane) -> None:
-        """Refuse the lane's queued tickets without a deadline that have waited `max_queued_s`;
-        then wait for the oldest one left."""
-        lane.starve_timer = None
-        limit = self.settings.max_queued_s
-        # An event loop may fire a timer a little early (see TIMER_SLACK_S).
-        now = self.clock() + TIMER_SLACK_S
-        oldest: float | None = None
-        for ticket in lane.queue.queued():
-            if ticket.deadline is not None or ticket.result.done():
-                continue  # its own timer keeps its bounds / answered meanwhile
-            if now >= ticket.enqueued + limit:
-                self._starve(lane, ticket)
-            elif oldest is None or ticket.enqueued < oldest:
-                oldest = ticket.enqueued
-        if oldest is not None:
-            self._arm_starve(loop, lane, oldest + limit - self.clock())
 
     async def submit(
         self,

@@ -13,8 +13,6 @@ spans export, goes through the layers as before (TraceContext is the outermost o
 
 from __future__ import annotations
 
-import logging
-
 from serve_app.errors import ServeAppError, Unauthorized
 from serve_app.observability import tracing
 from serve_app.protocols.errors import error_response
@@ -22,9 +20,7 @@ from serve_app.router.direct import infer_route
 from serve_app.router.edge import BodyBudget
 from serve_app.router.fastpath import WANTED, answer
 from serve_app.router.parts import RouterParts
-from serve_app.router.shedgate import ASGIApp, Check, Receive, Scope, Send, infer_target
-
-logger = logging.getLogger("ray.serve")
+from serve_app.router.shedgate import ASGIApp, Check, Receive, Scope, Send
 
 _TRACE = (b"traceparent", b"tracestate")
 _READ = frozenset((*WANTED, *_TRACE, b"content-length"))
@@ -63,8 +59,8 @@ class InferEdge:
             return
         except ServeAppError:
             pass  # anything else is the endpoint's to answer
-        gate = {name: h[key] for key, name in _GATE if key in h}
-        name = infer_target(path) or route[0]
+        gate = {header: h[key] for key, header in _GATE if key in h}
+        name = route[0]
         refusal = self.check(path, name, gate)  # ShedGate
         if refusal is not None:
             await refusal(scope, receive, send)
@@ -79,12 +75,13 @@ class InferEdge:
                 return
         budget = BodyBudget(self.max_bytes, parts.inflight_bytes)  # BodyLimit
         try:
-            too_much = budget.open(h.get(b"content-length", "").encode("latin-1") or None)
+            declared = h.get(b"content-length")
+            too_much = budget.open(None if declared is None else declared.encode("latin-1"))
             if too_much is not None:
                 await error_response(path, too_much)(scope, receive, send)
                 return
             await answer(parts, scope, receive, send, route, h, budget.count)
         finally:
             budget.close()
-            if priority is not None:
-                guard.leave(priority)  # type: ignore[union-attr]
+            if guard is not None and priority is not None:
+                guard.leave(priority)

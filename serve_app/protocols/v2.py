@@ -393,7 +393,8 @@ def _trusted(cls: type[Model], fields: dict[str, Any], private: dict[str, Any] |
     """An instance of `cls` from values already of its fields' types, as pydantic's `model_construct`
     makes one (no validation) without its per-field bookkeeping: the router makes a few of these
     for every request, and pydantic's constructors cost more than the rest of handling them.
-    `fields` names every field; each counts as set, as after validation of a body that gave it."""
+    `fields` names every field; those with a value count as set, as after validating a body
+    that gave just those."""
     obj = cls.__new__(cls)
     _set_attribute(obj, "__dict__", fields)
     _set_attribute(obj, "__pydantic_fields_set__", {k for k, v in fields.items() if v is not None})

@@ -18,7 +18,7 @@ as for every path.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -39,11 +39,12 @@ WANTED = (
 )  # fmt: skip
 
 
-def wanted_headers(raw: list[tuple[bytes, bytes]]) -> dict[bytes, str]:
-    """The endpoint's headers, the first of each when repeated (as Starlette's `Headers.get`)."""
+def wanted_headers(raw: list[tuple[bytes, bytes]], wanted: Collection[bytes] = WANTED) -> dict[bytes, str]:
+    """The `wanted` headers (by default the endpoint's), the first of each when repeated (as
+    Starlette's `Headers.get`)."""
     found: dict[bytes, str] = {}
     for k, v in raw:
-        if k in WANTED and k not in found:
+        if k in wanted and k not in found:
             found[k] = v.decode("latin-1")
     return found
 

@@ -18,7 +18,7 @@ from serve_app.observability import tracing
 from serve_app.protocols.errors import error_response
 from serve_app.router.direct import infer_route
 from serve_app.router.edge import BodyBudget
-from serve_app.router.fastpath import WANTED, answer
+from serve_app.router.fastpath import WANTED, answer, wanted_headers
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import ASGIApp, Check, Receive, Scope, Send
 
@@ -43,11 +43,7 @@ class InferEdge:
         if route is None or scope["method"] != "POST":
             await self.layered(scope, receive, send)
             return
-        # One pass, the first of each repeated header (as Starlette's `Headers.get`).
-        h: dict[bytes, str] = {}
-        for k, v in scope["headers"]:
-            if k in _READ and k not in h:
-                h[k] = v.decode("latin-1")
+        h = wanted_headers(scope["headers"], _READ)  # one pass over the headers for every check
         if b"traceparent" in h or b"tracestate" in h or tracing.exporting():
             await self.layered(scope, receive, send)
             return

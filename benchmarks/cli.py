@@ -33,6 +33,9 @@ SCENARIOS = {
     "flood": "priority when the router is the bottleneck: one high-priority closed-loop client sending JSON images "
     "to resnet-heavy, alone and then beside 64 low-priority closed-loop clients: high p50/p99 both ways, refusals, "
     "low statuses",
+    "goodput": "open-loop (Poisson) overload: capacity first, then offered loads from 0.5x to 3x of it with several "
+    "priority mixes, each request with a client timeout: per class answered share, p50/p99, refusals and their "
+    "latency, timeouts; goodput over capacity; the load generator's CPU",
     "routers": "one model replica behind one router, then two, under the same closed-loop load: throughput, the "
     "rows per batch each router sent and the rows per batch the replica ran (does its executor merge the routers' calls?)",
     "soak": "the whole app at 3x its capacity for 10 minutes, mixed models and priorities: statuses (only 200, "
@@ -89,11 +92,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="flood: the router's own overload target (scheduling.router_delay_target_ms); default: the config's",
     )
     p.add_argument(
-        "--router-protect-delay-ms",
-        type=float,
-        help="flood: the router's priority protection target (scheduling.router_protect_delay_ms); default: the config's",
-    )
-    p.add_argument(
         "--phases",
         nargs="+",
         choices=("replica", "router", "stall", "malformed", "node"),
@@ -115,6 +113,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="compare: after the curves, plain and ours deployed in turn this many rounds at the headline concurrency",
+    )
+    p.add_argument("--loads", type=float, nargs="+", help="goodput: offered loads over capacity (default: 0.5 0.9 1.5 3)")
+    p.add_argument(
+        "--mixes", nargs="+", help="goodput: priority mixes, by name: no-high trickle 10/30/60 mostly-high (default: all)"
     )
     p.add_argument(
         "--rounds", type=int, default=2, help="generation: phases of each setup per concurrency (default: %(default)s)"
@@ -172,7 +174,15 @@ def _images_options(settings: Any, ns: argparse.Namespace) -> None:
 
 def _flood_options(settings: Any, ns: argparse.Namespace) -> None:
     settings.router_delay_target_ms = ns.router_delay_target_ms
-    settings.router_protect_delay_ms = ns.router_protect_delay_ms
+
+
+def _goodput(settings: Any, ns: argparse.Namespace) -> None:
+    if len(ns.models) == 1:  # one model named: that one (else the scenario's default)
+        settings.model = ns.models[0]
+    if ns.loads:
+        settings.loads = tuple(ns.loads)
+    if ns.mixes:
+        settings.mixes = tuple(ns.mixes)
 
 
 def _generation(inv: Invocation) -> Any:
@@ -234,6 +244,7 @@ RUNNERS: dict[str, Callable[[Invocation], Any]] = {
     "generation": _generation,
     "chaos": _with_settings("chaos", "ChaosSettings", options=_chaos_options),
     "flood": _with_settings("flood", "FloodSettings", options=_flood_options),
+    "goodput": _with_settings("goodput", "GoodputSettings", options=_goodput),
     "soak": _with_settings("soak", "SoakSettings"),
     "routers": _with_settings("routers", "RoutersSettings"),
     "images": _with_settings("images", "ImageSettings", options=_images_options),

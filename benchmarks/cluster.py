@@ -392,9 +392,11 @@ def run_loadgen(
     max_in_flight: int | None = None,
     raw: bool = False,
     honor_retry_after: bool = False,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """One load generator process; returns its result JSON plus, over the measured
-    window, the cores each process role used and the peak RSS of the watched deployments."""
+    window, the cores each process role used and the peak RSS of the watched deployments.
+    `timeout_s`: each request's own (the load generator's default when None)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     mode = ["--concurrency", str(load["concurrency"])] if "concurrency" in load else ["--rate", str(load["rate"])]
@@ -404,6 +406,8 @@ def run_loadgen(
         mode.append("--raw")  # every request's record, for timelines
     if honor_retry_after:
         mode.append("--honor-retry-after")
+    if timeout_s is not None:
+        mode += ["--timeout", str(timeout_s)]
     cmd = [sys.executable, "-m", "benchmarks.loadgen", "--url", url, "--workload", str(workload), *mode,
            "--seconds", str(seconds), "--warmup", str(warmup), "--out", str(out)]  # fmt: skip
     return measured_client(cmd, out, seconds, warmup, watch)

@@ -37,16 +37,13 @@ class FloodSettings:
     seconds: float = 30.0
     warmup: float = 3.0
     router_delay_target_ms: float | None = None  # the router's own overload target; None: the config's
-    router_protect_delay_ms: float | None = None  # the router's priority protection target; None: the config's
 
     @classmethod
     def smoke(cls) -> FloodSettings:
         return cls(low_clients=8, seconds=4.0, warmup=1.0)
 
 
-def flood_config(
-    base: dict[str, Any], model_dir: Path, model: str, delay_target_ms: float | None = None, protect_ms: float | None = None
-) -> dict[str, Any]:
+def flood_config(base: dict[str, Any], model_dir: Path, model: str, delay_target_ms: float | None = None) -> dict[str, Any]:
     """The user's config on these model files, the model at one replica; anonymous clients may
     ask for high priority (the load generator sends no key)."""
     config = pin_replicas(single_versions(base), [model])
@@ -55,8 +52,6 @@ def flood_config(
     args["scheduling"] = {**args.get("scheduling", {}), "anonymous_max_priority": "high"}
     if delay_target_ms is not None:
         args["scheduling"]["router_delay_target_ms"] = delay_target_ms
-    if protect_ms is not None:
-        args["scheduling"]["router_protect_delay_ms"] = protect_ms
     return config
 
 
@@ -76,15 +71,14 @@ def run(s: FloodSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
         low = workloads.write([workloads.v2_infer(s.model, model_dir / s.model, "low")], tmp / "low.json")
         with RayCluster(DEFAULT_INGRESS, tmp, model_dir) as cluster:
             body = workloads.bodies_for(model_dir / s.model, 1)[0]
-            config = flood_config(base, model_dir, s.model, s.router_delay_target_ms, s.router_protect_delay_ms)
+            config = flood_config(base, model_dir, s.model, s.router_delay_target_ms)
             scheduling = config["applications"][0]["args"]["scheduling"]
             out["router_delay_target_ms"] = scheduling.get("router_delay_target_ms")
-            out["router_protect_delay_ms"] = scheduling.get("router_protect_delay_ms")
             cluster.deploy(config, Probe(f"/v2/models/{s.model}/infer", body))
             out["unloaded"] = client(run_loadgen(BASE_URL, high, {"concurrency": 1}, s.seconds, s.warmup))
             out["loaded"], out["low"] = _flood(s, high, low, honor_retry_after=False)
             out["lanes_after_flood"] = lanes(s.model)
-            out["protection_after_flood"] = protection()
+            out["shedding_after_flood"] = shedding()
             out["loaded_polite"], out["low_polite"] = _flood(s, high, low, honor_retry_after=True)
     u = out["unloaded"]
     for suffix in ("", "_polite"):
@@ -105,10 +99,10 @@ def lanes(model: str) -> dict[str, Any]:
         return {"error": type(e).__name__}
 
 
-def protection() -> dict[str, Any] | None:
-    """The router's priority protection after a phase: the lower classes' limits and refusals."""
+def shedding() -> dict[str, Any] | None:
+    """The router's own overload control after a phase: its shed level and refusals by class."""
     try:
-        found: dict[str, Any] | None = httpx.get(f"{BASE_URL}/router/status", timeout=10).json().get("protection")
+        found: dict[str, Any] | None = httpx.get(f"{BASE_URL}/router/status", timeout=10).json().get("router_delay")
         return found
     except (httpx.HTTPError, ValueError) as e:
         return {"error": type(e).__name__}
@@ -149,8 +143,7 @@ def markdown(res: dict[str, Any]) -> str:
         [
             f"`{s['model']}`, JSON images, closed loop: one high-priority client alone, then beside {s['low_clients']} "
             f"low-priority clients, which after a refusal either send again at once or wait what its "
-            f"Retry-After asks; {s['seconds']:.0f} s each. The router's delay target: {r.get('router_delay_target_ms')} ms; "
-            f"its protection target: {r.get('router_protect_delay_ms')} ms.",
+            f"Retry-After asks; {s['seconds']:.0f} s each. The router's delay target: {r.get('router_delay_target_ms')} ms.",
             "",
             "| phase | low clients | high p50 ms | high p99 ms | high p99 / unloaded | high statuses | low statuses "
             "| low refused without Retry-After |",

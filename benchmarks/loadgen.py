@@ -394,9 +394,14 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
             if r.served_by:
                 into[r.served_by] = into.get(r.served_by, 0) + 1
         refused = [r for r in records if r.status in (429, 503)]
+        refused_ms = percentiles([r.latency_ms for r in refused])
         return {
             "requests": len(records),
             "refused_without_retry_after": sum(1 for r in refused if not r.retry_after),
+            # How fast a "no" came: a refusal is only worth something to a client that gets it quickly.
+            "refused_p50_ms": refused_ms["p50_ms"],
+            "refused_p99_ms": refused_ms["p99_ms"],
+            "timeouts": sum(1 for r in records if r.status == STATUS_TIMEOUT),
             "throughput_rps": round(len(records) / seconds, 2),
             "goodput_rps": round(len(ok) / seconds, 2),
             "goodput_in_window_rps": round(in_window / seconds, 2),

@@ -13,7 +13,21 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks import chaos, contention, cost, flood, generation, images, lifecycle, precision, routers, scaling, soak, wire
+from benchmarks import (
+    chaos,
+    contention,
+    cost,
+    flood,
+    generation,
+    goodput,
+    images,
+    lifecycle,
+    precision,
+    routers,
+    scaling,
+    soak,
+    wire,
+)
 
 SETUPS = ("naive", "plain", "ours")
 SETUP_TITLES = {
@@ -505,6 +519,7 @@ MARKDOWN = {
     "lifecycle": lifecycle.markdown,
     "scaling": scaling.markdown,
     "flood": flood.markdown,
+    "goodput": goodput.markdown,
     "routers": routers.markdown,
     "soak": soak.markdown,
     "generation": generation.markdown,

@@ -344,18 +344,10 @@ class SchedulingConfig(ConfigModel):
     router_delay_target_ms: float | None = Field(
         None,
         gt=0,
-        description="the router's own overload control (serve_app/scheduling/overload.py): while its event loop runs "
-        "later than this, low-priority requests are refused from their headers (503 + Retry-After), and past twice "
-        "this normal ones too; high priority always goes on. None: off",
-    )
-    router_protect_delay_ms: float | None = Field(
-        None,
-        gt=0,
-        description="priority protection inside the router (serve_app/scheduling/protection.py): while a higher "
-        "class is arriving, each lower class's requests in flight on the router are capped, the cap halved while "
-        "the router's event loop runs later than this (low; normal past twice it) and raised while it is on time; "
-        "the excess is refused from the headers (503 + Retry-After). With no higher class arriving nothing is "
-        "capped. None: off",
+        description="the router's own overload control (serve_app/scheduling/overload.py): while its event loop stays "
+        "later than this for a whole interval (the router is saturated, not merely busy), a growing share of low "
+        "priority is refused from the headers (503 + Retry-After), then of normal; high priority always goes on. "
+        "None: off",
     )
 
 

@@ -51,7 +51,7 @@ class BackgroundLoops:
         # How many router replicas there are now, and who must follow it (the rate limits' share).
         self.router_count, self.on_router_count = router_count, on_router_count
         self.loop_lag = loop_lag  # fed by its own loop when the router's overload control is on
-        self.on_lag = on_lag  # told the smoothed lateness after each sample (priority protection)
+        self.on_lag = on_lag  # told each raw lateness sample (the router's class shedding)
         self.versions, self.cache = versions, cache  # rollback checks, and their metrics
         self.share_rollbacks = share_rollbacks  # with the application's other routers (rollback_ledger.py)
         self.heap_trim = HeapTrim()
@@ -149,9 +149,10 @@ class BackgroundLoops:
         while True:
             asked = loop.time()
             await asyncio.sleep(LAG_TICK_S)
-            lag.observe(loop.time() - asked - LAG_TICK_S)
+            late = loop.time() - asked - LAG_TICK_S
+            lag.observe(late)
             if on_lag is not None:
-                on_lag(lag.lag_s)
+                on_lag(late)
 
     @staticmethod
     async def _trim_heap(heap: HeapTrim) -> None:

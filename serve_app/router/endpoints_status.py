@@ -34,7 +34,6 @@ async def router_status(authorization: str | None = Header(None), parts: RouterP
         # v2 infer ahead of Serve's per-request wrapper (serve_app/router/direct.py)
         "direct_infer": direct.active(),
         "router_delay": _router_delay(parts),
-        "protection": parts.protection.status() if parts.protection is not None else None,
         "versions": parts.versions.snapshot(),
         "cache": parts.cache.snapshot(),
     }
@@ -47,7 +46,7 @@ def _transport(send: Any) -> dict[str, Any] | None:
 
 
 def _router_delay(parts: RouterParts) -> dict[str, Any] | None:
-    """The router's own overload control: how late its loop runs, and whom it refused for it."""
-    if parts.loop_lag is None or parts.lag_shedding is None:
+    """The router's own overload control: how late its loop runs, and whom it refuses for it."""
+    if parts.loop_lag is None or parts.shedding is None:
         return None
-    return {"lag_ms": round(parts.loop_lag.lag_s * 1e3, 1), "refused": dict(parts.lag_shedding.refused)}
+    return {"lag_ms": round(parts.loop_lag.lag_s * 1e3, 1), **parts.shedding.shedding.status()}

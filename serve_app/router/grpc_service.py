@@ -19,7 +19,6 @@ import logging
 import struct
 import time
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
@@ -126,33 +125,23 @@ class GrpcInference:
         if not held.take(size):
             raise Overloaded(f"the router holds {held.held} bytes of requests, its limit is {held.limit}", retry_after_s=1.0)
         try:
-            return await self._guarded_infer(request, headers)
+            return await self._infer(request, headers)
         finally:
             held.give_back(size)
 
-    @asynccontextmanager
-    async def _protected(self, name: str, headers: InferHeaders) -> AsyncIterator[None]:
-        """In flight under the router's priority protection, as an HTTP request is from its gate to
-        its answer (router/protect.py): a capped class is refused, after the guard's hold."""
-        guard, metadata = self.parts.guard, headers.as_metadata()
-        priority, refusal = guard.enter(name, metadata) if guard is not None else (None, None)
-        if guard is not None and refusal is not None:
-            await guard.hold(metadata)
+    def _shed(self, headers: InferHeaders) -> None:
+        """The router's own overload control, as over HTTP: raise its 503 for a class it sheds now."""
+        if self.parts.shedding is not None and (refusal := self.parts.shedding.refusal(headers.as_metadata())) is not None:
             raise refusal
-        try:
-            yield
-        finally:
-            if guard is not None and priority is not None:
-                guard.leave(priority)
 
-    async def _guarded_infer(self, request: pb.ModelInferRequest, headers: InferHeaders) -> pb.ModelInferResponse:
-        async with self._protected(request.model_name, headers):
-            tenant = self.parts.callers.admit(headers.authorization)
-            self.parts.catalog.known(request.model_name)
-            body = grpc_v2.request_from_proto(request)
-            version = request.model_version or None
-            response, _ = await infer(self.parts, request.model_name, version, body, headers, tenant, RequestTiming())
-            return grpc_v2.response_to_proto(response)
+    async def _infer(self, request: pb.ModelInferRequest, headers: InferHeaders) -> pb.ModelInferResponse:
+        self._shed(headers)
+        tenant = self.parts.callers.admit(headers.authorization)
+        self.parts.catalog.known(request.model_name)
+        body = grpc_v2.request_from_proto(request)
+        version = request.model_version or None
+        response, _ = await infer(self.parts, request.model_name, version, body, headers, tenant, RequestTiming())
+        return grpc_v2.response_to_proto(response)
 
     async def model_stream_infer(
         self, requests: AsyncIterator[pb.ModelInferRequest], headers: InferHeaders
@@ -204,10 +193,9 @@ class GrpcInference:
                 grpc_v2.set_parameter(answered.parameters[FINAL], True)
             yield pb.ModelStreamInferResponse(infer_response=answered)
             return
-        # A generation is in flight for as long as it streams, as over HTTP.
-        async with self._protected(name, headers):
-            async for piece in self._generate(request, headers):
-                yield pb.ModelStreamInferResponse(infer_response=piece)
+        self._shed(headers)
+        async for piece in self._generate(request, headers):
+            yield pb.ModelStreamInferResponse(infer_response=piece)
         if wants_final:
             last = pb.ModelInferResponse(model_name=name, model_version=request.model_version, id=request.id)
             grpc_v2.set_parameter(last.parameters[FINAL], True)

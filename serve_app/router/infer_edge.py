@@ -1,6 +1,5 @@
-"""v2 infer's edge as one call: the key, the header-only shedding, the priority guard, the body
-limit and the infer fast path, for the calls Serve's direct ingress hands the router
-(serve_app.router.direct).
+"""v2 infer's edge as one call: the key, the header-only shedding, the body limit and the infer
+fast path, for the calls Serve's direct ingress hands the router (serve_app.router.direct).
 
 Each of those checks is an ASGI middleware of its own (serve_app.router.edge, shedgate,
 fastpath), and for every other path they stay so. On the inference path, which carries nearly
@@ -24,7 +23,7 @@ from serve_app.router.shedgate import ASGIApp, Check, Receive, Scope, Send
 
 _TRACE = (b"traceparent", b"tracestate")
 _READ = frozenset((*WANTED, *_TRACE, b"content-length"))
-# What the header check and the guard read, by the names HTTP gives them (serve_app.router.qos).
+# What the header check reads, by the names HTTP gives them (serve_app.router.qos).
 _GATE = ((b"x-priority", "x-priority"), (b"x-request-timeout-ms", "x-request-timeout-ms"), (b"authorization", "authorization"))
 
 
@@ -61,14 +60,6 @@ class InferEdge:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        guard = parts.guard
-        priority = None
-        if guard is not None:
-            priority, refused = guard.enter(name, gate)
-            if refused is not None:
-                await guard.hold(gate)
-                await error_response(path, refused)(scope, receive, send)
-                return
         budget = BodyBudget(self.max_bytes, parts.inflight_bytes)  # BodyLimit
         try:
             declared = h.get(b"content-length")
@@ -79,5 +70,3 @@ class InferEdge:
             await answer(parts, scope, receive, send, route, h, budget.count)
         finally:
             budget.close()
-            if guard is not None and priority is not None:
-                guard.leave(priority)

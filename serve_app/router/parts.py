@@ -20,12 +20,11 @@ from serve_app.router.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.edge import InflightBytes
 from serve_app.router.gcwatch import GcPauses
-from serve_app.router.protect import MAX_HELD, PriorityGuard
+from serve_app.router.protect import RouterShedding
 from serve_app.router.replicas import DeploymentStates
 from serve_app.router.versions import VersionedModels
 from serve_app.scheduling.breaker import CircuitBreaker
-from serve_app.scheduling.overload import LagShedding, LoopLag
-from serve_app.scheduling.protection import ClassProtection
+from serve_app.scheduling.overload import ClassShedding, LoopLag
 from serve_app.scheduling.traffic import TrafficPolicy
 
 
@@ -45,13 +44,10 @@ class RouterParts:
     answer_ids: AnswerIds  # what besides the request decides each deployment's answers (cache keys)
     # Request bytes this router holds, over HTTP bodies and gRPC messages alike (limits.max_inflight_bytes).
     inflight_bytes: InflightBytes
-    # The router's own overload control: its event loop's lateness and who is refused past the target.
+    # The router's own overload control: its event loop's lateness, and the share of each class
+    # refused while that delay stands above its target (HTTP and gRPC alike).
     loop_lag: LoopLag | None = None
-    lag_shedding: LagShedding | None = None
-    # Lower classes capped in flight while higher ones arrive (scheduling.router_protect_delay_ms),
-    # and the guard that applies it to HTTP and gRPC requests alike.
-    protection: ClassProtection | None = None
-    guard: PriorityGuard | None = None
+    shedding: RouterShedding | None = None
     # Generation skips the dispatcher (the replica's decode loop admits), so each generator
     # has its own breaker here; classifiers' are their dispatchers'.
     breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
@@ -74,7 +70,7 @@ def build_parts(
         return meta
 
     dispatchers = DispatcherPool(args, send_for)
-    loop_lag, lag_shedding, protection = _overload(args)
+    loop_lag, shedding = _overload(args)
     versions = VersionedModels(args, dispatchers.submit, client_work=dispatchers.busy)
     cache = ResponseCache.from_config(args.cache)
     callers = Callers(
@@ -96,7 +92,7 @@ def build_parts(
             router_count=router_count,
             on_router_count=callers.tenants.set_share,
             loop_lag=loop_lag,
-            on_lag=protection.follow if protection is not None else None,
+            on_lag=shedding.observe if shedding is not None else None,
             versions=versions,
             cache=cache,
             share_rollbacks=share_rollbacks,
@@ -107,9 +103,7 @@ def build_parts(
         answer_ids=AnswerIds(args, catalog.manifest_at_hand),
         inflight_bytes=InflightBytes(args.limits.max_inflight_bytes),
         loop_lag=loop_lag,
-        lag_shedding=lag_shedding,
-        protection=protection,
-        guard=_guard(args, callers, catalog, protection),
+        shedding=RouterShedding(callers, shedding) if shedding is not None else None,
         breakers={
             g: CircuitBreaker(args.scheduling.breaker_failures, args.scheduling.breaker_open_s)
             for g in ModelCatalog.generator_names(args)
@@ -129,21 +123,13 @@ def _cascades(args: AppArgs, versions: VersionedModels) -> dict[str, Cascade]:
     return cascades
 
 
-def _overload(args: AppArgs) -> tuple[LoopLag | None, LagShedding | None, ClassProtection | None]:
-    """The router's own overload control, each part when configured: its loop's lateness (which
-    either of the others needs), the lateness target, the priority protection."""
-    target_ms, protect_ms = args.scheduling.router_delay_target_ms, args.scheduling.router_protect_delay_ms
-    loop_lag = LoopLag() if target_ms is not None or protect_ms is not None else None
-    shedding = LagShedding(target_ms / 1e3) if target_ms is not None else None
-    return loop_lag, shedding, ClassProtection(protect_ms / 1e3) if protect_ms is not None else None
-
-
-def _guard(args: AppArgs, callers: Callers, catalog: ModelCatalog, protection: ClassProtection | None) -> PriorityGuard | None:
-    if protection is None:
-        return None
-    # Held refusals count as requests the router replica holds: bounded well under its capacity,
-    # so that they never make the proxy queue the requests behind them.
-    return PriorityGuard(callers, protection, catalog.is_known, min(MAX_HELD, router_capacity(args) // 4))
+def _overload(args: AppArgs) -> tuple[LoopLag | None, ClassShedding | None]:
+    """The router's own overload control when configured: its loop's lateness, and the shedding
+    that follows the standing part of it."""
+    target_ms = args.scheduling.router_delay_target_ms
+    if target_ms is None:
+        return None, None
+    return LoopLag(), ClassShedding(target_ms / 1e3)
 
 
 async def router_parts(request: Request) -> RouterParts:

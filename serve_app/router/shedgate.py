@@ -16,11 +16,10 @@ the model's dispatcher: `Dispatcher.precheck`), and anything that cannot be
 judged from the headers alone (no `X-Priority` header, an unknown model, a bad
 key) passes through to the full path, which answers it as before.
 
-When the router itself is overloaded (its event loop runs late past
-`scheduling.router_delay_target_ms`), the same check refuses low and then normal
-priority on every inference path, /v1 generation included, whatever admission
-would say (serve_app/scheduling/overload.py). Well before that, while a higher class is
-arriving, the lower classes' requests in flight are capped (serve_app/router/protect.py).
+When the router itself is the bottleneck (its event loop stays late past
+`scheduling.router_delay_target_ms`), the same check refuses a share of low and then
+of normal priority on every inference path, /v1 generation included, whatever
+admission would say (serve_app/scheduling/overload.py, serve_app/router/protect.py).
 """
 
 from __future__ import annotations
@@ -35,9 +34,8 @@ from serve_app.protocols.errors import error_response
 from serve_app.router.callers import Callers
 from serve_app.router.catalog import ModelCatalog
 from serve_app.router.dispatchers import DispatcherPool
-from serve_app.router.protect import PriorityGuard
+from serve_app.router.protect import RouterShedding
 from serve_app.router.qos import PRIORITY_HEADER
-from serve_app.scheduling.overload import LagShedding, LoopLag
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -64,14 +62,11 @@ def infer_target(path: str) -> str | None:
 
 
 class ShedGate:
-    """Pure ASGI middleware, reading only the path and the headers. With a guard, an inference
-    request whose class its headers settle is also counted in flight until answered, and lower
-    classes are capped while higher ones arrive (serve_app/router/protect.py)."""
+    """Pure ASGI middleware, reading only the path and the headers."""
 
-    def __init__(self, app: ASGIApp, check: Check, guard: PriorityGuard | None = None) -> None:
+    def __init__(self, app: ASGIApp, check: Check) -> None:
         self.app = app
         self.check = check
-        self.guard = guard
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         check = self.check
@@ -84,24 +79,7 @@ class ShedGate:
                 if refusal is not None:
                     await refusal(scope, receive, send)
                     return
-                if self.guard is not None:
-                    await self._guarded(self.guard, path, name, headers, scope, receive, send)
-                    return
         await self.app(scope, receive, send)
-
-    async def _guarded(
-        self, guard: PriorityGuard, path: str, name: str, headers: dict[str, str], scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        priority, refusal = guard.enter(name, headers)
-        if refusal is not None:
-            await guard.hold(headers)
-            await error_response(path, refusal)(scope, receive, send)
-            return
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            if priority is not None:
-                guard.leave(priority)
 
 
 class HeaderCheck:
@@ -115,18 +93,16 @@ class HeaderCheck:
         callers: Callers,
         catalog: ModelCatalog,
         dispatchers: DispatcherPool,
-        loop_lag: LoopLag | None = None,
-        shedding: LagShedding | None = None,
+        shedding: RouterShedding | None = None,
     ) -> None:
         self.callers = callers
         self.catalog = catalog
         self.dispatchers = dispatchers
-        self.loop_lag, self.shedding = loop_lag, shedding
+        self.shedding = shedding
 
     def __call__(self, path: str, name: str, headers: dict[str, str]) -> Response | None:
-        if self.loop_lag is not None and self.shedding is not None and self.loop_lag.lag_s > self.shedding.target_s:
-            if (refusal := self._router_overloaded(path, headers, self.loop_lag.lag_s, self.shedding)) is not None:
-                return refusal
+        if self.shedding is not None and (refusal := self.shedding.refusal(headers)) is not None:
+            return error_response(path, refusal)
         if not name or PRIORITY_HEADER not in headers or not self.catalog.is_known(name):
             return None
         dispatcher = self.dispatchers.existing(self.catalog.answering_model(name))
@@ -141,17 +117,3 @@ class HeaderCheck:
         except ServeAppError:  # a bad key or header: the full path gives its 4xx
             return None
         return None
-
-    def _router_overloaded(self, path: str, headers: dict[str, str], lag_s: float, shedding: LagShedding) -> Response | None:
-        """The router's own refusal: its class (the header, else the default, capped by the tenant)
-        is one it sheds at this delay."""
-        try:
-            tenant = self.callers.authenticate(headers.get("authorization"))
-            priority = self.callers.qos_from_headers(tenant, headers).priority
-        except ServeAppError:
-            return None
-        if not shedding.refuses(priority, lag_s):
-            return None
-        return error_response(
-            path, Overloaded(f"router overloaded ({lag_s * 1e3:.0f} ms behind); retry later", retry_after_s=1.0)
-        )

@@ -1,4 +1,4 @@
-"""The router's own overload: its queueing delay, and who is refused when it grows.
+"""The router's own overload: its queueing delay, and who is refused when it stands.
 
 Admission protects the models: it refuses what their queues cannot serve in time.
 When the router itself is the bottleneck (its one event loop busy with parsing,
@@ -6,29 +6,40 @@ routing and answering), requests wait in front of it, in the proxy and the
 socket buffers, where no queue of ours sees them, first come first served. The
 router's event loop then runs late, and how late its timers fire is the delay a
 new request meets before any handler runs (the sojourn time CoDel and
-Breakwater control). Past a target, low-priority work is refused from its
-headers, before its body is read; past twice the target, normal priority too;
-high priority always goes on. Refusing is cheaper than serving, so the loop
-catches up and the delay falls back under the target.
+Breakwater control).
 
-No Ray and no event loop here: `LoopLag` is fed lateness samples by whoever
-ticks (the router's background loops), and the decisions are plain functions
-of priority and delay.
+`ClassShedding` refuses only while that delay *stands*: as CoDel does, it looks at
+the smallest lateness seen over an interval, so a burst or one long pause (a
+garbage collection, a slow handler) refuses nothing, and a loop that keeps up
+(below capacity) is never late for a whole interval. While it stands above the
+target, a shed level rises, in proportion to how far over it is; while it is
+under, the level falls back. The level orders the classes as Google SRE's
+criticality-based shedding does: from 0 to 1 it is the share of low-priority
+requests refused, from 1 to 2 all of low plus that share of normal; high priority
+is never refused here. Refusing a share rather than a whole class keeps the router
+at its capacity: it sheds what the bottleneck cannot take, not everything of a
+class the moment a threshold is crossed.
+
+No Ray and no event loop here: lateness samples are fed by whoever ticks (the
+router's background loops), and the clock and the random draw are injected.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 from collections.abc import Callable
 
 from serve_app.contract import Priority
 
+# The shed level's range: low's share in [0, 1], then normal's on top of all of low.
+SHED_CEILING = 2.0
+
 
 class LoopLag:
-    """How late the event loop runs, sustained: a moving average of lateness samples. One long
-    pause (a garbage collection, a slow handler) moves it a fraction of the way; only a loop
-    that stays late, as a router past its capacity does, brings it to the target."""
+    """How late the event loop runs, smoothed: a moving average of lateness samples, for
+    /router/status and the router's autoscaling signal."""
 
     def __init__(self, weight: float = 0.2) -> None:
         assert 0.0 < weight <= 1.0, f"weight must be in (0, 1], got {weight}"
@@ -39,21 +50,82 @@ class LoopLag:
         self.lag_s += self.weight * (max(0.0, late_s) - self.lag_s)
 
 
-class LagShedding:
-    """Which priorities the router refuses at a given delay of its own."""
+class ClassShedding:
+    """Which share of each class the router refuses, from the standing delay of its own loop.
 
-    def __init__(self, target_s: float) -> None:
+    `target_s`: the standing delay the router may keep (a request's wait in front of any
+    handler). `interval_s`: the window whose smallest sample is the standing delay; samples
+    arrive every few milliseconds, so one window holds several. `rise`: how far the level
+    moves up per interval per target's worth of delay over the target (capped at four
+    targets' worth, so one very late window does not shed everything). `fall`: how far it
+    moves down per interval spent under the target."""
+
+    def __init__(
+        self,
+        target_s: float,
+        interval_s: float = 0.1,
+        rise: float = 0.1,
+        fall: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+        draw: Callable[[], float] = random.random,
+    ) -> None:
         if target_s <= 0:
             raise ValueError(f"the router's delay target must be positive, got {target_s}")
-        self.target_s = target_s
+        if interval_s <= 0 or rise <= 0 or fall <= 0:
+            raise ValueError(f"interval, rise and fall must be positive, got {interval_s}, {rise}, {fall}")
+        self.target_s, self.interval_s, self.rise, self.fall = target_s, interval_s, rise, fall
+        self.clock, self.draw = clock, draw
+        self.level = 0.0
+        self.standing_s = 0.0  # the last interval's standing delay
         self.refused: Counter[str] = Counter()  # by priority name, for /router/status
+        self._window_min: float | None = None
+        self._window_start = clock()
 
-    def refuses(self, priority: Priority, lag_s: float) -> bool:
-        """Whether to refuse a request of this class now; counts the refusals."""
-        if priority == Priority.HIGH or lag_s <= (self.target_s if priority == Priority.LOW else 2 * self.target_s):
+    @property
+    def active(self) -> bool:
+        """Whether any class is being refused now (the cheap test on the request path)."""
+        return self.level > 0.0
+
+    def observe(self, late_s: float) -> None:
+        """One lateness sample of the loop; at the end of each interval the level follows the
+        interval's standing delay."""
+        late_s = max(0.0, late_s)
+        self._window_min = late_s if self._window_min is None else min(self._window_min, late_s)
+        now = self.clock()
+        if now - self._window_start < self.interval_s:
+            return
+        self.standing_s, self._window_min, self._window_start = self._window_min, None, now
+        if self.standing_s > self.target_s:
+            over = min(4.0, self.standing_s / self.target_s - 1.0)
+            self.level = min(SHED_CEILING, self.level + self.rise * max(over, 0.25))
+        else:
+            self.level = max(0.0, self.level - self.fall)
+
+    def share(self, priority: Priority) -> float:
+        """The share of this class refused at the current level."""
+        if priority == Priority.LOW:
+            return min(1.0, self.level)
+        if priority == Priority.NORMAL:
+            return max(0.0, self.level - 1.0)
+        return 0.0
+
+    def refuses(self, priority: Priority) -> bool:
+        """Whether to refuse this request of this class now; counts the refusals."""
+        share = self.share(priority)
+        if share <= 0.0 or (share < 1.0 and self.draw() >= share):
             return False
         self.refused[priority.name.lower()] += 1
         return True
+
+    def status(self) -> dict[str, object]:
+        """For /router/status: the level, each class's refused share, the refusals so far."""
+        return {
+            "level": round(self.level, 3),
+            "standing_delay_ms": round(self.standing_s * 1e3, 2),
+            "target_ms": round(self.target_s * 1e3, 2),
+            "refused_share": {p.name.lower(): round(self.share(p), 3) for p in (Priority.NORMAL, Priority.LOW)},
+            "refused": dict(self.refused),
+        }
 
 
 class CpuMeter:

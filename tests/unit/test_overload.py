@@ -13,7 +13,7 @@ from serve_app.contract import Priority
 from serve_app.router.background import BackgroundLoops
 from serve_app.router.parts import build_parts
 from serve_app.router.shedgate import HeaderCheck
-from serve_app.scheduling.overload import LagShedding, LoopLag
+from serve_app.scheduling.overload import ClassShedding, LoopLag
 from tests.conftest import tiny_args
 
 
@@ -28,14 +28,96 @@ def test_one_pause_moves_the_delay_a_little_and_a_late_loop_all_the_way():
     assert lag.lag_s == pytest.approx(0.08, abs=0.001)
 
 
-def test_low_goes_first_then_normal_and_high_never():
-    shedding = LagShedding(target_s=0.05)
-    assert not any(shedding.refuses(p, 0.05) for p in Priority)
-    assert shedding.refuses(Priority.LOW, 0.06) and not shedding.refuses(Priority.NORMAL, 0.06)
-    assert shedding.refuses(Priority.NORMAL, 0.11) and not shedding.refuses(Priority.HIGH, 10.0)
-    assert shedding.refused == {"low": 1, "normal": 1}
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _feed(shedding: ClassShedding, clock: FakeClock, late_s: list[float], seconds: float, tick_s: float = 0.01) -> None:
+    """Lateness samples every `tick_s` for `seconds`, cycling through `late_s` (a loop's pattern)."""
+    for i in range(round(seconds / tick_s)):
+        clock.now = round(clock.now + tick_s, 9)
+        shedding.observe(late_s[i % len(late_s)])
+
+
+def _shedding(clock: FakeClock, draws: list[float] | None = None) -> ClassShedding:
+    values = iter(draws or [])
+    return ClassShedding(target_s=0.005, clock=clock, draw=lambda: next(values, 0.5))
+
+
+def test_below_capacity_nothing_is_refused_whatever_the_bursts():
+    clock = FakeClock()
+    shedding = _shedding(clock)
+    # A loop that keeps up is on time at least once per interval, however late its bursts
+    # (a garbage collection of 200 ms, a slow handler) make it in between.
+    _feed(shedding, clock, [0.0, 0.2, 0.03, 0.001, 0.05], seconds=30.0)
+    assert shedding.level == 0.0 and not shedding.active
+    assert not any(shedding.refuses(p) for p in Priority)
+    assert shedding.refused == {}
+
+
+def test_a_standing_delay_sheds_low_first_then_normal_and_never_high():
+    clock = FakeClock()
+    shedding = _shedding(clock)
+    _feed(shedding, clock, [0.02], seconds=0.2)  # four targets of standing delay, two intervals
+    assert 0.0 < shedding.level < 1.0  # a share of low only
+    assert shedding.share(Priority.LOW) == shedding.level and shedding.share(Priority.NORMAL) == 0.0
+    _feed(shedding, clock, [0.02], seconds=5.0)
+    assert shedding.level == 2.0  # all of low, all of normal
+    assert shedding.share(Priority.LOW) == 1.0 and shedding.share(Priority.NORMAL) == 1.0
+    assert shedding.share(Priority.HIGH) == 0.0 and not shedding.refuses(Priority.HIGH)
+    assert shedding.refuses(Priority.NORMAL) and shedding.refuses(Priority.LOW)
+    assert shedding.refused == {"normal": 1, "low": 1}
+
+
+def test_normal_keeps_at_least_low_s_share_at_every_level():
+    shedding = _shedding(FakeClock())
+    for level in (0.0, 0.3, 0.99, 1.0, 1.4, 2.0):
+        shedding.level = level
+        assert shedding.share(Priority.NORMAL) <= shedding.share(Priority.LOW)
+        assert shedding.share(Priority.HIGH) == 0.0
+
+
+def test_the_refused_share_is_drawn_per_request():
+    clock = FakeClock()
+    shedding = _shedding(clock, draws=[0.1, 0.9, 0.29, 0.31, 0.5, 0.05])
+    shedding.level = 1.3  # all of low; 30% of normal
+    assert [shedding.refuses(Priority.NORMAL) for _ in range(4)] == [True, False, True, False]
+    assert shedding.refuses(Priority.LOW)  # all of low, without a draw
+    assert shedding.refused == {"normal": 2, "low": 1}
+
+
+def test_the_level_settles_where_the_delay_meets_the_target_and_falls_back_when_load_goes():
+    clock = FakeClock()
+    shedding = _shedding(clock)
+    # A router whose standing delay follows how much of low it still takes: over the target
+    # while it takes more than 60% of low, under it below.
+    for _ in range(600):  # 60 s of 100 ms intervals
+        late = 0.012 if shedding.share(Priority.LOW) < 0.4 else 0.001
+        _feed(shedding, clock, [late], seconds=0.1)
+    assert 0.3 <= shedding.level <= 0.55  # about 40% of low refused, no normal
+    # The spike ends: the loop is on time and the level goes back to nothing within seconds.
+    _feed(shedding, clock, [0.0], seconds=12.0)
+    assert shedding.level == 0.0 and not shedding.refuses(Priority.LOW)
+
+
+def test_the_level_moves_once_per_interval_and_more_the_later_the_loop():
+    clock = FakeClock()
+    slightly, far = _shedding(clock), _shedding(clock)
+    for _ in range(10):  # 100 ms of samples: one interval
+        clock.now = round(clock.now + 0.01, 9)
+        slightly.observe(0.006)
+        far.observe(0.05)
+    assert 0.0 < slightly.level < far.level
+    assert far.level == pytest.approx(0.4)  # capped at four targets' worth per interval
+    status = far.status()
+    assert status["level"] == 0.4 and status["refused_share"] == {"normal": 0.0, "low": 0.4}
+    assert status["standing_delay_ms"] == 50.0 and status["target_ms"] == 5.0
     with pytest.raises(ValueError):
-        LagShedding(0.0)
+        ClassShedding(0.0)
 
 
 def test_a_blocked_event_loop_is_seen_as_delay():
@@ -52,17 +134,17 @@ def test_a_blocked_event_loop_is_seen_as_delay():
     assert asyncio.run(go()) >= 0.2 * 0.09  # one sample at least 90 ms late, weighted
 
 
-def _check(model_dir: Path, lag_s: float, **scheduling: object) -> HeaderCheck:
+def _check(model_dir: Path, level: float, **scheduling: object) -> HeaderCheck:
     args = tiny_args(model_dir)
     args["scheduling"] = {"router_delay_target_ms": 50, "anonymous_max_priority": "high", **scheduling}
     parts = build_parts(AppArgs.model_validate(args), {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
-    assert parts.loop_lag is not None and parts.lag_shedding is not None
-    parts.loop_lag.lag_s = lag_s
-    return HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.loop_lag, parts.lag_shedding)
+    assert parts.loop_lag is not None and parts.shedding is not None
+    parts.shedding.shedding.level = level
+    return HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.shedding)
 
 
 def test_an_overloaded_router_refuses_low_from_the_headers_on_every_inference_path(tiny_model_dir: Path):
-    check = _check(tiny_model_dir, lag_s=0.08)
+    check = _check(tiny_model_dir, level=1.0)  # all of low
     v2 = check("/v2/models/bert-heavy/infer", "bert-heavy", {"x-priority": "low"})
     assert v2 is not None and v2.status_code == 503 and v2.headers["retry-after"] == "1"
     assert b"router overloaded" in v2.body and b'"error":"router' in v2.body  # v2's shape
@@ -71,15 +153,15 @@ def test_an_overloaded_router_refuses_low_from_the_headers_on_every_inference_pa
     # Normal priority (the default without a header) and high still go on at this delay.
     assert check("/v2/models/bert-heavy/infer", "bert-heavy", {}) is None
     assert check("/v1/completions", "", {"x-priority": "high"}) is None
-    # Past twice the target, normal is refused too; high never.
-    check.loop_lag.lag_s = 0.2  # type: ignore[union-attr]
+    # Past all of low, normal is refused too; high never.
+    check.shedding.shedding.level = 2.0  # type: ignore[union-attr]
     assert check("/v1/chat/completions", "", {}) is not None
     assert check("/v2/models/bert-heavy/infer", "bert-heavy", {"x-priority": "high"}) is None
 
 
 def test_a_router_on_time_or_without_the_control_refuses_nothing_for_its_delay(tiny_model_dir: Path):
-    assert _check(tiny_model_dir, lag_s=0.01)("/v1/completions", "", {"x-priority": "low"}) is None
+    assert _check(tiny_model_dir, level=0.0)("/v1/completions", "", {"x-priority": "low"}) is None
     args = AppArgs.model_validate(tiny_args(tiny_model_dir))
     assert args.scheduling.router_delay_target_ms is None  # off unless configured
     parts = build_parts(args, {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
-    assert parts.loop_lag is None and parts.lag_shedding is None
+    assert parts.loop_lag is None and parts.shedding is None

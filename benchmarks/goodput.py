@@ -1,0 +1,231 @@
+"""`python -m benchmarks goodput`: open-loop overload, judged by the useful answers per second.
+
+Arrivals are Poisson and keep their schedule whatever the server answers, as real users and
+upstream services send them (a closed loop slows down with the server and hides collapse). Each
+request has a client timeout; an answer after it counts as a timeout, never as goodput.
+
+First the capacity: the goodput of `capacity_clients` closed-loop normal-priority clients on one
+model (one replica). Then the unloaded high-priority latency: high priority alone, open loop, at
+a tenth of capacity. Then every (mix, offered load) point, each on the same deployment, in turn:
+- per class: answered share (200s over requests sent), p50/p99 of the 200s, refusals (503/429)
+  with their own p50/p99 and whether each carried Retry-After, timeouts, other statuses;
+- overall: goodput (200s/s) as a fraction of capacity, 5xx other than refusals, timeouts;
+- the load generator's own CPU, so that it is known not to be the bottleneck, and the cores of
+  every process role;
+- the router's overload control after the point (its shed level and refusals by class).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from benchmarks import workloads
+from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, run_loadgen
+from benchmarks.flood import flood_config
+from benchmarks.scenarios import DEFAULT_INGRESS
+
+BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
+CLASSES = ("high", "normal", "low")
+# Priority mixes (high/normal/low percent): none high, a trickle, the spike mix, mostly high.
+MIXES: dict[str, tuple[int, int, int]] = {
+    "no-high": (0, 30, 70),
+    "trickle": (1, 99, 0),
+    "10/30/60": (10, 30, 60),
+    "mostly-high": (80, 15, 5),
+}
+
+
+@dataclass
+class GoodputSettings:
+    model: str = "resnet-heavy"
+    loads: tuple[float, ...] = (0.5, 0.9, 1.5, 3.0)  # offered rate over measured capacity
+    mixes: tuple[str, ...] = tuple(MIXES)
+    seconds: float = 15.0
+    warmup: float = 2.0
+    timeout_s: float = 10.0  # the client's timeout per request
+    capacity_clients: int = 32
+    capacity_seconds: float = 10.0
+    max_in_flight: int = 4096  # per class: far above what a server answering in time holds
+
+    @classmethod
+    def smoke(cls) -> GoodputSettings:
+        return cls(loads=(0.5, 2.0), mixes=("10/30/60",), seconds=3.0, warmup=1.0, capacity_seconds=3.0, capacity_clients=8)
+
+
+@dataclass
+class Point:
+    """One offered load with one mix: what each class and the whole got."""
+
+    mix: str
+    load: float
+    offered_rps: float
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+def streams(model: str, model_dir: Path, mix: tuple[int, int, int]) -> list[workloads.StreamSpec]:
+    return [
+        workloads.v2_infer(model, model_dir / model, name, weight=share)
+        for name, share in zip(CLASSES, mix, strict=True)
+        if share > 0
+    ]
+
+
+def per_class(stream: dict[str, Any]) -> dict[str, Any]:
+    """One class's figures from the load generator's stream summary."""
+    statuses: dict[str, int] = stream["statuses"]
+    sent = stream["requests"] + stream.get("client_dropped", 0)
+    ok = sum(n for code, n in statuses.items() if code.startswith("2"))
+    refused = statuses.get("503", 0) + statuses.get("429", 0)
+    return {
+        "sent": sent,
+        "answered_share": round(ok / sent, 4) if sent else None,
+        "p50_ms": stream.get("p50_ms"),
+        "p99_ms": stream.get("p99_ms"),
+        "refused": refused,
+        "refused_p50_ms": stream.get("refused_p50_ms"),
+        "refused_p99_ms": stream.get("refused_p99_ms"),
+        "refused_without_retry_after": stream.get("refused_without_retry_after", 0),
+        "timeouts": stream.get("timeouts", 0),
+        "client_dropped": stream.get("client_dropped", 0),
+        "statuses": statuses,
+    }
+
+
+def summary(load: dict[str, Any], capacity_rps: float) -> dict[str, Any]:
+    """The whole point: goodput over capacity, the failures that must not happen, the client's CPU."""
+    statuses: dict[str, int] = load["statuses"]
+    server_errors = sum(n for code, n in statuses.items() if code.startswith("5") and code != "503")
+    return {
+        "goodput_rps": load["goodput_rps"],
+        "goodput_over_capacity": round(load["goodput_rps"] / capacity_rps, 3) if capacity_rps else None,
+        "timeouts": load.get("timeouts", 0),
+        "connection_errors": sum(n for code, n in statuses.items() if code.startswith("-")),
+        "server_errors_5xx": server_errors,
+        "refused_without_retry_after": load["refused_without_retry_after"],
+        "refused_p99_ms": load.get("refused_p99_ms"),
+        "loadgen_cpu": load.get("loadgen_cpu"),
+        "cpu_cores_by_role": load.get("cpu_cores_by_role"),
+        "classes": {name.rsplit("/", 1)[-1]: per_class(stream) for name, stream in load["streams"].items()},
+    }
+
+
+def router_shedding() -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] | None = httpx.get(f"{BASE_URL}/router/status", timeout=10).json().get("router_delay")
+        return found
+    except (httpx.HTTPError, ValueError) as e:
+        return {"error": type(e).__name__}
+
+
+def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
+    base = yaml.safe_load(config_path.read_text())
+    config = flood_config(base, model_dir, s.model)
+    out: dict[str, Any] = {"settings": asdict(s), "scheduling": config["applications"][0]["args"]["scheduling"]}
+    points: list[Point] = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        with RayCluster(DEFAULT_INGRESS, tmp, model_dir) as cluster:
+            body = workloads.bodies_for(model_dir / s.model, 1)[0]
+            out["deploy_s"] = round(cluster.deploy(config, Probe(f"/v2/models/{s.model}/infer", body)), 1)
+            normal = workloads.write([workloads.v2_infer(s.model, model_dir / s.model, "normal")], tmp / "normal.json")
+            cap = run_loadgen(BASE_URL, normal, {"concurrency": s.capacity_clients}, s.capacity_seconds, s.warmup)
+            capacity = float(cap["goodput_rps"])
+            out["capacity"] = {"goodput_rps": capacity, "p99_ms": cap["p99_ms"], "statuses": cap["statuses"]}
+            high = workloads.write(streams(s.model, model_dir, (1, 0, 0)), tmp / "high.json")
+            unloaded = run_loadgen(BASE_URL, high, {"rate": max(1.0, capacity / 10)}, s.seconds, s.warmup, timeout_s=s.timeout_s)
+            out["unloaded_high"] = {"p50_ms": unloaded["p50_ms"], "p99_ms": unloaded["p99_ms"], "statuses": unloaded["statuses"]}
+            for mix in s.mixes:
+                workload = workloads.write(streams(s.model, model_dir, MIXES[mix]), tmp / "mix.json")
+                for load in s.loads:
+                    point = Point(mix, load, round(load * capacity, 1))
+                    got = run_loadgen(
+                        BASE_URL, workload, {"rate": point.offered_rps}, s.seconds, s.warmup,
+                        max_in_flight=s.max_in_flight, timeout_s=s.timeout_s,
+                    )  # fmt: skip
+                    point.result = {**summary(got, capacity), "router_delay_after": router_shedding()}
+                    points.append(point)
+                    print(f"goodput {mix} at {load}x: {point.result['goodput_over_capacity']}x of capacity", flush=True)
+    out["points"] = [asdict(p) for p in points]
+    out["checks"] = checks(out)
+    return out
+
+
+def checks(out: dict[str, Any]) -> dict[str, Any]:
+    """The acceptance figures, computed from this run's points."""
+    unloaded_p99 = out["unloaded_high"]["p99_ms"]
+
+    def over_unloaded(p99: float | None) -> float | None:
+        return round(p99 / unloaded_p99, 2) if p99 and unloaded_p99 else None
+
+    below, over = [], []
+    for p in out["points"]:
+        r, classes = p["result"], p["result"]["classes"]
+        if p["load"] <= 0.9:
+            below.append(
+                {"mix": p["mix"], "load": p["load"], "min_answered_share": min(c["answered_share"] for c in classes.values())}
+            )
+        elif p["mix"] == "10/30/60":
+            high = classes.get("high", {})
+            over.append(
+                {
+                    "load": p["load"],
+                    "goodput_over_capacity": r["goodput_over_capacity"],
+                    "high_answered_share": high.get("answered_share"),
+                    "high_p99_over_unloaded": round(high["p99_ms"] / unloaded_p99, 2)
+                    if high.get("p99_ms") and unloaded_p99
+                    else None,
+                    "normal_at_least_low": classes["normal"]["answered_share"] >= classes["low"]["answered_share"],
+                    "timeouts": r["timeouts"],
+                    "server_errors_5xx": r["server_errors_5xx"],
+                    "refused_without_retry_after": r["refused_without_retry_after"],
+                    "refused_p99_ms": r["refused_p99_ms"],
+                }
+            )
+    return {"at_or_below_0.9x": below, "over_capacity_10_30_60": over}
+
+
+def markdown(res: dict[str, Any]) -> str:
+    r = res["result"]
+    s = r["settings"]
+    rows = []
+    for p in r["points"]:
+        x = p["result"]
+        cells = []
+        for name in CLASSES:
+            c = x["classes"].get(name)
+            cells.append(
+                "-"
+                if c is None
+                else f"{c['answered_share'] * 100:.1f}% · {c['p50_ms']}/{c['p99_ms']} · {c['refused']} "
+                f"({c['refused_p99_ms']}) · {c['timeouts']}"
+            )
+        cpu = (x.get("loadgen_cpu") or {}).get("core_share")
+        rows.append(
+            f"| {p['mix']} | {p['load']}x | {p['offered_rps']} | **{x['goodput_over_capacity']}x** | {' | '.join(cells)} "
+            f"| {x['timeouts']} | {x['server_errors_5xx']} | {cpu} |"
+        )
+    u = r["unloaded_high"]
+    return "\n".join(
+        [
+            f"`{s['model']}` (one replica), open loop (Poisson), {s['seconds']:.0f} s per point, client timeout "
+            f"{s['timeout_s']:.0f} s. Capacity: {r['capacity']['goodput_rps']} req/s ({s['capacity_clients']} closed-loop "
+            f"normal clients). Unloaded high priority (alone at a tenth of capacity): p50 {u['p50_ms']} ms, "
+            f"p99 {u['p99_ms']} ms. Router scheduling: `{r['scheduling']}`.",
+            "",
+            "Per class: answered 200 · p50/p99 ms of the 200s · refused (refusal p99 ms) · timeouts.",
+            "",
+            "| mix h/n/l | offered | req/s | goodput / capacity | high | normal | low | timeouts | other 5xx "
+            "| load generator cores |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Checks: `{r['checks']}`",
+            "",
+        ]
+    )

@@ -311,6 +311,14 @@ class SchedulingConfig(ConfigModel):
         description="the longest any request waits in a router's queue, whatever its deadline: past it, a 503 with "
         "Retry-After (higher classes arriving without end could otherwise hold lower ones until clients give up)",
     )
+    queue_delay_target_ms: float = Field(
+        100.0,
+        gt=0,
+        description="the queueing delay a model's queue in the router may keep standing (at least two full batches): "
+        "while its oldest request stays older than this for a whole interval, a growing share of low priority, then of "
+        "normal, is refused at admission (503 + Retry-After), as much as keeps the model busy with the rest. Below "
+        "capacity the queue drains within it and nothing is refused",
+    )
     default_priority: Literal["high", "normal", "low"] = "normal"
     anonymous_max_priority: Literal["high", "normal", "low"] = Field(
         "normal",

@@ -54,6 +54,7 @@ class DispatcherPool:
             max_queue_items=sched.max_queue_items,
             max_queue_delay_s=sched.max_queue_delay_s,
             max_queued_s=sched.max_queued_s,
+            queue_delay_target_s=sched.queue_delay_target_ms / 1e3,
             max_batch_size=config.batching.max_batch_size,
             batch_wait_timeout_s=config.batching.batch_wait_timeout_s,
             batch_timeout_s=sched.batch_timeout_s,

@@ -35,6 +35,7 @@ from serve_app.observability import tracing
 from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
 from serve_app.scheduling.limit import AdaptiveLimit
+from serve_app.scheduling.overload import ClassShedding
 from serve_app.scheduling.queue import QueueFull, QueuePolicy, RequestQueue, Ticket, make_queue
 from serve_app.scheduling.waits import WaitBounds
 
@@ -73,6 +74,9 @@ class DispatchSettings:
     max_queue_items: int = 1024
     max_queue_delay_s: float = 2.0
     max_queued_s: float = 10.0  # the longest a ticket stays queued, deadline or not: then a 503
+    # The queueing delay the bulk lane may keep standing (at least two full batches): while its oldest
+    # request stays older than this, a share of low and then of normal is refused at admission.
+    queue_delay_target_s: float = 0.1
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.004
     batch_timeout_s: float = 30.0  # a batch taking longer counts as a model failure
@@ -221,6 +225,8 @@ class Dispatcher:
         # refused it. Classification has no side effects, so a second run harms nobody.
         self.retryable = retryable
         self.stats = DispatchStats()
+        # CoDel on the bulk queue: its oldest request's age, sampled at every admission and release.
+        self.shedding = ClassShedding(s.queue_delay_target_s, clock=clock)
         self._tasks: set[asyncio.Task[None]] = set()
         for lane in self.lanes:
             expire, starve = partial(self._expire, lane), partial(self._starve, lane)
@@ -258,8 +264,22 @@ class Dispatcher:
         self.stats.count_shed(reason, priority)
         return Overloaded(f"{self.model}: {message}", retry_after_s=self._retry_after(lane))
 
-    def _check(self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float) -> None:
-        """Refuse (raise Overloaded) a request of `items` rows that cannot be served in time."""
+    def _follow_queue(self, now: float) -> None:
+        """Feed the bulk queue's standing delay to its shedding; its target is never under two full
+        batches, which a queue that keeps up holds anyway."""
+        bulk = self.bulk
+        self.shedding.target_s = max(self.settings.queue_delay_target_s, 2 * bulk.estimator.batch_s(self.settings.max_batch_size))
+        self.shedding.observe(bulk.queue.oldest_wait(now))
+
+    def _check(self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float, drawn: bool = True) -> None:
+        """Refuse (raise Overloaded) a request of `items` rows that cannot be served in time, or of a
+        class the standing queue sheds now. `drawn`: whether a partly shed class is drawn for
+        (at admission), or only a wholly shed one refused (from the headers, before the body:
+        drawing there too would refuse more than the share)."""
+        self._follow_queue(now)
+        shed = self.shedding.refuses(priority) if drawn else self.shedding.refuses_all(priority)
+        if shed:
+            raise self._refuse(lane, "queue_standing", priority, "overloaded (the queue stands over its delay target)")
         waiting = self.wait_s(priority)
         predicted = waiting + lane.estimator.batch_s(items)
         if deadline is not None and now + predicted > deadline:
@@ -275,7 +295,7 @@ class Dispatcher:
         delay (the wait ahead does not depend on the request's size) and a lower bound for
         the deadline (more rows finish later), so it never refuses what `admit` would take."""
         if self.prioritized and self.breaker.state == BreakerState.CLOSED:
-            self._check(self.lane_for(priority), 1, priority, deadline, self.clock())
+            self._check(self.lane_for(priority), 1, priority, deadline, self.clock(), drawn=False)
 
     def admit(self, payload: Any, items: int, priority: Priority, deadline: float | None) -> Ticket:
         """Queue a request or raise Overloaded; never spends model time on a refused one."""
@@ -360,6 +380,7 @@ class Dispatcher:
                 lane.name: lane.snapshot(self.wait_s(Priority.LOW if lane is self.bulk else Priority.HIGH), s.max_batch_size)
                 for lane in self.lanes
             },
+            "shedding": self.shedding.status(),
             **self.stats.counts(),
         }
 
@@ -376,6 +397,8 @@ class Dispatcher:
                 if waited < s.batch_wait_timeout_s:
                     self._arm_timer(lane, s.batch_wait_timeout_s - waited)
                     return
+            if lane is self.bulk and self.prioritized:
+                self._follow_queue(now)
             batch, expired = queue.pop_batch(s.max_batch_size, now)
             for ticket in expired:
                 self.stats.count_shed("expired", ticket.priority)

@@ -92,14 +92,15 @@ class ClassShedding:
         late_s = max(0.0, late_s)
         self._window_min = late_s if self._window_min is None else min(self._window_min, late_s)
         now = self.clock()
-        if now - self._window_start < self.interval_s:
+        intervals = int((now - self._window_start) / self.interval_s)
+        if intervals < 1:
             return
         self.standing_s, self._window_min, self._window_start = self._window_min, None, now
         if self.standing_s > self.target_s:
             over = min(4.0, self.standing_s / self.target_s - 1.0)
             self.level = min(SHED_CEILING, self.level + self.rise * max(over, 0.25))
-        else:
-            self.level = max(0.0, self.level - self.fall)
+        else:  # a source that samples only when busy (a queue) says nothing while idle: idle is on time
+            self.level = max(0.0, self.level - self.fall * intervals)
 
     def share(self, priority: Priority) -> float:
         """The share of this class refused at the current level."""
@@ -108,6 +109,14 @@ class ClassShedding:
         if priority == Priority.NORMAL:
             return max(0.0, self.level - 1.0)
         return 0.0
+
+    def refuses_all(self, priority: Priority) -> bool:
+        """Whether every request of this class is refused now (no draw; counts the refusal): what
+        can be said before a request's body is read without changing the share refused."""
+        if self.share(priority) < 1.0:
+            return False
+        self.refused[priority.name.lower()] += 1
+        return True
 
     def refuses(self, priority: Priority) -> bool:
         """Whether to refuse this request of this class now; counts the refusals."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -57,6 +58,7 @@ class RequestQueue:
             raise ValueError(f"max_items must be >= 1, got {max_items}")
         self.max_items = max_items
         self._heap: list[tuple[tuple[float, ...], Ticket]] = []
+        self._arrivals: deque[Ticket] = deque()  # arrival order, done ones dropped lazily from the left
         self._seq = itertools.count()
         self.items = 0
         self.tickets = 0
@@ -83,6 +85,9 @@ class RequestQueue:
             evicted = victims
         ticket.seq = next(self._seq)
         heapq.heappush(self._heap, (self.sort_key(ticket), ticket))
+        self._arrivals.append(ticket)
+        if len(self._arrivals) > 2 * self.tickets + 64:  # an old ticket at the front holds the taken ones behind it
+            self._arrivals = deque(t for t in self._arrivals if not t.done)
         self._count(ticket, +1)
         return evicted
 
@@ -145,9 +150,12 @@ class RequestQueue:
         return [t for _, t in self._heap if not t.done]
 
     def oldest_wait(self, now: float) -> float:
-        """Seconds the head of the queue has waited; 0 when empty."""
-        live = [t.enqueued for _, t in self._heap if not t.done]
-        return now - min(live) if live else 0.0
+        """Seconds the oldest queued ticket has waited; 0 when empty. Amortized O(1): what is
+        taken, shed or cancelled leaves the arrival order when it reaches the front."""
+        arrivals = self._arrivals
+        while arrivals and arrivals[0].done:
+            arrivals.popleft()
+        return now - arrivals[0].enqueued if arrivals else 0.0
 
     def _discard(self, ticket: Ticket) -> None:
         ticket.done = True

@@ -358,6 +358,15 @@ class SchedulingConfig(ConfigModel):
         "None: off",
     )
 
+    router_max_inflight: int | None = Field(
+        None,
+        ge=1,
+        description="requests one router replica holds at once, judged from the headers before the body is read: "
+        "past it low priority is refused at once (503 + Retry-After), normal past 1.5 times it, high past twice it "
+        "(serve_app/scheduling/concurrency.py). Keeps an overloaded router's event loop short, its health checks "
+        "answered and its refusals fast. None: off",
+    )
+
 
 class TenantConfig(ConfigModel):
     """One API client. Its key is given hashed (`key_sha256`) or read from an env var or a file, never in clear."""

@@ -47,6 +47,7 @@ def _transport(send: Any) -> dict[str, Any] | None:
 
 def _router_delay(parts: RouterParts) -> dict[str, Any] | None:
     """The router's own overload control: how late its loop runs, and whom it refuses for it."""
-    if parts.loop_lag is None or parts.shedding is None:
+    if parts.gate is None:
         return None
-    return {"lag_ms": round(parts.loop_lag.lag_s * 1e3, 1), **parts.shedding.shedding.status()}
+    lag_ms = round(parts.loop_lag.lag_s * 1e3, 1) if parts.loop_lag is not None else None
+    return {"lag_ms": lag_ms, **parts.gate.status()}

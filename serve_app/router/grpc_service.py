@@ -19,6 +19,7 @@ import logging
 import struct
 import time
 from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
@@ -129,19 +130,28 @@ class GrpcInference:
         finally:
             held.give_back(size)
 
-    def _shed(self, headers: InferHeaders) -> None:
-        """The router's own overload control, as over HTTP: raise its 503 for a class it sheds now."""
-        if self.parts.shedding is not None and (refusal := self.parts.shedding.refusal(headers.as_metadata())) is not None:
-            raise refusal
+    @asynccontextmanager
+    async def _gated(self, headers: InferHeaders) -> AsyncIterator[None]:
+        """Taken into the router by its own overload control, as an HTTP request is from its gate
+        to its answer (serve_app/router/protect.py), or its 503 raised."""
+        gate = self.parts.gate
+        priority, refused = gate.enter(headers.as_metadata()) if gate is not None else (None, None)
+        if refused is not None:
+            raise refused
+        try:
+            yield
+        finally:
+            if gate is not None:
+                gate.leave(priority)
 
     async def _infer(self, request: pb.ModelInferRequest, headers: InferHeaders) -> pb.ModelInferResponse:
-        self._shed(headers)
-        tenant = self.parts.callers.admit(headers.authorization)
-        self.parts.catalog.known(request.model_name)
-        body = grpc_v2.request_from_proto(request)
-        version = request.model_version or None
-        response, _ = await infer(self.parts, request.model_name, version, body, headers, tenant, RequestTiming())
-        return grpc_v2.response_to_proto(response)
+        async with self._gated(headers):
+            tenant = self.parts.callers.admit(headers.authorization)
+            self.parts.catalog.known(request.model_name)
+            body = grpc_v2.request_from_proto(request)
+            version = request.model_version or None
+            response, _ = await infer(self.parts, request.model_name, version, body, headers, tenant, RequestTiming())
+            return grpc_v2.response_to_proto(response)
 
     async def model_stream_infer(
         self, requests: AsyncIterator[pb.ModelInferRequest], headers: InferHeaders
@@ -193,9 +203,9 @@ class GrpcInference:
                 grpc_v2.set_parameter(answered.parameters[FINAL], True)
             yield pb.ModelStreamInferResponse(infer_response=answered)
             return
-        self._shed(headers)
-        async for piece in self._generate(request, headers):
-            yield pb.ModelStreamInferResponse(infer_response=piece)
+        async with self._gated(headers):  # a generation is in flight for as long as it streams, as over HTTP
+            async for piece in self._generate(request, headers):
+                yield pb.ModelStreamInferResponse(infer_response=piece)
         if wants_final:
             last = pb.ModelInferResponse(model_name=name, model_version=request.model_version, id=request.id)
             grpc_v2.set_parameter(last.parameters[FINAL], True)

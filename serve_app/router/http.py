@@ -104,7 +104,7 @@ def build_http_app(
     # Outermost first: the trace context, the key, then what admission would refuse from the headers alone, then the
     # body limit; all before routing and the body parse. Innermost, v2 infer leaves FastAPI out.
     limits = parts.args.limits
-    check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.shedding)
+    check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers)
     edge = TraceContext(
         KeyGate(
             ShedGate(
@@ -114,6 +114,7 @@ def build_http_app(
                     inflight=parts.inflight_bytes,
                 ),
                 check=check,
+                gate=parts.gate,
             ),
             authenticate=parts.callers.authenticate,
         )

@@ -55,18 +55,32 @@ class InferEdge:
         except ServeAppError:
             pass  # anything else is the endpoint's to answer
         gate = {header: h[key] for key, header in _GATE if key in h}
-        name = route[0]
-        refusal = self.check(path, name, gate)  # ShedGate
+        router_gate = parts.gate  # ShedGate: the router's own overload control, then admission's check
+        priority, refused = router_gate.enter(gate) if router_gate is not None else (None, None)
+        if refused is not None:
+            await error_response(path, refused)(scope, receive, send)
+            return
+        try:
+            await self._checked(scope, receive, send, path, route, h, gate)
+        finally:
+            if router_gate is not None:
+                router_gate.leave(priority)
+
+    async def _checked(
+        self, scope: Scope, receive: Receive, send: Send, path: str, route: tuple[str, str | None], h: dict[bytes, str],
+        gate: dict[str, str],
+    ) -> None:  # fmt: skip
+        refusal = self.check(path, route[0], gate)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        budget = BodyBudget(self.max_bytes, parts.inflight_bytes)  # BodyLimit
+        budget = BodyBudget(self.max_bytes, self.parts.inflight_bytes)  # BodyLimit
         try:
             declared = h.get(b"content-length")
             too_much = budget.open(None if declared is None else declared.encode("latin-1"))
             if too_much is not None:
                 await error_response(path, too_much)(scope, receive, send)
                 return
-            await answer(parts, scope, receive, send, route, h, budget.count)
+            await answer(self.parts, scope, receive, send, route, h, budget.count)
         finally:
             budget.close()

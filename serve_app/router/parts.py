@@ -20,10 +20,11 @@ from serve_app.router.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.edge import InflightBytes
 from serve_app.router.gcwatch import GcPauses
-from serve_app.router.protect import RouterShedding
+from serve_app.router.protect import RouterGate
 from serve_app.router.replicas import DeploymentStates
 from serve_app.router.versions import VersionedModels
 from serve_app.scheduling.breaker import CircuitBreaker
+from serve_app.scheduling.concurrency import ClassConcurrency
 from serve_app.scheduling.overload import ClassShedding, LoopLag
 from serve_app.scheduling.traffic import TrafficPolicy
 
@@ -44,10 +45,10 @@ class RouterParts:
     answer_ids: AnswerIds  # what besides the request decides each deployment's answers (cache keys)
     # Request bytes this router holds, over HTTP bodies and gRPC messages alike (limits.max_inflight_bytes).
     inflight_bytes: InflightBytes
-    # The router's own overload control: its event loop's lateness, and the share of each class
-    # refused while that delay stands above its target (HTTP and gRPC alike).
+    # The router's own overload control: its event loop's lateness, the share of each class refused
+    # while that delay stands above its target, the in-flight ceiling per class (HTTP and gRPC alike).
     loop_lag: LoopLag | None = None
-    shedding: RouterShedding | None = None
+    gate: RouterGate | None = None
     # Generation skips the dispatcher (the replica's decode loop admits), so each generator
     # has its own breaker here; classifiers' are their dispatchers'.
     breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
@@ -103,7 +104,7 @@ def build_parts(
         answer_ids=AnswerIds(args, catalog.manifest_at_hand),
         inflight_bytes=InflightBytes(args.limits.max_inflight_bytes),
         loop_lag=loop_lag,
-        shedding=RouterShedding(callers, shedding) if shedding is not None else None,
+        gate=_gate(args, callers, shedding),
         breakers={
             g: CircuitBreaker(args.scheduling.breaker_failures, args.scheduling.breaker_open_s)
             for g in ModelCatalog.generator_names(args)
@@ -130,6 +131,13 @@ def _overload(args: AppArgs) -> tuple[LoopLag | None, ClassShedding | None]:
     if target_ms is None:
         return None, None
     return LoopLag(), ClassShedding(target_ms / 1e3)
+
+
+def _gate(args: AppArgs, callers: Callers, shedding: ClassShedding | None) -> RouterGate | None:
+    limit = args.scheduling.router_max_inflight
+    if shedding is None and limit is None:
+        return None
+    return RouterGate(callers, shedding, ClassConcurrency(limit) if limit is not None else None)
 
 
 async def router_parts(request: Request) -> RouterParts:

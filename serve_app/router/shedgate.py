@@ -16,10 +16,11 @@ the model's dispatcher: `Dispatcher.precheck`), and anything that cannot be
 judged from the headers alone (no `X-Priority` header, an unknown model, a bad
 key) passes through to the full path, which answers it as before.
 
-When the router itself is the bottleneck (its event loop stays late past
-`scheduling.router_delay_target_ms`), the same check refuses a share of low and then
-of normal priority on every inference path, /v1 generation included, whatever
-admission would say (serve_app/scheduling/overload.py, serve_app/router/protect.py).
+Before that check, the router's own overload control (`RouterGate`) may refuse the
+request on every inference path, /v1 generation included, whatever admission would
+say: a share of low and then of normal priority while its event loop stays late past
+`scheduling.router_delay_target_ms`, and any class past its share of
+`scheduling.router_max_inflight` (serve_app/router/protect.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from serve_app.protocols.errors import error_response
 from serve_app.router.callers import Callers
 from serve_app.router.catalog import ModelCatalog
 from serve_app.router.dispatchers import DispatcherPool
-from serve_app.router.protect import RouterShedding
+from serve_app.router.protect import RouterGate
 from serve_app.router.qos import PRIORITY_HEADER
 
 Scope = MutableMapping[str, Any]
@@ -62,24 +63,39 @@ def infer_target(path: str) -> str | None:
 
 
 class ShedGate:
-    """Pure ASGI middleware, reading only the path and the headers."""
+    """Pure ASGI middleware, reading only the path and the headers. With a gate, an inference
+    request is also taken into the router or refused by its own overload control
+    (serve_app/router/protect.py), and counted in flight until answered."""
 
-    def __init__(self, app: ASGIApp, check: Check) -> None:
+    def __init__(self, app: ASGIApp, check: Check, gate: RouterGate | None = None) -> None:
         self.app = app
         self.check = check
+        self.gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        check = self.check
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
             name = "" if path.startswith(GENERATION_PREFIX) else infer_target(path)
             if name is not None:
                 headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-                refusal = check(path, name, headers)
-                if refusal is not None:
-                    await refusal(scope, receive, send)
-                    return
+                await self._gated(path, name, headers, scope, receive, send)
+                return
         await self.app(scope, receive, send)
+
+    async def _gated(self, path: str, name: str, headers: dict[str, str], scope: Scope, receive: Receive, send: Send) -> None:
+        priority, refused = self.gate.enter(headers) if self.gate is not None else (None, None)
+        if refused is not None:
+            await error_response(path, refused)(scope, receive, send)
+            return
+        try:
+            refusal = self.check(path, name, headers)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+        finally:
+            if self.gate is not None:
+                self.gate.leave(priority)
 
 
 class HeaderCheck:
@@ -93,16 +109,12 @@ class HeaderCheck:
         callers: Callers,
         catalog: ModelCatalog,
         dispatchers: DispatcherPool,
-        shedding: RouterShedding | None = None,
     ) -> None:
         self.callers = callers
         self.catalog = catalog
         self.dispatchers = dispatchers
-        self.shedding = shedding
 
     def __call__(self, path: str, name: str, headers: dict[str, str]) -> Response | None:
-        if self.shedding is not None and (refusal := self.shedding.refusal(headers)) is not None:
-            return error_response(path, refusal)
         if not name or PRIORITY_HEADER not in headers or not self.catalog.is_known(name):
             return None
         dispatcher = self.dispatchers.existing(self.catalog.answering_model(name))

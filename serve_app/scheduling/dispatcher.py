@@ -74,7 +74,7 @@ class DispatchSettings:
     max_queue_items: int = 1024
     max_queue_delay_s: float = 2.0
     max_queued_s: float = 10.0  # the longest a ticket stays queued, deadline or not: then a 503
-    # The queueing delay the bulk lane may keep standing (at least two full batches): while its oldest
+    # The queueing delay the bulk lane may keep standing (more than two full batches): while its oldest
     # request stays older than this, a share of low and then of normal is refused at admission.
     queue_delay_target_s: float = 0.1
     max_batch_size: int = 16
@@ -265,11 +265,10 @@ class Dispatcher:
         return Overloaded(f"{self.model}: {message}", retry_after_s=self._retry_after(lane))
 
     def _follow_queue(self, now: float) -> None:
-        """Feed the bulk queue's standing delay to its shedding; its target is never under two full
-        batches, which a queue that keeps up holds anyway."""
-        bulk = self.bulk
-        self.shedding.target_s = max(self.settings.queue_delay_target_s, 2 * bulk.estimator.batch_s(self.settings.max_batch_size))
-        self.shedding.observe(bulk.queue.oldest_wait(now))
+        """Feed the bulk queue's standing delay (its oldest request's age) to its shedding. Not the
+        predicted wait: a model starved of CPU runs its batches slowly, and a prediction scaled by
+        their time would let the queue stand longer exactly when it should be shorter."""
+        self.shedding.observe(self.bulk.queue.oldest_wait(now))
 
     def _check(self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float, drawn: bool = True) -> None:
         """Refuse (raise Overloaded) a request of `items` rows that cannot be served in time, or of a

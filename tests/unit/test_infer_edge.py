@@ -105,8 +105,8 @@ def test_the_routers_own_overload_refuses_low_priority_the_same_way(tiny_model_d
     body = json.dumps(TEXT).encode()
     app = router(tiny_model_dir, scheduling={"router_delay_target_ms": 10, "anonymous_max_priority": "high"})
     parts = app.state.parts
-    assert parts.shedding is not None
-    parts.shedding.shedding.level = 1.0  # the router's loop late for long enough: all of low is shed
+    assert parts.gate is not None and parts.gate.shedding is not None
+    parts.gate.shedding.level = 1.0  # the router's loop late for long enough: all of low is shed
     layered, direct = both(app, "/v2/models/bert-heavy/infer", body, with_length(body, (b"x-priority", b"low")))
     assert layered == direct and direct[0] == 503 and b"retry-after" in direct[1]
     high = both(app, "/v2/models/bert-heavy/infer", body, with_length(body, (b"x-priority", b"high")))

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from serve_app.config import AppArgs
 from serve_app.contract import Priority
 from serve_app.router.background import BackgroundLoops
-from serve_app.router.parts import build_parts
-from serve_app.router.shedgate import HeaderCheck
+from serve_app.router.parts import RouterParts, build_parts
+from serve_app.router.shedgate import HeaderCheck, ShedGate
 from serve_app.scheduling.overload import ClassShedding, LoopLag
 from tests.conftest import tiny_args
 
@@ -134,34 +135,78 @@ def test_a_blocked_event_loop_is_seen_as_delay():
     assert asyncio.run(go()) >= 0.2 * 0.09  # one sample at least 90 ms late, weighted
 
 
-def _check(model_dir: Path, level: float, **scheduling: object) -> HeaderCheck:
+def _gate(model_dir: Path, **scheduling: object) -> tuple[RouterParts, ShedGate]:
+    """The router's parts from the tiny catalog's args, and its inference gate in front of an app
+    that answers 200 (what the full path would do with a request let through)."""
     args = tiny_args(model_dir)
     args["scheduling"] = {"router_delay_target_ms": 50, "anonymous_max_priority": "high", **scheduling}
     parts = build_parts(AppArgs.model_validate(args), {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
-    assert parts.loop_lag is not None and parts.shedding is not None
-    parts.shedding.shedding.level = level
-    return HeaderCheck(parts.callers, parts.catalog, parts.dispatchers, parts.shedding)
+    assert parts.loop_lag is not None and parts.gate is not None
+
+    async def ok(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers)
+    return parts, ShedGate(ok, check, parts.gate)
+
+
+def _post(gate: ShedGate, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+    asyncio.run(gate(scope, receive, send))
+    answer = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    return sent[0]["status"], answer, b"".join(m.get("body", b"") for m in sent[1:])
 
 
 def test_an_overloaded_router_refuses_low_from_the_headers_on_every_inference_path(tiny_model_dir: Path):
-    check = _check(tiny_model_dir, level=1.0)  # all of low
-    v2 = check("/v2/models/bert-heavy/infer", "bert-heavy", {"x-priority": "low"})
-    assert v2 is not None and v2.status_code == 503 and v2.headers["retry-after"] == "1"
-    assert b"router overloaded" in v2.body and b'"error":"router' in v2.body  # v2's shape
-    gen = check("/v1/completions", "", {"x-priority": "low"})
-    assert gen is not None and gen.status_code == 503 and b'"code":"overloaded"' in gen.body  # OpenAI's shape
-    # Normal priority (the default without a header) and high still go on at this delay.
-    assert check("/v2/models/bert-heavy/infer", "bert-heavy", {}) is None
-    assert check("/v1/completions", "", {"x-priority": "high"}) is None
+    parts, gate = _gate(tiny_model_dir)
+    assert parts.gate is not None and parts.gate.shedding is not None
+    parts.gate.shedding.level = 1.0  # all of low
+    status, headers, body = _post(gate, "/v2/models/bert-heavy/infer", {"x-priority": "low"})
+    assert status == 503 and headers["retry-after"] == "1"
+    assert b"router overloaded" in body and b'"error":"router' in body  # v2's shape
+    status, _, body = _post(gate, "/v1/completions", {"x-priority": "low"})
+    assert status == 503 and b'"code":"overloaded"' in body  # OpenAI's shape
+    # Normal priority (the default without a header) and high still go on at this level.
+    assert _post(gate, "/v2/models/bert-heavy/infer", {})[0] == 200
+    assert _post(gate, "/v1/completions", {"x-priority": "high"})[0] == 200
     # Past all of low, normal is refused too; high never.
-    check.shedding.shedding.level = 2.0  # type: ignore[union-attr]
-    assert check("/v1/chat/completions", "", {}) is not None
-    assert check("/v2/models/bert-heavy/infer", "bert-heavy", {"x-priority": "high"}) is None
+    parts.gate.shedding.level = 2.0
+    assert _post(gate, "/v1/chat/completions", {})[0] == 503
+    assert _post(gate, "/v2/models/bert-heavy/infer", {"x-priority": "high"})[0] == 200
+    assert parts.gate.shedding.refused == {"low": 2, "normal": 1}
+
+
+def test_a_router_past_its_in_flight_limit_refuses_low_first_and_high_last(tiny_model_dir: Path):
+    parts, gate = _gate(tiny_model_dir, router_max_inflight=2)
+    assert parts.gate is not None and parts.gate.concurrency is not None
+    concurrency = parts.gate.concurrency
+    assert concurrency.ceiling == {Priority.LOW: 2, Priority.NORMAL: 3, Priority.HIGH: 4}
+    # Requests answered leave: the count goes back to nothing.
+    assert [_post(gate, "/v2/models/bert-heavy/infer", {"x-priority": "low"})[0] for _ in range(3)] == [200] * 3
+    assert concurrency.in_flight == 0
+    concurrency.in_flight = 2  # two held elsewhere: low is refused, normal and high go on
+    status, headers, body = _post(gate, "/v2/models/bert-heavy/infer", {"x-priority": "low"})
+    assert status == 503 and headers["retry-after"] == "1" and b"in-flight limit" in body
+    assert _post(gate, "/v2/models/bert-heavy/infer", {"x-priority": "normal"})[0] == 200
+    concurrency.in_flight = 3
+    assert _post(gate, "/v2/models/bert-heavy/infer", {})[0] == 503  # normal, the default
+    assert _post(gate, "/v2/models/bert-heavy/infer", {"x-priority": "high"})[0] == 200
+    assert concurrency.refused == {"low": 1, "normal": 1}
 
 
 def test_a_router_on_time_or_without_the_control_refuses_nothing_for_its_delay(tiny_model_dir: Path):
-    assert _check(tiny_model_dir, level=0.0)("/v1/completions", "", {"x-priority": "low"}) is None
+    parts, gate = _gate(tiny_model_dir)
+    assert _post(gate, "/v1/completions", {"x-priority": "low"})[0] == 200
     args = AppArgs.model_validate(tiny_args(tiny_model_dir))
     assert args.scheduling.router_delay_target_ms is None  # off unless configured
     parts = build_parts(args, {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
-    assert parts.loop_lag is None and parts.shedding is None
+    assert parts.loop_lag is None and parts.gate is None

@@ -393,10 +393,13 @@ def run_loadgen(
     raw: bool = False,
     honor_retry_after: bool = False,
     timeout_s: float | None = None,
+    nice: int | None = None,
 ) -> dict[str, Any]:
     """One load generator process; returns its result JSON plus, over the measured
     window, the cores each process role used and the peak RSS of the watched deployments.
-    `timeout_s`: each request's own (the load generator's default when None)."""
+    `timeout_s`: each request's own (the load generator's default when None). `nice`: the
+    client's niceness, so that it takes only the CPU the server leaves, as clients on other
+    machines would (None: this process's)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     mode = ["--concurrency", str(load["concurrency"])] if "concurrency" in load else ["--rate", str(load["rate"])]
@@ -410,6 +413,8 @@ def run_loadgen(
         mode += ["--timeout", str(timeout_s)]
     cmd = [sys.executable, "-m", "benchmarks.loadgen", "--url", url, "--workload", str(workload), *mode,
            "--seconds", str(seconds), "--warmup", str(warmup), "--out", str(out)]  # fmt: skip
+    if nice is not None:
+        cmd = ["nice", "-n", str(nice), *cmd]
     return measured_client(cmd, out, seconds, warmup, watch)
 
 

@@ -25,6 +25,7 @@ import contextvars
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -61,6 +62,12 @@ class RequestTiming:
             f"queue;dur={self.queue_s * 1e3:.2f}, model;dur={self.model_s * 1e3:.2f}, "
             f"replica;dur={self.replica_s * 1e3:.2f}, total;dur={total_s * 1e3:.2f}"
         )
+
+
+# The model whose queue shedding this request was already drawn for from its headers (`precheck`):
+# its admission then does not draw again, which would refuse more than the share. Request-scoped,
+# as the check and the admission run in the request's own context.
+_DRAWN_FOR: ContextVar[str | None] = ContextVar("serve_app_shed_drawn_for", default=None)
 
 
 # (payloads, rows still queued in this router for the model, lane name, each payload's
@@ -270,13 +277,21 @@ class Dispatcher:
         their time would let the queue stand longer exactly when it should be shorter."""
         self.shedding.observe(self.bulk.queue.oldest_wait(now))
 
-    def _check(self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float, drawn: bool = True) -> None:
+    def _check(
+        self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float, precheck: bool = False
+    ) -> None:
         """Refuse (raise Overloaded) a request of `items` rows that cannot be served in time, or of a
-        class the standing queue sheds now. `drawn`: whether a partly shed class is drawn for
-        (at admission), or only a wholly shed one refused (from the headers, before the body:
-        drawing there too would refuse more than the share)."""
+        class the standing queue sheds now: drawn once per request, at its precheck when it had
+        one, else at admission (see `_DRAWN_FOR`)."""
         self._follow_queue(now)
-        shed = self.shedding.refuses(priority) if drawn else self.shedding.refuses_all(priority)
+        if precheck:
+            _DRAWN_FOR.set(self.model)
+            shed = self.shedding.refuses(priority)
+        elif _DRAWN_FOR.get() == self.model:
+            _DRAWN_FOR.set(None)
+            shed = False
+        else:
+            shed = self.shedding.refuses(priority)
         if shed:
             raise self._refuse(lane, "queue_standing", priority, "overloaded (the queue stands over its delay target)")
         waiting = self.wait_s(priority)
@@ -294,7 +309,7 @@ class Dispatcher:
         delay (the wait ahead does not depend on the request's size) and a lower bound for
         the deadline (more rows finish later), so it never refuses what `admit` would take."""
         if self.prioritized and self.breaker.state == BreakerState.CLOSED:
-            self._check(self.lane_for(priority), 1, priority, deadline, self.clock(), drawn=False)
+            self._check(self.lane_for(priority), 1, priority, deadline, self.clock(), precheck=True)
 
     def admit(self, payload: Any, items: int, priority: Priority, deadline: float | None) -> Ticket:
         """Queue a request or raise Overloaded; never spends model time on a refused one."""
@@ -393,7 +408,7 @@ class Dispatcher:
             if lane.inflight and queue.items < s.max_batch_size:
                 # A batch is running anyway: let this one fill for up to the batch timeout.
                 waited = queue.oldest_wait(now)
-                if waited < s.batch_wait_timeout_s:
+                if waited < s.batch_wait_timeout_s - 1e-6:  # a timer may fire a hair early: that is on time
                     self._arm_timer(lane, s.batch_wait_timeout_s - waited)
                     return
             if lane is self.bulk and self.prioritized:

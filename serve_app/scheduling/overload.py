@@ -110,14 +110,6 @@ class ClassShedding:
             return max(0.0, self.level - 1.0)
         return 0.0
 
-    def refuses_all(self, priority: Priority) -> bool:
-        """Whether every request of this class is refused now (no draw; counts the refusal): what
-        can be said before a request's body is read without changing the share refused."""
-        if self.share(priority) < 1.0:
-            return False
-        self.refused[priority.name.lower()] += 1
-        return True
-
     def refuses(self, priority: Priority) -> bool:
         """Whether to refuse this request of this class now; counts the refusals."""
         share = self.share(priority)

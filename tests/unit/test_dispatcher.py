@@ -663,3 +663,80 @@ def test_the_queue_bound_holds_when_timers_fire_early_as_uvloops_do():
         loop.run_until_complete(main())
     finally:
         loop.close()
+
+
+async def _open_loop(d: Dispatcher, rate: float, mix: dict[Priority, float], seconds: float) -> dict[Priority, list[object]]:
+    """Poisson arrivals at `rate` for `seconds` of (virtual) time, each class its share of them,
+    each request on its own (as separate clients send them); every request's outcome by class."""
+    rng = np.random.default_rng(0)
+    classes, weights = list(mix), np.array(list(mix.values())) / sum(mix.values())
+    outcomes: dict[Priority, list[object]] = {p: [] for p in classes}
+
+    async def one(priority: Priority) -> None:
+        started = d.clock()
+        try:
+            await d.submit("x", 1, priority)
+            outcomes[priority].append(d.clock() - started)
+        except Overloaded as e:
+            outcomes[priority].append(e)
+
+    tasks = []
+    end = d.clock() + seconds
+    while d.clock() < end:
+        await asyncio.sleep(rng.exponential(1 / rate))
+        priority = classes[rng.choice(len(classes), p=weights)]
+        tasks.append(asyncio.get_running_loop().create_task(one(priority), context=contextvars.Context()))
+    await asyncio.gather(*tasks)
+    return outcomes
+
+
+def _answered(outcomes: list[object]) -> float:
+    return sum(not isinstance(o, BaseException) for o in outcomes) / len(outcomes)
+
+
+@virtual_time
+async def test_a_standing_queue_sheds_nothing_below_capacity():
+    # One replica, batches of up to 8 rows in 10 ms + 1 ms a row: about 440 rows/s at full batches.
+    d = dispatcher(
+        FakeModel(base_s=0.01, per_item_s=0.001), max_batch_size=8, batch_wait_timeout_s=0.002, queue_delay_target_s=0.1
+    )
+    outcomes = await _open_loop(d, 300.0, {Priority.HIGH: 10, Priority.NORMAL: 30, Priority.LOW: 60}, seconds=10.0)
+    assert all(_answered(o) == 1.0 for o in outcomes.values())
+    assert d.shedding.level == 0.0 and d.stats.shed == {}
+
+
+@virtual_time
+async def test_over_capacity_the_queue_sheds_low_first_and_keeps_its_delay_bounded():
+    d = dispatcher(
+        FakeModel(base_s=0.01, per_item_s=0.001), max_batch_size=8, batch_wait_timeout_s=0.002, queue_delay_target_s=0.1
+    )
+    outcomes = await _open_loop(d, 1200.0, {Priority.HIGH: 10, Priority.NORMAL: 30, Priority.LOW: 60}, seconds=10.0)
+    high, normal, low = (outcomes[p] for p in (Priority.HIGH, Priority.NORMAL, Priority.LOW))
+    assert _answered(high) == 1.0  # never shed by the standing queue
+    assert _answered(normal) > _answered(low) and _answered(low) < 0.5
+    refusals = d.stats.shed_priority
+    assert refusals["low"] > refusals.get("normal", 0) and "high" not in refusals
+    # Those answered waited a bounded time, not the many seconds an unbounded queue reaches.
+    waited = sorted(o for o in normal + low if isinstance(o, float))
+    assert waited[int(0.99 * len(waited))] < 2.0
+    # The model stayed busy: the rows answered are most of what it can run (batches hold one class
+    # each, so high's small batches cost it some of the 440 rows/s full batches would give).
+    answered = sum(_answered(o) * len(o) for o in outcomes.values())
+    assert answered / 10.0 > 300
+
+
+@virtual_time
+async def test_a_request_prechecked_from_its_headers_is_drawn_once():
+    d = dispatcher(FakeModel(), max_batch_size=8, queue_delay_target_s=0.1)
+    d.shedding.level = 0.5  # half of low
+    draws = iter([0.4, 0.9])  # refused at the first draw only if the draw is under the share
+    d.shedding.draw = lambda: next(draws)
+    with pytest.raises(Overloaded, match="stands over its delay target"):
+        d.precheck(Priority.LOW, None)
+
+    async def prechecked_then_admitted() -> object:
+        d.precheck(Priority.LOW, None)  # draws 0.9: let through
+        return await d.submit("x", 1, Priority.LOW)  # no second draw (there is none left)
+
+    assert await asyncio.get_running_loop().create_task(prechecked_then_admitted(), context=contextvars.Context()) == "X"
+    assert d.shedding.refused == {"low": 1}

@@ -696,9 +696,9 @@ def _answered(outcomes: list[object]) -> float:
 
 @virtual_time
 async def test_a_standing_queue_sheds_nothing_below_capacity():
-    # One replica, batches of up to 8 rows in 10 ms + 1 ms a row: about 440 rows/s at full batches.
+    # One replica, a batch of n rows in 2 + 2n ms: about 440 rows/s at full batches of 8.
     d = dispatcher(
-        FakeModel(base_s=0.01, per_item_s=0.001), max_batch_size=8, batch_wait_timeout_s=0.002, queue_delay_target_s=0.1
+        FakeModel(base_s=0.002, per_item_s=0.002), max_batch_size=8, batch_wait_timeout_s=0.002, queue_delay_target_s=0.1
     )
     outcomes = await _open_loop(d, 300.0, {Priority.HIGH: 10, Priority.NORMAL: 30, Priority.LOW: 60}, seconds=10.0)
     assert all(_answered(o) == 1.0 for o in outcomes.values())
@@ -708,9 +708,9 @@ async def test_a_standing_queue_sheds_nothing_below_capacity():
 @virtual_time
 async def test_over_capacity_the_queue_sheds_low_first_and_keeps_its_delay_bounded():
     d = dispatcher(
-        FakeModel(base_s=0.01, per_item_s=0.001), max_batch_size=8, batch_wait_timeout_s=0.002, queue_delay_target_s=0.1
+        FakeModel(base_s=0.002, per_item_s=0.002), max_batch_size=8, batch_wait_timeout_s=0.002, queue_delay_target_s=0.1
     )
-    outcomes = await _open_loop(d, 1200.0, {Priority.HIGH: 10, Priority.NORMAL: 30, Priority.LOW: 60}, seconds=10.0)
+    outcomes = await _open_loop(d, 1000.0, {Priority.HIGH: 10, Priority.NORMAL: 30, Priority.LOW: 60}, seconds=10.0)
     high, normal, low = (outcomes[p] for p in (Priority.HIGH, Priority.NORMAL, Priority.LOW))
     assert _answered(high) == 1.0  # never shed by the standing queue
     assert _answered(normal) > _answered(low) and _answered(low) < 0.5

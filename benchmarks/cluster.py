@@ -34,30 +34,17 @@ from benchmarks.kept import (
     running_ray,
     settle_serve,
 )
+from serve_app.ingress_env import INGRESS_ENV
 
 RAY_PORT = 6391
 HTTP_PORT = 8130
 NAIVE_PORT = 8131
-INGRESS_ENVS = (
-    "RAY_SERVE_ENABLE_HA_PROXY",
-    "RAY_SERVE_THROUGHPUT_OPTIMIZED",
-    "RAY_SERVE_HAPROXY_RETRY_ON",
-    "RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL",
-    "RAY_SERVE_HAPROXY_TUNE_BUFSIZE",
-)
-# What the app's README and KubeRay pods give HAProxy: besides a refused connection, a request
-# that a router replica dropped without an answer (it died) is replayed on another router.
-# Safe here: no endpoint has side effects.
-REPLAY_ON = "conn-failure empty-response"
-# Also theirs: a router replica is taken out of HAProxy after five failed health checks in a row,
-# not two, so that a router busy for a few seconds under a flood is not replaced by Serve's
-# Python proxy (which sends the same requests to the same router). A dead one refuses
-# connections and is out in about a second either way.
-CHECK_FALL = 5
-# Also theirs: HAProxy replays only a request that fits in one buffer (less its 1 KiB rewrite
-# reserve). At Ray's 16 KiB a demo image in JSON (13-15 KiB plus headers) sometimes did not, and
-# was lost with the router that died holding it (CI's chaos smoke, 1 request in thousands).
-BUFSIZE = 65536
+# The ingress switches a scenario may set (and that a stale environment must not leak into one).
+INGRESS_ENVS = tuple(INGRESS_ENV)
+# The app's own ingress settings (serve_app/ingress_env.py), which the default configs are run with.
+REPLAY_ON = INGRESS_ENV["RAY_SERVE_HAPROXY_RETRY_ON"]
+CHECK_FALL = int(INGRESS_ENV["RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL"])
+BUFSIZE = int(INGRESS_ENV["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"])
 
 
 @dataclass
@@ -69,6 +56,7 @@ class Ingress:
     retry_on: str | None = None  # HAProxy's retry-on; None: Ray's default (conn-failure)
     check_fall: int | None = None  # failed health checks before a router is out; None: Ray's default (2)
     bufsize: int | None = None  # HAProxy's tune.bufsize; None: Ray's default (16 KiB)
+    observe_mark_down: bool | None = None  # a router marked down for errors on live traffic; None: Ray's default (on)
 
     @property
     def label(self) -> str:
@@ -86,6 +74,8 @@ class Ingress:
             env["RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL"] = str(self.check_fall)
         if self.bufsize is not None:
             env["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"] = str(self.bufsize)
+        if self.observe_mark_down is not None:
+            env["RAY_SERVE_HAPROXY_OBSERVE_MARK_DOWN_ENABLED"] = "1" if self.observe_mark_down else "0"
         return env
 
 

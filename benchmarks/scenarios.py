@@ -48,7 +48,9 @@ from benchmarks.cluster import (
 # The ingress the default configs use (README's serve command, the KubeRay pods):
 # chosen by the `ingress` scenario, see benchmarks/results/ingress/local/ (HAProxy plus
 # throughput-optimized measured 1.7x HAProxy alone for bert-heavy at concurrency 32).
-DEFAULT_INGRESS = Ingress(haproxy=True, throughput_optimized=True, retry_on=REPLAY_ON, check_fall=CHECK_FALL, bufsize=BUFSIZE)
+DEFAULT_INGRESS = Ingress(
+    haproxy=True, throughput_optimized=True, retry_on=REPLAY_ON, check_fall=CHECK_FALL, bufsize=BUFSIZE, observe_mark_down=False
+)
 
 
 @dataclass

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from serve_app.config import MODEL_DIR_ENV
+from serve_app.ingress_env import with_ingress_env
 
 
 def _cmd_build(ns: argparse.Namespace) -> int:
@@ -49,9 +50,10 @@ def _cmd_list(ns: argparse.Namespace) -> int:
 
 
 def _cmd_serve(ns: argparse.Namespace) -> int:
-    """Build what is missing, then hand over to `serve run` (the way users start Serve)."""
+    """Build what is missing, then hand over to `serve run` (the way users start Serve), with the
+    ingress settings Ray must start with (serve_app/ingress_env.py)."""
     _cmd_build(argparse.Namespace(config=ns.config, model_dir=ns.model_dir, force=False))
-    return subprocess.call(["serve", "run", ns.config, *ns.serve_args])
+    return subprocess.call(["serve", "run", ns.config, *ns.serve_args], env=with_ingress_env(os.environ))
 
 
 def _cmd_keys_new(ns: argparse.Namespace) -> int:
@@ -107,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     build.set_defaults(func=_cmd_build)
     listing.set_defaults(func=_cmd_list)
 
-    serve = sub.add_parser("serve", help="build missing models, then `serve run` the config")
+    serve = sub.add_parser(
+        "serve", help="build missing models, then `serve run` the config with the ingress settings (HAProxy and its knobs)"
+    )
     serve.add_argument("--config", default="configs/local.yaml")
     serve.add_argument("--model-dir")
     serve.add_argument("serve_args", nargs=argparse.REMAINDER, help="passed on to `serve run`")

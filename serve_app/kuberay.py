@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from serve_app.ingress_env import INGRESS_ENV
+
 IMAGE = "serve-app:0.1.0-gpu"  # built from k8s/Dockerfile
 RAY_VERSION = "2.60.0"
 APP_DIR = "/home/ray/app"
@@ -58,19 +60,10 @@ def _container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]
         "name": name,
         "image": IMAGE,
         "workingDir": APP_DIR,
-        # HAProxy ingress plus throughput-optimized mode (direct gRPC between replicas)
-        # measured best of the four ingress settings (benchmarks/results/ingress/local/).
+        # The ingress settings every deployment starts Ray with (serve_app/ingress_env.py).
         "env": [
             {"name": "SERVE_APP_MODEL_DIR", "value": f"{APP_DIR}/models"},
-            {"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": "1"},
-            {"name": "RAY_SERVE_THROUGHPUT_OPTIMIZED", "value": "1"},
-            # A request a dying router replica dropped unanswered is replayed on another one:
-            # no endpoint has side effects (benchmarks/results/chaos/).
-            {"name": "RAY_SERVE_HAPROXY_RETRY_ON", "value": "conn-failure empty-response"},
-            # A router busy for seconds under a flood stays in HAProxy (benchmarks/results/soak/).
-            {"name": "RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL", "value": "5"},
-            # HAProxy replays only a request that fits its buffer: 64 KiB holds a JSON image.
-            {"name": "RAY_SERVE_HAPROXY_TUNE_BUFSIZE", "value": "65536"},
+            *({"name": k, "value": v} for k, v in INGRESS_ENV.items()),
             # The routers' shared response cache (k8s/redis-cache.yaml); optional: without the
             # Secret the URL has no password, Redis refuses it, and each router caches alone.
             {

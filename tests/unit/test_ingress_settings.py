@@ -1,26 +1,19 @@
-"""The one ingress this project ships: README's serve command, the KubeRay pods and the
-benchmarks' default must name the same Ray Serve ingress settings, or the measured setup is not
-the one users run."""
+"""The one ingress this project ships: `serve-app serve` (README's serve command), the KubeRay pods
+and the benchmarks' default name the same Ray Serve ingress settings, from one module, or the
+measured setup is not the one users run."""
 
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 import yaml
 
 from benchmarks.scenarios import DEFAULT_INGRESS
+from serve_app.ingress_env import INGRESS_ENV, with_ingress_env
 from serve_app.kuberay import render
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _readme_serve_env() -> dict[str, str]:
-    block = re.search(r"```bash\n(.*?serve run configs/local\.yaml)\n```", (ROOT / "README.md").read_text(), re.S)
-    assert block, "README's serve command"
-    words = shlex.split(block.group(1).split("&&")[-1])
-    return dict(w.split("=", 1) for w in words if re.match(r"RAY_SERVE_\w+=", w))
 
 
 def _pod_envs() -> list[dict[str, str]]:
@@ -35,10 +28,18 @@ def _pod_envs() -> list[dict[str, str]]:
 
 
 def test_readme_kuberay_and_the_benchmarks_run_the_same_ingress() -> None:
-    shipped = DEFAULT_INGRESS.env()
-    assert shipped["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
-    assert _readme_serve_env() == shipped
+    assert INGRESS_ENV["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert DEFAULT_INGRESS.env() == INGRESS_ENV
     pods = _pod_envs()
     assert len(pods) >= 3  # head, ingress group, GPU workers
     for env in pods:
-        assert env == shipped
+        assert env == INGRESS_ENV
+    block = re.search(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.S)
+    assert block and block.group(1).endswith("serve-app serve --config configs/local.yaml"), "README's serve command"
+    assert len(block.group(1).split("&&")[-1]) < 120
+
+
+def test_an_operator_s_own_setting_wins_over_the_shipped_one() -> None:
+    env = with_ingress_env({"RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL": "9", "PATH": "/bin"})
+    assert env["RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL"] == "9" and env["PATH"] == "/bin"
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"

@@ -232,8 +232,10 @@ class Dispatcher:
         # refused it. Classification has no side effects, so a second run harms nobody.
         self.retryable = retryable
         self.stats = DispatchStats()
-        # CoDel on the bulk queue: its oldest request's age, sampled at every admission and release.
-        self.shedding = ClassShedding(s.queue_delay_target_s, clock=clock)
+        # CoDel on the bulk queue: its oldest request's age, sampled at every admission and release,
+        # judged over an interval no shorter than the target (a queue that drains within the target
+        # is not standing, however it looked for a moment).
+        self.shedding = ClassShedding(s.queue_delay_target_s, interval_s=max(0.1, s.queue_delay_target_s), clock=clock)
         self._tasks: set[asyncio.Task[None]] = set()
         for lane in self.lanes:
             expire, starve = partial(self._expire, lane), partial(self._starve, lane)

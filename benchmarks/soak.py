@@ -126,7 +126,9 @@ def run(s: SoakSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
     out["load"]["refused_without_retry_after"] = load["refused_without_retry_after"]
     out["load"]["streams"] = {k: {"statuses": v["statuses"], "p99_ms": v["p99_ms"]} for k, v in load["streams"].items()}
     out["unexpected_statuses"] = {k: v for k, v in load["statuses"].items() if k not in ("200", "429", "503")}
-    out["unexpected_by_minute"] = unexpected_by_minute(load.pop("records"))
+    records = load.pop("records")
+    out["unexpected_by_minute"] = unexpected_by_minute(records)
+    out["goodput_by_minute"] = goodput_by_minute(records, out["capacity_rps"])
     out["memory"] = memory_report(sampler.rss, s.warmup_s)
     out["rss_series_mb"] = {k: [[round(t), round(v, 1)] for t, v in samples] for k, samples in sorted(sampler.rss.items())}
     out["router_samples"] = sampler.router
@@ -143,6 +145,29 @@ def unexpected_by_minute(records: list[list[Any]]) -> dict[str, dict[str, int]]:
             minute, _, rest = key.partition(":")
             out.setdefault(minute, {})[rest] = out.get(minute, {}).get(rest, 0) + 1
     return out
+
+
+def goodput_by_minute(records: list[list[Any]], capacity_rps: float) -> list[dict[str, Any]]:
+    """Per minute of the run (by when each request was sent): 200s per second and that over capacity,
+    timeouts (status 0) and connection errors: whether the server kept giving useful answers."""
+    minutes: dict[int, list[int]] = {}
+    for _stream, sent, _lat, status, *_ in records:
+        counts = minutes.setdefault(int(sent // 60), [0, 0, 0, 0])  # sent, 200, timeouts, connection errors
+        counts[0] += 1
+        counts[1] += status == 200
+        counts[2] += status == 0
+        counts[3] += status < 0
+    return [
+        {
+            "minute": m,
+            "sent": c[0],
+            "goodput_rps": round(c[1] / 60, 1),
+            "goodput_over_capacity": round(c[1] / 60 / capacity_rps, 3) if capacity_rps else None,
+            "timeouts": c[2],
+            "connection_errors": c[3],
+        }
+        for m, c in sorted(minutes.items())
+    ]
 
 
 def memory_report(rss: dict[str, list[tuple[float, float]]], warmup_s: float) -> dict[str, Any]:
@@ -171,6 +196,11 @@ def markdown(res: dict[str, Any]) -> str:
         f"Answers: {load['statuses']}; refused without Retry-After: {load['refused_without_retry_after']}; "
         f"other statuses: {r['unexpected_statuses'] or 'none'}; client-side drops (in-flight cap): {load['client_dropped']}; "
         f"sent again on a new connection after the old one closed under it: {load.get('stale_connection_retries', '-')}.",
+        "",
+        "Goodput by minute (by when each request was sent; the last minute may be partial): "
+        + ", ".join(
+            f"{m['minute']}: {m['goodput_over_capacity']}x ({m['timeouts']} timeouts)" for m in r.get("goodput_by_minute", [])
+        ),
         "",
         f"Memory after the first {r['settings']['warmup_s']:.0f} s (least-squares slope, % of mean per minute):",
         "",

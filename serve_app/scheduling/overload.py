@@ -53,19 +53,20 @@ class LoopLag:
 class ClassShedding:
     """Which share of each class the router refuses, from the standing delay of its own loop.
 
-    `target_s`: the standing delay the router may keep (a request's wait in front of any
-    handler). `interval_s`: the window whose smallest sample is the standing delay; samples
-    arrive every few milliseconds, so one window holds several. `rise`: how far the level
-    moves up per interval per target's worth of delay over the target (capped at four
-    targets' worth, so one very late window does not shed everything). `fall`: how far it
-    moves down per interval spent under the target."""
+    `target_s`: the standing delay the source may keep. `interval_s`: the window whose smallest
+    sample is the standing delay; samples arrive every few milliseconds, so one window holds
+    several. `rise`: how far the level moves up per second per target's worth of delay over the
+    target (capped at four targets' worth, so one very late window does not shed everything).
+    `fall`: how far it moves down per second spent under the target. Rates per second, not per
+    interval, so that a longer window (a slow model's queue) measures more calmly without
+    reacting more slowly."""
 
     def __init__(
         self,
         target_s: float,
         interval_s: float = 0.1,
-        rise: float = 0.1,
-        fall: float = 0.05,
+        rise: float = 1.0,
+        fall: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
         draw: Callable[[], float] = random.random,
     ) -> None:
@@ -92,15 +93,16 @@ class ClassShedding:
         late_s = max(0.0, late_s)
         self._window_min = late_s if self._window_min is None else min(self._window_min, late_s)
         now = self.clock()
-        intervals = int((now - self._window_start) / self.interval_s)
-        if intervals < 1:
+        elapsed = now - self._window_start
+        if elapsed < self.interval_s * (1 - 1e-9):  # a clock's rounding is not a window short
             return
         self.standing_s, self._window_min, self._window_start = self._window_min, None, now
         if self.standing_s > self.target_s:
             over = min(4.0, self.standing_s / self.target_s - 1.0)
-            self.level = min(SHED_CEILING, self.level + self.rise * max(over, 0.25))
+            # One window's worth of rise, however long ago the last sample was.
+            self.level = min(SHED_CEILING, self.level + self.rise * self.interval_s * max(over, 0.25))
         else:  # a source that samples only when busy (a queue) says nothing while idle: idle is on time
-            self.level = max(0.0, self.level - self.fall * intervals)
+            self.level = max(0.0, self.level - self.fall * elapsed)
 
     def share(self, priority: Priority) -> float:
         """The share of this class refused at the current level."""

@@ -199,9 +199,11 @@ class PriorityQueue(RequestQueue):
         return chosen if freed >= need else None
 
     def _joins(self, ticket: Ticket, batch: list[Ticket]) -> bool:
-        # Never fill a batch led by a higher class with lower-class rows: that batch would
-        # run longer, and the high-priority rows in it would wait for the low ones.
-        return ticket.priority == batch[0].priority
+        # Never fill a batch led by high priority with lower-class rows: that batch would run
+        # longer, and the high-priority rows in it would wait for the others. A normal-led batch
+        # takes low rows to fill up: a full batch costs less per row, and under overload that
+        # is the goodput the lower classes get at all.
+        return ticket.priority == batch[0].priority or batch[0].priority != Priority.HIGH
 
     def items_ahead(self, priority: Priority) -> int:
         return sum(n for p, n in self.items_by_priority.items() if p <= priority)

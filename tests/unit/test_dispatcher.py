@@ -719,8 +719,8 @@ async def test_over_capacity_the_queue_sheds_low_first_and_keeps_its_delay_bound
     # Those answered waited a bounded time, not the many seconds an unbounded queue reaches.
     waited = sorted(o for o in normal + low if isinstance(o, float))
     assert waited[int(0.99 * len(waited))] < 2.0
-    # The model stayed busy: the rows answered are most of what it can run (batches hold one class
-    # each, so high's small batches cost it some of the 440 rows/s full batches would give).
+    # The model stayed busy: the rows answered are most of what it can run (high's batches hold
+    # high alone, so their small batches cost it some of the 440 rows/s full batches would give).
     answered = sum(_answered(o) * len(o) for o in outcomes.values())
     assert answered / 10.0 > 300
 

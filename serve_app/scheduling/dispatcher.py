@@ -25,7 +25,6 @@ import contextvars
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -36,8 +35,8 @@ from serve_app.observability import tracing
 from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
 from serve_app.scheduling.limit import AdaptiveLimit
-from serve_app.scheduling.overload import ClassShedding
 from serve_app.scheduling.queue import QueueFull, QueuePolicy, RequestQueue, Ticket, make_queue
+from serve_app.scheduling.standing import QueueShedding
 from serve_app.scheduling.waits import WaitBounds
 
 
@@ -62,12 +61,6 @@ class RequestTiming:
             f"queue;dur={self.queue_s * 1e3:.2f}, model;dur={self.model_s * 1e3:.2f}, "
             f"replica;dur={self.replica_s * 1e3:.2f}, total;dur={total_s * 1e3:.2f}"
         )
-
-
-# The model whose queue shedding this request was already drawn for from its headers (`precheck`):
-# its admission then does not draw again, which would refuse more than the share. Request-scoped,
-# as the check and the admission run in the request's own context.
-_DRAWN_FOR: ContextVar[str | None] = ContextVar("serve_app_shed_drawn_for", default=None)
 
 
 # (payloads, rows still queued in this router for the model, lane name, each payload's
@@ -232,10 +225,7 @@ class Dispatcher:
         # refused it. Classification has no side effects, so a second run harms nobody.
         self.retryable = retryable
         self.stats = DispatchStats()
-        # CoDel on the bulk queue: its oldest request's age, sampled at every admission and release,
-        # judged over an interval no shorter than the target (a queue that drains within the target
-        # is not standing, however it looked for a moment).
-        self.shedding = ClassShedding(s.queue_delay_target_s, interval_s=max(0.1, s.queue_delay_target_s), clock=clock)
+        self.shedding = QueueShedding(model, s.queue_delay_target_s, clock)  # the bulk queue's standing delay
         self._tasks: set[asyncio.Task[None]] = set()
         for lane in self.lanes:
             expire, starve = partial(self._expire, lane), partial(self._starve, lane)
@@ -273,27 +263,13 @@ class Dispatcher:
         self.stats.count_shed(reason, priority)
         return Overloaded(f"{self.model}: {message}", retry_after_s=self._retry_after(lane))
 
-    def _follow_queue(self, now: float) -> None:
-        """Feed the bulk queue's standing delay (its oldest request's age) to its shedding. Not the
-        predicted wait: a model starved of CPU runs its batches slowly, and a prediction scaled by
-        their time would let the queue stand longer exactly when it should be shorter."""
-        self.shedding.observe(self.bulk.queue.oldest_wait(now))
-
     def _check(
         self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float, precheck: bool = False
     ) -> None:
         """Refuse (raise Overloaded) a request of `items` rows that cannot be served in time, or of a
-        class the standing queue sheds now: drawn once per request, at its precheck when it had
-        one, else at admission (see `_DRAWN_FOR`)."""
-        self._follow_queue(now)
-        if precheck:
-            _DRAWN_FOR.set(self.model)
-            shed = self.shedding.refuses(priority)
-        elif _DRAWN_FOR.get() == self.model:
-            _DRAWN_FOR.set(None)
-            shed = False
-        else:
-            shed = self.shedding.refuses(priority)
+        class the standing queue sheds now (drawn once per request: serve_app/scheduling/standing.py)."""
+        self.shedding.follow(self.bulk.queue.oldest_wait(now))
+        shed = self.shedding.refuses(priority, precheck)
         if shed:
             raise self._refuse(lane, "queue_standing", priority, "overloaded (the queue stands over its delay target)")
         waiting = self.wait_s(priority)
@@ -386,19 +362,7 @@ class Dispatcher:
 
     def snapshot(self) -> dict[str, Any]:
         """What an operator wants to see about this queue right now (the router's /router/status)."""
-        s = self.settings
-        return {
-            "policy": self.bulk.queue.policy,
-            "queued_items": {p.name.lower(): n for p, n in self.items_by_priority().items()},
-            "breaker": self.breaker.state.name.lower(),
-            "max_batch_size": s.max_batch_size,
-            "lanes": {
-                lane.name: lane.snapshot(self.wait_s(Priority.LOW if lane is self.bulk else Priority.HIGH), s.max_batch_size)
-                for lane in self.lanes
-            },
-            "shedding": self.shedding.status(),
-            **self.stats.counts(),
-        }
+        return _snapshot(self)
 
     # -- release -----------------------------------------------------------------
 
@@ -414,7 +378,7 @@ class Dispatcher:
                     self._arm_timer(lane, s.batch_wait_timeout_s - waited)
                     return
             if lane is self.bulk and self.prioritized:
-                self._follow_queue(now)
+                self.shedding.follow(queue.oldest_wait(now))
             batch, expired = queue.pop_batch(s.max_batch_size, now)
             for ticket in expired:
                 self.stats.count_shed("expired", ticket.priority)
@@ -482,6 +446,22 @@ class Dispatcher:
                 raise NobodyWaits(self.model) from e
         self.stats.retried_batches += 1
         return await _call(self, lane.name, spans, again), again
+
+
+def _snapshot(d: Dispatcher) -> dict[str, Any]:
+    s = d.settings
+    return {
+        "policy": d.bulk.queue.policy,
+        "queued_items": {p.name.lower(): n for p, n in d.items_by_priority().items()},
+        "breaker": d.breaker.state.name.lower(),
+        "max_batch_size": s.max_batch_size,
+        "lanes": {
+            lane.name: lane.snapshot(d.wait_s(Priority.LOW if lane is d.bulk else Priority.HIGH), s.max_batch_size)
+            for lane in d.lanes
+        },
+        "shedding": d.shedding.status(),
+        **d.stats.counts(),
+    }
 
 
 def _detached(run: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

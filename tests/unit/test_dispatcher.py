@@ -702,7 +702,7 @@ async def test_a_standing_queue_sheds_nothing_below_capacity():
     )
     outcomes = await _open_loop(d, 300.0, {Priority.HIGH: 10, Priority.NORMAL: 30, Priority.LOW: 60}, seconds=10.0)
     assert all(_answered(o) == 1.0 for o in outcomes.values())
-    assert d.shedding.level == 0.0 and d.stats.shed == {}
+    assert d.shedding.shedding.level == 0.0 and d.stats.shed == {}
 
 
 @virtual_time
@@ -728,9 +728,9 @@ async def test_over_capacity_the_queue_sheds_low_first_and_keeps_its_delay_bound
 @virtual_time
 async def test_a_request_prechecked_from_its_headers_is_drawn_once():
     d = dispatcher(FakeModel(), max_batch_size=8, queue_delay_target_s=0.1)
-    d.shedding.level = 0.5  # half of low
+    d.shedding.shedding.level = 0.5  # half of low
     draws = iter([0.4, 0.9])  # refused at the first draw only if the draw is under the share
-    d.shedding.draw = lambda: next(draws)
+    d.shedding.shedding.draw = lambda: next(draws)
     with pytest.raises(Overloaded, match="stands over its delay target"):
         d.precheck(Priority.LOW, None)
 
@@ -739,4 +739,4 @@ async def test_a_request_prechecked_from_its_headers_is_drawn_once():
         return await d.submit("x", 1, Priority.LOW)  # no second draw (there is none left)
 
     assert await asyncio.get_running_loop().create_task(prechecked_then_admitted(), context=contextvars.Context()) == "X"
-    assert d.shedding.refused == {"low": 1}
+    assert d.shedding.shedding.refused == {"low": 1}

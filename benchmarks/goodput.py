@@ -22,12 +22,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from benchmarks import workloads
 from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, run_loadgen
-from benchmarks.flood import flood_config
+from benchmarks.flood import flood_config, shedding
 from benchmarks.scenarios import DEFAULT_INGRESS
 
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
@@ -115,14 +114,6 @@ def summary(load: dict[str, Any], capacity_rps: float) -> dict[str, Any]:
     }
 
 
-def router_shedding() -> dict[str, Any] | None:
-    try:
-        found: dict[str, Any] | None = httpx.get(f"{BASE_URL}/router/status", timeout=10).json().get("router_delay")
-        return found
-    except (httpx.HTTPError, ValueError) as e:
-        return {"error": type(e).__name__}
-
-
 def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
     base = yaml.safe_load(config_path.read_text())
     config = flood_config(base, model_dir, s.model)
@@ -148,7 +139,7 @@ def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any
                         BASE_URL, workload, {"rate": point.offered_rps}, s.seconds, s.warmup,
                         max_in_flight=s.max_in_flight, timeout_s=s.timeout_s,
                     )  # fmt: skip
-                    point.result = {**summary(got, capacity), "router_delay_after": router_shedding()}
+                    point.result = {**summary(got, capacity), "router_delay_after": shedding()}
                     points.append(point)
                     print(f"goodput {mix} at {load}x: {point.result['goodput_over_capacity']}x of capacity", flush=True)
     out["points"] = [asdict(p) for p in points]

@@ -1,0 +1,70 @@
+"""The goodput scenario's figures from the load generator's output, without Ray."""
+
+from __future__ import annotations
+
+from benchmarks.goodput import MIXES, checks, summary
+
+
+def _stream(statuses: dict[str, int], p99: float | None = 20.0, dropped: int = 0) -> dict[str, object]:
+    return {
+        "requests": sum(statuses.values()),
+        "statuses": statuses,
+        "p50_ms": 5.0,
+        "p99_ms": p99,
+        "refused_p50_ms": 2.0,
+        "refused_p99_ms": 9.0,
+        "refused_without_retry_after": 0,
+        "timeouts": statuses.get("0", 0),
+        "client_dropped": dropped,
+    }
+
+
+def _load(**classes: dict[str, object]) -> dict[str, object]:
+    merged: dict[str, int] = {}
+    for c in classes.values():
+        for code, n in c["statuses"].items():  # type: ignore[attr-defined]
+            merged[code] = merged.get(code, 0) + n
+    return {
+        "statuses": merged,
+        "goodput_rps": 90.0,
+        "timeouts": merged.get("0", 0),
+        "refused_without_retry_after": 0,
+        "refused_p99_ms": 9.0,
+        "streams": {f"m/{name}": c for name, c in classes.items()},
+    }
+
+
+def test_a_point_reports_goodput_over_capacity_and_each_class_s_share():
+    load = _load(
+        high=_stream({"200": 10}),
+        normal=_stream({"200": 27, "503": 3}),
+        low=_stream({"200": 30, "503": 25, "0": 5}, dropped=0),
+    )
+    got = summary(load, capacity_rps=100.0)
+    assert got["goodput_over_capacity"] == 0.9 and got["timeouts"] == 5 and got["server_errors_5xx"] == 0
+    assert got["classes"]["high"]["answered_share"] == 1.0
+    assert got["classes"]["normal"]["answered_share"] == 0.9 and got["classes"]["normal"]["refused"] == 3
+    assert got["classes"]["low"]["answered_share"] == 0.5 and got["classes"]["low"]["timeouts"] == 5
+
+
+def test_a_500_counts_as_a_server_error_and_a_503_does_not():
+    got = summary(_load(normal=_stream({"200": 5, "503": 2, "500": 1})), capacity_rps=10.0)
+    assert got["server_errors_5xx"] == 1
+
+
+def test_the_checks_read_the_acceptance_rows():
+    high = _stream({"200": 10}, p99=30.0)
+    points = [
+        {"mix": "trickle", "load": 0.9, "result": summary(_load(high=high, normal=_stream({"200": 99, "503": 1})), 100.0)},
+        {"mix": "10/30/60", "load": 1.5, "result": summary(
+            _load(high=high, normal=_stream({"200": 20, "503": 10}), low=_stream({"200": 10, "503": 50})), 100.0)},
+    ]  # fmt: skip
+    got = checks({"unloaded_high": {"p99_ms": 15.0}, "points": points})
+    assert got["at_or_below_0.9x"] == [{"mix": "trickle", "load": 0.9, "min_answered_share": 0.99}]
+    (over,) = got["over_capacity_10_30_60"]
+    assert over["high_p99_over_unloaded"] == 2.0 and over["normal_at_least_low"] and over["high_answered_share"] == 1.0
+
+
+def test_the_mixes_are_shares_of_a_hundred_and_leave_classes_out_where_named():
+    assert all(sum(mix) == 100 for mix in MIXES.values())
+    assert MIXES["no-high"][0] == 0 and MIXES["trickle"][2] == 0 and MIXES["10/30/60"] == (10, 30, 60)

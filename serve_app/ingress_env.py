@@ -7,7 +7,6 @@ the processes that start Ray, not fields of the Serve config.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 INGRESS_ENV: dict[str, str] = {
@@ -36,8 +35,3 @@ INGRESS_ENV: dict[str, str] = {
 def with_ingress_env(env: Mapping[str, str]) -> dict[str, str]:
     """`env` with the ingress settings added; a variable already set there wins (an operator's choice)."""
     return {**INGRESS_ENV, **env}
-
-
-def apply_ingress_env() -> None:
-    """Set the ingress settings in this process's environment, for the Ray it starts."""
-    os.environ.update(with_ingress_env(os.environ))

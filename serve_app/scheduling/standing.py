@@ -42,9 +42,13 @@ class QueueShedding:
         """Whether to refuse this request now (counted); `precheck`: judged from its headers."""
         if precheck:
             _DRAWN_FOR.set(self.model)
-        elif _DRAWN_FOR.get() == self.model:
+        elif (drawn_for := _DRAWN_FOR.get()) is not None:
+            # Any admission ends the mark: one for another queue (a version the traffic policy chose,
+            # a route's other tier) draws on its own, and nothing later in this context (a shadow
+            # sent off the request's path) inherits a draw it did not have.
             _DRAWN_FOR.set(None)
-            return False
+            if drawn_for == self.model:
+                return False
         return self.shedding.refuses(priority)
 
     def status(self) -> dict[str, object]:

@@ -740,3 +740,28 @@ async def test_a_request_prechecked_from_its_headers_is_drawn_once():
 
     assert await asyncio.get_running_loop().create_task(prechecked_then_admitted(), context=contextvars.Context()) == "X"
     assert d.shedding.shedding.refused == {"low": 1}
+
+
+@virtual_time
+async def test_an_admission_elsewhere_ends_the_header_draw():
+    light, heavy = (
+        Dispatcher(name, FakeModel().send, DispatchSettings(max_batch_size=8), clock=loop_clock()) for name in ("light", "heavy")
+    )
+    for d in (light, heavy):
+        d.shedding.shedding.level = 1.0  # all of low
+
+    async def prechecked_light_then_heavy_then_light() -> list[str]:
+        outcomes = []
+        light.shedding.shedding.level = 0.0
+        light.precheck(Priority.LOW, None)  # drawn for light, from the headers: let through
+        light.shedding.shedding.level = 1.0
+        for d in (heavy, light):  # the admission elsewhere draws, and ends light's mark
+            try:
+                await d.submit("x", 1, Priority.LOW)
+                outcomes.append("served")
+            except Overloaded:
+                outcomes.append("refused")
+        return outcomes
+
+    task = asyncio.get_running_loop().create_task(prechecked_light_then_heavy_then_light(), context=contextvars.Context())
+    assert await task == ["refused", "refused"]

@@ -54,10 +54,9 @@ def _feeds(model_dir: Path, batch: int) -> dict[str, np.ndarray]:
 
     # Tokenized and padded the way the replica does it (TextClassifier._prepare/_forward),
     # so the session sees the shapes it sees when served.
-    assert manifest.tokenizer_file, f"{model_dir}: text model without a tokenizer"
-    tokenizer = TextTokenizer.from_file(model_dir / manifest.tokenizer_file)
+    tokenizer = TextTokenizer.for_model(model_dir, manifest, truncate=True)
     texts = [b["inputs"][0]["data"][0] for b in text_bodies(batch)]
-    seqs = tokenizer.encode_truncated(texts, manifest.max_sequence_length or 512)
+    seqs = tokenizer.encode_rows(texts)
     ids, mask = pad_right(seqs, tokenizer.pad_id)
     return {"input_ids": ids, "attention_mask": mask}
 

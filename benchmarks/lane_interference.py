@@ -66,10 +66,9 @@ def main(argv: list[str]) -> int:
     model_dir, out = Path(ns.MODEL_DIR), Path(ns.OUT)
     urgent_threads = int(ns.URGENT_THREADS or 2)
     manifest = Manifest.load(model_dir)
-    assert manifest.tokenizer_file, "a text model directory (with a tokenizer)"
-    tok = TextTokenizer.from_file(model_dir / manifest.tokenizer_file)
+    tok = TextTokenizer.for_model(model_dir, manifest, truncate=True)
     texts, _ = sentiment_dataset(64, TEST_SEED)
-    rows = tok.encode_truncated(texts, manifest.max_sequence_length or 512)
+    rows = tok.encode_rows(texts)
     path, cpu = model_dir / manifest.onnx_file, ["CPUExecutionProvider"]
     urgent = create_session(path, cpu, urgent_threads, spinning=False)
     bulk = [create_session(path, cpu, 1, spinning=False, background=True) for _ in range(2)]

@@ -99,12 +99,30 @@ class TracingConfig(ConfigModel):
     export_timeout_s: float = Field(5.0, gt=0, description="an export taking longer is dropped, never the request")
 
 
+class ImagePreprocessing(ConfigModel):
+    """How an image model wants its pixels, for exports that do not say (torchvision's, timm's):
+    what preprocessor_config.json would give. Each field left out comes from the export."""
+
+    mean: list[float] | None = Field(None, min_length=3, max_length=3, description="per channel, on pixels scaled to [0, 1]")
+    std: list[float] | None = Field(None, min_length=3, max_length=3, description="per channel, on pixels scaled to [0, 1]")
+    size: int | None = Field(None, ge=1, description="the graph's input height and width, when its input shape leaves them open")
+    resize: int | None = Field(
+        None, ge=1, description="an encoded image's shorter side is resized to this, then centre-cropped to `size`"
+    )
+
+
 class ModelConfig(ConfigModel):
     """One model of the catalog. `preset` builds a demo model; `path` points at any model directory."""
 
     preset: str | None = None
     family: Family | None = None
-    path: str | None = Field(None, description="model directory; default <model_dir>/<name>")
+    path: str | None = Field(
+        None,
+        description="model directory, ONNX file, or object-store URI (s3://bucket/prefix, fetched once per node into "
+        "$SERVE_APP_MODEL_CACHE); default <model_dir>/<name>. An ordinary export (optimum, torch.onnx.export) serves as "
+        "it is: see docs/models.md",
+    )
+    image: ImagePreprocessing | None = Field(None, description="image models: preprocessing the export does not declare")
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     generation: GenerationDefaults = Field(default_factory=GenerationDefaults)
     max_items_per_request: int = Field(64, ge=1, description="tensor rows accepted in one request")
@@ -521,6 +539,14 @@ class AppArgs(ConfigModel):
         root = Path(os.environ.get(MODEL_DIR_ENV) or self.model_dir).expanduser()
         path = Path(cfg.path).expanduser() if cfg.path else root / deployment
         return path.resolve()
+
+    def model_source(self, deployment: str) -> str:
+        """Where a deployment's replicas get the model: an object-store URI as configured (each
+        node fetches it, serve_app.sources), else the absolute local path."""
+        cfg = self.served[deployment].config
+        if cfg.path and "://" in cfg.path:
+            return cfg.path
+        return str(self.model_path(deployment))
 
 
 def check_traffic(args: AppArgs, traffic: dict[str, TrafficConfig]) -> None:

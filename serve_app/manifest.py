@@ -23,12 +23,30 @@ class TensorSpec(BaseModel):
 
 
 class GenerationSpec(BaseModel):
-    """Shapes of a decoder's KV cache: past is (n_layers, 2, B, n_heads, P, head_dim)."""
+    """Shapes of a decoder's KV cache, in the layout Hugging Face exports (optimum) use: inputs
+    `past_key_values.{i}.key` / `.value` of shape (B, n_heads, P, head_dim) per layer, outputs
+    `present.{i}.key` / `.value` with the new positions appended. `n_heads` counts key/value heads
+    (fewer than the query heads in grouped-query attention)."""
 
     n_layers: int
     n_heads: int
     head_dim: int
     block_size: int
+    kv_dtype: Literal["float32", "float16"] = "float32"
+
+
+class ImageSpec(BaseModel):
+    """How pixels become the graph's input: scaled to [0, 1], then (x - mean) / std per channel.
+    `resize`: an encoded image's shorter side is resized to this, then its centre cropped to the
+    model's size (torchvision's Resize + CenterCrop); None stretches it to the size."""
+
+    mean: list[float] = Field(default_factory=lambda: [0.0, 0.0, 0.0], min_length=3, max_length=3)
+    std: list[float] = Field(default_factory=lambda: [1.0, 1.0, 1.0], min_length=3, max_length=3)
+    resize: int | None = None
+
+    @property
+    def normalizes(self) -> bool:
+        return any(self.mean) or any(s != 1.0 for s in self.std)
 
 
 class Manifest(BaseModel):
@@ -42,6 +60,10 @@ class Manifest(BaseModel):
     labels: list[str] = Field(default_factory=list)
     max_sequence_length: int | None = None
     image_size: int | None = None
+    image: ImageSpec = Field(default_factory=ImageSpec)
+    # The tokenizer's padding and end-of-sequence tokens; a classifier needs only the first.
+    pad_token: str | None = "<pad>"
+    eos_token: str | None = "<eos>"
     generation: GenerationSpec | None = None
     # Where the weights came from: preset, training figures, parity, fingerprint.
     source: dict[str, Any] = Field(default_factory=dict)
@@ -62,11 +84,17 @@ class Manifest(BaseModel):
             )
         return str(self.variants[precision]["file"])
 
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
     @classmethod
     def load(cls, model_dir: str | Path) -> Manifest:
+        """The manifest file a build or an import wrote (`serve_app.exports.discover` also reads
+        exports that have none)."""
         path = Path(model_dir) / MANIFEST_FILE
         if not path.is_file():
-            raise FileNotFoundError(f"no {MANIFEST_FILE} in {model_dir}; run `serve-app models build` first")
+            raise FileNotFoundError(f"no {MANIFEST_FILE} in {model_dir}")
         return cls.model_validate_json(path.read_text())
 
     def save(self, model_dir: str | Path) -> None:

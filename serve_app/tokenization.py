@@ -11,6 +11,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from serve_app.errors import InvalidInput
+from serve_app.manifest import Manifest
 
 DEFAULT_SPECIAL = {"pad": "<pad>", "eos": "<eos>"}
 # Up to this many texts, a batch is tokenized on the calling thread, one text after another.
@@ -22,20 +23,45 @@ SEQUENTIAL_UP_TO = 32
 
 
 class TextTokenizer:
-    """Wraps a tokenizer.json; knows the pad and end-of-sequence ids."""
+    """Wraps a tokenizer.json: encodes the way the model's own tokenizer does (its post-processor
+    adds the special tokens it was trained with, BERT's [CLS] and [SEP] say), and knows the pad
+    and end-of-sequence ids."""
 
-    def __init__(self, tokenizer: Tokenizer, pad_token: str = "<pad>", eos_token: str = "<eos>") -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        pad_token: str | None = "<pad>",
+        eos_token: str | None = "<eos>",
+        max_length: int | None = None,
+    ) -> None:
         self._tok = tokenizer
-        pad_id = tokenizer.token_to_id(pad_token)
-        eos_id = tokenizer.token_to_id(eos_token)
-        if pad_id is None or eos_id is None:
-            raise ValueError(f"tokenizer lacks {pad_token!r} or {eos_token!r} special tokens")
+        if max_length is not None:
+            # The library's own truncation keeps the post-processor's special tokens within the limit.
+            tokenizer.enable_truncation(max_length)
+        pad_id = tokenizer.token_to_id(pad_token) if pad_token else None
+        eos_id = tokenizer.token_to_id(eos_token) if eos_token else None
+        if (pad_token and pad_id is None) or (eos_token and eos_id is None):
+            raise ValueError(f"the tokenizer's vocabulary lacks its special tokens {pad_token!r} or {eos_token!r}")
+        if pad_id is None:
+            pad_id = eos_id if eos_id is not None else 0  # pad positions are masked: any id will do
         self.pad_id: int = pad_id
-        self.eos_id: int = eos_id
+        # -1 when the tokenizer has no end token (a classifier's): no sampled id ever equals it.
+        self.eos_id: int = eos_id if eos_id is not None else -1
 
     @classmethod
-    def from_file(cls, path: str | Path, pad_token: str = "<pad>", eos_token: str = "<eos>") -> TextTokenizer:
-        return cls(Tokenizer.from_file(str(path)), pad_token, eos_token)
+    def from_file(
+        cls, path: str | Path, pad_token: str | None = "<pad>", eos_token: str | None = "<eos>", max_length: int | None = None
+    ) -> TextTokenizer:
+        return cls(Tokenizer.from_file(str(path)), pad_token, eos_token, max_length)
+
+    @classmethod
+    def for_model(cls, model_dir: str | Path, manifest: Manifest, truncate: bool) -> TextTokenizer:
+        """The tokenizer a model directory's manifest names, with its special tokens; `truncate`:
+        to the model's maximum length (a classifier's), else a longer text stays whole."""
+        if not manifest.tokenizer_file:
+            raise ValueError(f"{manifest.name}: the manifest names no tokenizer")
+        limit = manifest.max_sequence_length if truncate else None
+        return cls.from_file(Path(model_dir) / manifest.tokenizer_file, manifest.pad_token, manifest.eos_token, limit)
 
     @property
     def vocab_size(self) -> int:
@@ -45,19 +71,19 @@ class TextTokenizer:
         try:
             if len(texts) <= SEQUENTIAL_UP_TO:
                 encode = self._tok.encode
-                return [encode(text, add_special_tokens=False).ids for text in texts]
-            return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+                return [encode(text).ids for text in texts]
+            return [e.ids for e in self._tok.encode_batch(texts)]
         except TypeError:
             raise not_unicode(texts) or TypeError("texts must be strings") from None
 
-    def encode_truncated(self, texts: list[str], max_len: int) -> list[list[int]]:
-        """Ids as a classifier takes them: cut to `max_len` like BERT tokenizers do, and an
-        empty text still one (pad) token, so every row has a position to pool."""
-        return [ids[:max_len] or [self.pad_id] for ids in self.encode_batch(texts)]
+    def encode_rows(self, texts: list[str]) -> list[list[int]]:
+        """Ids as a classifier takes them (truncated when the tokenizer was given a maximum
+        length); an empty encoding is still one (pad) token, so every row has a position to pool."""
+        return [ids or [self.pad_id] for ids in self.encode_batch(texts)]
 
     def encode(self, text: str) -> list[int]:
         try:
-            return self._tok.encode(text, add_special_tokens=False).ids
+            return self._tok.encode(text).ids
         except TypeError:
             raise not_unicode([text]) or TypeError("text must be a string") from None
 

@@ -11,6 +11,7 @@ import pytest
 
 from serve_app.presets import get_preset
 from serve_app.zoo.build import build_model
+from tests.exports import Exports, build_exports
 
 # The default catalog's names, built from the tiny presets: same code paths, seconds to build.
 TINY_CATALOG = {
@@ -37,6 +38,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         build_model(name, get_preset(preset), root / name)
         built[preset] = root / name
     return root
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Exports:
+    """Ordinary exports (optimum's BERT, GPT-2 and Llama; a torchvision ResNet), tiny."""
+    return build_exports(tmp_path_factory.mktemp("exports"))
 
 
 def tiny_args(model_dir: Path, **batching: Any) -> dict[str, Any]:

@@ -33,8 +33,7 @@ class ModelRunner:
         self.text = self.manifest.family == "bert"
         self.tokenizer = None
         if self.text:
-            assert self.manifest.tokenizer_file, f"{self.model_dir}: a text model's manifest names its tokenizer"
-            self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file)
+            self.tokenizer = TextTokenizer.for_model(self.model_dir, self.manifest, truncate=True)
         self.max_len = self.manifest.max_sequence_length or 512
 
     def decode(self, body: dict[str, Any]) -> list[Any]:
@@ -42,7 +41,7 @@ class ModelRunner:
         tensor = body["inputs"][0]
         if self.text:
             assert self.tokenizer is not None
-            return self.tokenizer.encode_truncated(tensor["data"], self.max_len)
+            return self.tokenizer.encode_rows(tensor["data"])
         pixels = np.asarray(tensor["data"], dtype=np.float32).reshape(tensor["shape"])
         return list(pixels / 255.0 if tensor["datatype"] == "UINT8" else pixels)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -19,9 +18,10 @@ from ray.serve import metrics
 
 from serve_app.config import BatchingConfig, FaultConfig, ModelConfig, ReplicaTuning
 from serve_app.errors import ModelFailure
-from serve_app.manifest import Manifest
+from serve_app.exports import Declared, discover
 from serve_app.models.runtime import create_session, intra_op_threads, select_providers
 from serve_app.observability import tracing
+from serve_app.sources import local_path
 
 BATCH_SIZE_BOUNDARIES = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]
 
@@ -35,8 +35,8 @@ class OnnxModel:
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
         self.name = name
         self.config = ModelConfig.model_validate(config)
-        self.model_dir = Path(model_path)
-        self.manifest = Manifest.load(self.model_dir)
+        # A URI is fetched into this node's cache first; an export without a manifest is read as it is.
+        self.model_dir, self.manifest = discover(local_path(model_path), Declared.of(name, self.config))
         ctx = ray.get_runtime_context()
         self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
         num_cpus = ctx.get_assigned_resources().get("CPU")

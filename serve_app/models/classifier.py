@@ -33,6 +33,7 @@ from serve_app.contract import BULK, LINK_ONGOING, URGENT, BatchReply, LinkAddre
 from serve_app.cpu_priority import lower_thread_priority
 from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.link.server import LinkServer
+from serve_app.manifest import ImageSpec
 from serve_app.models.base import OnnxModel
 from serve_app.models.executor import BatchExecutor, RunBatch
 from serve_app.models.health import Stalled, StallWatch
@@ -88,6 +89,7 @@ class Classifier(OnnxModel):
         # Routers on this node send batches here rather than through Serve (serve_app.link).
         self.link: LinkServer | None = LinkServer(self.run, ray.get_runtime_context().get_node_id())
         self.sessions = [self.session]  # every session a lane runs; warm_up runs each
+        self.output_names = [self.manifest.outputs[0].name]  # the logits; an export may give more
         size = self.batching.max_batch_size
         # Intra-op threads of each session per lane, for runtime_info.
         self.lane_layout: dict[str, list[int]] = {BULK: [self.threads]}
@@ -269,8 +271,9 @@ class TextClassifier(Classifier):
 
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
         super().__init__(name, model_path, config)
-        assert self.manifest.tokenizer_file, f"{self.name}: text model manifest names no tokenizer"
-        self.tokenizer: TextTokenizer | None = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file)
+        self.tokenizer: TextTokenizer | None = TextTokenizer.for_model(self.model_dir, self.manifest, truncate=True)
+        # BERT exports take segment ids as well; a single text is segment 0 throughout.
+        self.segments = "token_type_ids" in self.manifest.input_names
         self.warm_up()
 
     def _warm(self, session: ort.InferenceSession, buckets: list[int] | None) -> None:
@@ -283,7 +286,7 @@ class TextClassifier(Classifier):
         for length in length_edges(self.max_len):
             for n in buckets:  # exactly this shape: `_forward` would pad to the buckets in use now
                 ids, mask = pad_right([[self.tokenizer.pad_id]] * n, self.tokenizer.pad_id, length)
-                session.run(None, {"input_ids": ids, "attention_mask": mask})
+                session.run(None, self._feeds(ids, mask))
 
     def _probe_one_row(self, session: ort.InferenceSession) -> None:
         assert self.tokenizer is not None
@@ -302,8 +305,14 @@ class TextClassifier(Classifier):
             seqs = seqs + [[self.tokenizer.pad_id]] * (next((b for b in buckets if b >= rows), rows) - rows)
             length = length or min(length_edge(max(len(s) for s in seqs)), self.max_len)
         ids, mask = pad_right(seqs, self.tokenizer.pad_id, length)
-        (logits,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+        logits = session.run(self.output_names, self._feeds(ids, mask))[0]
         return logits[:rows]
+
+    def _feeds(self, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if self.segments:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        return feeds
 
     def _prepare(self, texts: Any) -> list[list[int]]:
         assert self.tokenizer is not None
@@ -311,7 +320,7 @@ class TextClassifier(Classifier):
             raise InvalidInput("empty batch: send at least one text")
         if not all(isinstance(t, str) for t in texts):
             raise InvalidInput("text inputs must be strings")
-        return self.tokenizer.encode_truncated(texts, self.max_len)
+        return self.tokenizer.encode_rows(texts)
 
     def _rows(self, prepared: list[list[int]]) -> int:
         return len(prepared)
@@ -342,12 +351,14 @@ class ImageClassifier(Classifier):
 
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
         super().__init__(name, model_path, config)
+        self.input_name = self.manifest.inputs[0].name  # "image" in ours, "input", "pixel_values"... in exports
+        self.normalize = Normalize.of(self.manifest.image)
         self.warm_up()
 
     def _warm(self, session: ort.InferenceSession, buckets: list[int] | None) -> None:
         s = self.manifest.image_size or 32
         for n in buckets or [1]:
-            session.run(None, {"image": np.zeros((n, 3, s, s), dtype=np.float32)})
+            session.run(self.output_names, {self.input_name: np.zeros((n, 3, s, s), dtype=np.float32)})
 
     def _buckets(self, max_batch_size: int | None = None) -> list[int] | None:
         """On a GPU, one batch size: max_batch_size. ONNX Runtime's CUDA convolutions keep the cuDNN
@@ -361,7 +372,7 @@ class ImageClassifier(Classifier):
     def _probe_one_row(self, session: ort.InferenceSession) -> None:
         """One row, padded to the one shape the session runs on a GPU (another would cost a new plan)."""
         s, n = self.manifest.image_size or 32, (self._buckets() or [1])[0]
-        session.run(None, {"image": np.zeros((n, 3, s, s), dtype=np.float32)})
+        session.run(self.output_names, {self.input_name: np.zeros((n, 3, s, s), dtype=np.float32)})
 
     def _prepare(self, images: Any) -> np.ndarray:
         s = self.manifest.image_size
@@ -386,15 +397,36 @@ class ImageClassifier(Classifier):
         for start in range(0, total, step):
             stop = min(total, start + step)
             size = stop - start if buckets is None else bucket_size(stop - start, buckets)
-            parts.append(session.run(None, {"image": image_feed(prepared, start, stop, size)})[0][: stop - start])
+            feed = image_feed(prepared, start, stop, size, self.normalize)
+            parts.append(session.run(self.output_names, {self.input_name: feed})[0][: stop - start])
         return np.concatenate(parts)
 
 
-def image_feed(payloads: list[np.ndarray], start: int, stop: int, size: int) -> np.ndarray:
+class Normalize:
+    """(x - mean) / std per channel, as x * scale + shift on a (N, 3, H, W) batch in place."""
+
+    def __init__(self, mean: list[float], std: list[float]) -> None:
+        std_ = np.asarray(std, dtype=np.float32).reshape(1, 3, 1, 1)
+        self.scale = 1.0 / std_
+        self.shift = -np.asarray(mean, dtype=np.float32).reshape(1, 3, 1, 1) / std_
+
+    @classmethod
+    def of(cls, spec: ImageSpec) -> Normalize | None:
+        return cls(spec.mean, spec.std) if spec.normalizes else None
+
+    def __call__(self, rows: np.ndarray) -> None:
+        rows *= self.scale
+        rows += self.shift
+
+
+def image_feed(
+    payloads: list[np.ndarray], start: int, stop: int, size: int, normalize: Normalize | None = None
+) -> np.ndarray:
     """Rows `start` to `stop` of the payloads, one after another, as one float32 batch of `size`
     rows, zero after `stop` (a GPU's padding). Every row is written once: uint8 pixels are scaled
     to [0, 1] as they are copied in, where a cast, a scaling, a concatenation and a padding copy
-    would each pass over the whole batch."""
+    would each pass over the whole batch. `normalize`: the model's mean/std, applied to the rows
+    written (pixels always arrive in [0, 1] or as uint8, whatever the model wants)."""
     feed = np.empty((size, *payloads[0].shape[1:]), dtype=np.float32)
     at = offset = 0
     for p in payloads:
@@ -408,4 +440,6 @@ def image_feed(payloads: list[np.ndarray], start: int, stop: int, size: int) -> 
             at += hi - lo
         offset += len(p)
     feed[at:] = 0
+    if normalize is not None:
+        normalize(feed[:at])
     return feed

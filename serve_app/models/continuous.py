@@ -30,16 +30,16 @@ from typing import Any
 import numpy as np
 
 from serve_app.errors import ModelFailure, ServeAppError
-from serve_app.models.kv_cache import KVCache
+from serve_app.models.kv_cache import KVCache, Past
 from serve_app.models.sequence import Sequence, TokenEvent
 from serve_app.observability import tracing
 
 # What one step gives a sequence: its next token event, or the error that ended it alone.
 StepOutcome = TokenEvent | ServeAppError
 
-# (input_ids (B, T), position_ids (B, T), attention_mask (B, P + T), past (L, 2, B, nh, P, hs))
-#   -> (logits (B, T, V), present (L, 2, B, nh, P + T, hs)): the exported GPT graph.
-ModelFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+# (input_ids (B, T), position_ids (B, T), attention_mask (B, P + T), past (per layer (B, nh, P, hs)))
+#   -> (logits (B, T, V), present (per layer (B, nh, P + T, hs))): the exported decoder.
+ModelFn = Callable[[np.ndarray, np.ndarray, np.ndarray, Past], tuple[np.ndarray, Past]]
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ class ContinuousScheduler:
             budget -= n
         return plan
 
-    def _batch(self, rows: list[Sequence], counts: list[int]) -> tuple[dict[str, np.ndarray], int]:
+    def _batch(self, rows: list[Sequence], counts: list[int]) -> tuple[dict[str, Any], int]:
         """Model inputs for rows that feed counts[i] tokens each. Row i's cached positions sit in
         past columns [0, cached_i); columns [cached_i, P) are another row's room and masked; its
         new tokens are columns P.. of the graph's output (it appends to past)."""

@@ -26,8 +26,9 @@ from serve_app.contract import Priority
 from serve_app.errors import InvalidInput, ModelFailure, Overloaded, ServeAppError
 from serve_app.models.base import OnnxModel
 from serve_app.models.continuous import ContinuousScheduler, QueueFull, SchedulerConfig
+from serve_app.models.decoder_graph import DecoderGraph
 from serve_app.models.health import LoopProgress, StallWatch
-from serve_app.models.kv_cache import CacheShape, KVCache
+from serve_app.models.kv_cache import KVCache, Past
 from serve_app.models.sampling import GenerationParams
 from serve_app.models.sequence import Sequence, TokenEvent
 from serve_app.observability import tracing
@@ -47,8 +48,9 @@ class GeneratorBase(OnnxModel):
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
         super().__init__(name, model_path, config)
         assert self.manifest.generation and self.manifest.tokenizer_file, f"{self.name}: not a generator manifest"
-        self.gen = self.manifest.generation
-        self.tokenizer = TextTokenizer.from_file(self.model_dir / self.manifest.tokenizer_file)
+        self.gen = g = self.manifest.generation
+        self.tokenizer = TextTokenizer.for_model(self.model_dir, self.manifest, truncate=False)
+        self.graph = DecoderGraph(self.session, g)
         self._ids = itertools.count(1)
         self.steps = StallWatch()  # the model call running now, for check_health
 
@@ -59,22 +61,16 @@ class GeneratorBase(OnnxModel):
 
     def warm_up(self) -> None:
         ids, mask = pad_left([[self.tokenizer.eos_id]], self.tokenizer.pad_id)
-        self.session.run(None, self._feeds(ids, np.zeros((1, 1), dtype=np.int64), mask, self.empty_past(1)))
+        self.graph(ids, np.zeros((1, 1), dtype=np.int64), mask, self.empty_past(1))
 
-    def empty_past(self, batch: int) -> np.ndarray:
-        g = self.gen
-        return np.zeros((g.n_layers, 2, batch, g.n_heads, 0, g.head_dim), dtype=np.float32)
+    def empty_past(self, batch: int) -> Past:
+        return self.graph.empty_past(batch)
 
-    @staticmethod
-    def _feeds(ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: np.ndarray) -> dict[str, np.ndarray]:
-        return {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": past}
-
-    def run_model(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One forward pass: (B, T, V) logits and the (L, 2, B, nh, P + T, hs) present."""
+    def run_model(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: Past) -> tuple[np.ndarray, Past]:
+        """One forward pass: (B, T, V) logits and the present, each layer's past with the T new positions."""
         with self.steps.running():
             self.inject_faults()  # the fault drill: for a generator, one model call is one "batch"
-            logits, present = self.session.run(None, self._feeds(ids, pos, mask, past))
-        return logits, present
+            return self.graph(ids, pos, mask, past)
 
     def params_from(self, raw: dict[str, Any]) -> GenerationParams:
         cfg = self.config.generation
@@ -105,8 +101,8 @@ class TextGenerator(GeneratorBase):
 
     def __init__(self, name: str, model_path: str, config: dict[str, Any]) -> None:
         super().__init__(name, model_path, config)
-        g, cfg = self.gen, self.config.generation
-        self.cache = KVCache(CacheShape(g.n_layers, g.n_heads, g.head_dim, g.block_size), cfg.kv_slots)
+        cfg = self.config.generation
+        self.cache = KVCache(self.graph.shape, cfg.kv_slots)
         self.scheduler = ContinuousScheduler(
             self.run_model,
             self.cache,

@@ -1,12 +1,14 @@
 """A replica's KV cache: one preallocated array of fixed slots (pure numpy).
 
-Layout (L, 2, slots, heads, width, head_dim), float32, allocated once: a slot
-holds one sequence's keys and values at positions 0..len-1, so its memory is
-bounded by slots x width whatever the traffic. The exported GPT graph takes a
-`past` tensor and appends the new positions at its end; `gather` builds that
-tensor for a batch of slots (each row left-aligned, a masked gap up to the
-batch's longest row) and `store` writes the graph's new columns back at each
-row's own length. Nothing is reallocated per step.
+Layout (L, 2, slots, heads, width, head_dim), allocated once: a slot holds one
+sequence's keys and values at positions 0..len-1, so its memory is bounded by
+slots x width whatever the traffic. The exported decoder takes the past the way
+Hugging Face exports do, a (B, heads, P, head_dim) key and value per layer
+(`Past`: layer 0's key, layer 0's value, layer 1's key...), and returns them
+with the new positions appended; `gather` builds that past for a batch of slots
+(each row left-aligned, a masked gap up to the batch's longest row) and `store`
+writes the graph's new columns back at each row's own length. Nothing is
+reallocated per step.
 """
 
 from __future__ import annotations
@@ -15,6 +17,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Per layer, its key then its value, each (B, heads, positions, head_dim).
+Past = list[np.ndarray]
+
+
+def past_names(n_layers: int) -> list[str]:
+    """The graph inputs a Past feeds, in its order."""
+    return [f"past_key_values.{i}.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+
+
+def present_names(n_layers: int) -> list[str]:
+    """The graph outputs that come back as a Past, in its order."""
+    return [f"present.{i}.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+
 
 @dataclass(frozen=True)
 class CacheShape:
@@ -22,6 +37,10 @@ class CacheShape:
     n_heads: int
     head_dim: int
     width: int  # positions per slot: the model's context window
+    dtype: str = "float32"
+
+    def empty_past(self, batch: int) -> Past:
+        return [np.zeros((batch, self.n_heads, 0, self.head_dim), dtype=self.dtype) for _ in range(2 * self.n_layers)]
 
 
 class KVCache:
@@ -30,7 +49,7 @@ class KVCache:
             raise ValueError("a KV cache needs at least one slot")
         self.shape = shape
         self.slots = slots
-        self.data = np.zeros((shape.n_layers, 2, slots, shape.n_heads, shape.width, shape.head_dim), dtype=np.float32)
+        self.data = np.zeros((shape.n_layers, 2, slots, shape.n_heads, shape.width, shape.head_dim), dtype=shape.dtype)
         self.lengths = np.zeros(slots, dtype=np.int64)  # cached positions per slot
         # Lowest slot first, so a lightly loaded replica touches the same few slots (warm in CPU caches).
         self._free = list(range(slots - 1, -1, -1))
@@ -68,23 +87,27 @@ class KVCache:
         self._free.append(slot)
         self._free.sort(reverse=True)
 
-    def gather(self, slots: list[int], width: int) -> np.ndarray:
-        """`past` for a batch: (L, 2, B, heads, width, head_dim), row i from slots[i]."""
+    def gather(self, slots: list[int], width: int) -> Past:
+        """The past for a batch, row i from slots[i]: per layer a (B, heads, width, head_dim) key and value."""
         L, _, _, nh, _, hd = self.data.shape
-        past = np.empty((L, 2, len(slots), nh, width, hd), dtype=np.float32)
+        past = np.empty((L, 2, len(slots), nh, width, hd), dtype=self.data.dtype)
         # A block copy per row: faster than fancy indexing, which copies twice.
         for i, slot in enumerate(slots):
             past[:, :, i] = self.data[:, :, slot, :, :width]
-        return past
+        return [past[layer, kind] for layer in range(L) for kind in (0, 1)]  # contiguous views, no copy
 
-    def store(self, slots: list[int], present: np.ndarray, past_width: int, counts: list[int]) -> None:
-        """Write each row's `counts[i]` new positions from the graph's `present` (they start at
+    def store(self, slots: list[int], present: Past, past_width: int, counts: list[int]) -> None:
+        """Write each row's `counts[i]` new positions from the graph's present (they start at
         column `past_width`) at that slot's current length, and advance the length."""
+        L = self.shape.n_layers
         for i, (slot, n) in enumerate(zip(slots, counts, strict=True)):
             start = int(self.lengths[slot])
             if start + n > self.shape.width:
                 raise ValueError(f"slot {slot} would hold {start + n} positions; its width is {self.shape.width}")
-            self.data[:, :, slot, :, start : start + n, :] = present[:, :, i, :, past_width : past_width + n, :]
+            for layer in range(L):
+                for kind in (0, 1):
+                    new = present[2 * layer + kind][i, :, past_width : past_width + n, :]
+                    self.data[layer, kind, slot, :, start : start + n, :] = new
             self.lengths[slot] = start + n
 
     def swap_out(self, slot: int) -> np.ndarray:

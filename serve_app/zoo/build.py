@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from serve_app.manifest import MANIFEST_FILE, GenerationSpec, Manifest, TensorSpec
+from serve_app.models.kv_cache import past_names, present_names
 from serve_app.presets import DEMO_VOCAB, BertConfig, GPTConfig, Preset, ResNetConfig
 from serve_app.tokenization import TextTokenizer, train_byte_level_bpe
 from serve_app.zoo import data, export, train
@@ -25,7 +26,7 @@ from serve_app.zoo.bert import BertClassifier
 from serve_app.zoo.gpt import GPT
 
 # Bump when training data, code or export change in a way that alters outputs.
-BUILD_VERSION = "1"
+BUILD_VERSION = "2"
 TOKENIZER_CORPUS_SIZE = 6000
 EVAL_SIZE = 2000
 
@@ -133,11 +134,11 @@ def _build_gpt(
             TensorSpec(name="input_ids", datatype="INT64", shape=[-1, -1]),
             TensorSpec(name="position_ids", datatype="INT64", shape=[-1, -1]),
             TensorSpec(name="attention_mask", datatype="INT64", shape=[-1, -1]),
-            TensorSpec(name="past", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd]),
+            *(TensorSpec(name=n, datatype="FP32", shape=[-1, cfg.n_heads, -1, hd]) for n in past_names(cfg.n_layers)),
         ],
         outputs=[
             TensorSpec(name="logits", datatype="FP32", shape=[-1, -1, cfg.vocab_size]),
-            TensorSpec(name="present", datatype="FP32", shape=[cfg.n_layers, 2, -1, cfg.n_heads, -1, hd]),
+            *(TensorSpec(name=n, datatype="FP32", shape=[-1, cfg.n_heads, -1, hd]) for n in present_names(cfg.n_layers)),
         ],
         generation=GenerationSpec(n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=hd, block_size=cfg.block_size),
         source=source,

@@ -25,10 +25,9 @@ def classifier_logits(
     path = onnx_path or model_dir / manifest.onnx_file_for(precision)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     if manifest.family == "bert":
-        assert manifest.tokenizer_file, f"{model_dir}: text model manifest names no tokenizer"
         texts, labels = sentiment_dataset(n, seed)
-        tok = TextTokenizer.from_file(model_dir / manifest.tokenizer_file)
-        seqs = tok.encode_truncated(texts, manifest.max_sequence_length or 512)
+        tok = TextTokenizer.for_model(model_dir, manifest, truncate=True)
+        seqs = tok.encode_rows(texts)
         parts = []
         for i in range(0, n, CHUNK):
             ids, mask = pad_right(seqs[i : i + CHUNK], tok.pad_id)

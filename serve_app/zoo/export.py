@@ -86,40 +86,44 @@ def export_resnet(model: ResNet, path: Path) -> float:
 
 @torch.no_grad()
 def export_gpt(model: GPT, path: Path) -> float:
-    V = model.cfg.vocab_size
+    """In the layout optimum exports decoders with: past_key_values.{i}.key/value in, present.{i}.key/value out."""
+    V, L = model.cfg.vocab_size, model.cfg.n_layers
+    past_names = [f"past_key_values.{i}.{kind}" for i in range(L) for kind in ("key", "value")]
+    present_names = [f"present.{i}.{kind}" for i in range(L) for kind in ("key", "value")]
     # Trace with a non-empty past so the concat along the cache axis stays dynamic.
     B, P, T = 2, 3, 2
-    past = torch.randn(model.cfg.n_layers, 2, B, model.cfg.n_heads, P, model.cfg.d_model // model.cfg.n_heads)
-    args = (torch.randint(0, V, (B, T)), torch.arange(P, P + T).expand(B, T), torch.ones(B, P + T, dtype=torch.long), past)
-    _export(
-        model,
-        args,
-        path,
-        ["input_ids", "position_ids", "attention_mask", "past"],
-        ["logits", "present"],
-        {
-            "input_ids": {0: "batch", 1: "sequence"},
-            "position_ids": {0: "batch", 1: "sequence"},
-            "attention_mask": {0: "batch", 1: "total_sequence"},
-            "past": {2: "batch", 4: "past_sequence"},
-            "logits": {0: "batch", 1: "sequence"},
-            "present": {2: "batch", 4: "total_sequence"},
-        },
-    )
+    hs = model.cfg.d_model // model.cfg.n_heads
+    past = [torch.randn(B, model.cfg.n_heads, P, hs) for _ in range(2 * L)]
+    args = (torch.randint(0, V, (B, T)), torch.arange(P, P + T).expand(B, T), torch.ones(B, P + T, dtype=torch.long), *past)
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch_size", 1: "sequence_length"},
+        "position_ids": {0: "batch_size", 1: "sequence_length"},
+        "attention_mask": {0: "batch_size", 1: "total_sequence_length"},
+        "logits": {0: "batch_size", 1: "sequence_length"},
+    }
+    axes |= {n: {0: "batch_size", 2: "past_sequence_length"} for n in past_names}
+    axes |= {n: {0: "batch_size", 2: "total_sequence_length"} for n in present_names}
+    _export(model, args, path, ["input_ids", "position_ids", "attention_mask", *past_names], ["logits", *present_names], axes)
     sess = _session(path)
+
+    def run(ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, past: list[torch.Tensor]) -> list[np.ndarray]:
+        feeds = {"input_ids": ids.numpy(), "position_ids": pos.numpy(), "attention_mask": mask.numpy()}
+        feeds |= {n: p.numpy() for n, p in zip(past_names, past, strict=True)}
+        return sess.run(["logits", *present_names], feeds)
+
     # Parity: left-padded prefill with an empty cache, then one decode step.
     B, T = 3, 5
     ids = torch.randint(0, V, (B, T))
     mask = torch.ones(B, T, dtype=torch.long)
     mask[0, :2] = 0
     pos = (mask.cumsum(1) - 1).clamp(min=0)
-    feeds = {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": model.empty_past(B)}
-    logits, present = sess.run(None, {k: v.numpy() for k, v in feeds.items()})
-    t_logits, t_present = model(**feeds)
-    worst = max(_check("gpt prefill logits", t_logits, logits), _check("gpt present", t_present, present))
+    logits, *present = run(ids, pos, mask, model.empty_past(B))
+    t_logits, *t_present = model(ids, pos, mask, *model.empty_past(B))
+    checks = [_check("gpt present", t, o) for t, o in zip(t_present, present, strict=True)]
+    worst = max(_check("gpt prefill logits", t_logits, logits), *checks)
     nxt = torch.from_numpy(logits[:, -1].argmax(-1))[:, None]
     mask2 = torch.cat([mask, torch.ones(B, 1, dtype=torch.long)], 1)
-    feeds = {"input_ids": nxt, "position_ids": pos[:, -1:] + 1, "attention_mask": mask2, "past": torch.from_numpy(present)}
-    logits, _ = sess.run(None, {k: v.numpy() for k, v in feeds.items()})
-    t_logits, _ = model(**feeds)
+    past2 = [torch.from_numpy(p) for p in present]
+    logits, *_ = run(nxt, pos[:, -1:] + 1, mask2, past2)
+    t_logits, *_ = model(nxt, pos[:, -1:] + 1, mask2, *past2)
     return max(worst, _check("gpt decode logits", t_logits, logits))

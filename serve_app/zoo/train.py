@@ -61,7 +61,7 @@ def train_gpt(model: GPT, tok: TextTokenizer, tc: TrainConfig, progress: Progres
         y = torch.stack([tokens[s + 1 : s + T + 1] for s in starts])
         B = x.shape[0]
         pos = torch.arange(T).expand(B, T)
-        logits, _ = model(x, pos, torch.ones(B, T, dtype=torch.long), model.empty_past(B))
+        logits, *_ = model(x, pos, torch.ones(B, T, dtype=torch.long), *model.empty_past(B))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         _step(loss, opt, sched, progress)
     model.eval()
@@ -107,7 +107,7 @@ def gpt_loss(model: GPT, tok: TextTokenizer, n: int, seed: int) -> float:
     x = torch.tensor(stream[: (len(stream) - 1) // T * T]).view(-1, T)
     y = torch.tensor(stream[1 : (len(stream) - 1) // T * T + 1]).view(-1, T)
     B = x.shape[0]
-    logits, _ = model(x, torch.arange(T).expand(B, T), torch.ones(B, T, dtype=torch.long), model.empty_past(B))
+    logits, *_ = model(x, torch.arange(T).expand(B, T), torch.ones(B, T, dtype=torch.long), *model.empty_past(B))
     return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
 
 

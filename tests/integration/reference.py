@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from serve_app.models.kv_cache import past_names, present_names
 from serve_app.padding import pad_left
 from serve_app.tokenization import TextTokenizer
 
@@ -22,10 +23,17 @@ def greedy_tokens(model_dir: Path, prompt: str, max_tokens: int, ignore_eos: boo
     meta = json.loads((model_dir / "gpt" / "manifest.json").read_text())["generation"]
     sess = session(model_dir, "gpt")
     ids, mask = pad_left([tok.encode(prompt) or [tok.eos_id]], tok.pad_id)
-    past = np.zeros((meta["n_layers"], 2, 1, meta["n_heads"], 0, meta["head_dim"]), np.float32)
+    n = meta["n_layers"]
+    past = [np.zeros((1, meta["n_heads"], 0, meta["head_dim"]), np.float32) for _ in range(2 * n)]
+
+    def run(ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        feeds = {"input_ids": ids, "position_ids": pos, "attention_mask": mask, **dict(zip(past_names(n), past, strict=True))}
+        logits, *present = sess.run(["logits", *present_names(n)], feeds)
+        return logits, present
+
     pos = np.arange(ids.shape[1])[None]
     out: list[int] = []
-    logits, past = sess.run(None, {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": past})
+    logits, past = run(ids, pos, mask, past)
     limit = min(max_tokens, meta["block_size"] - ids.shape[1])
     while len(out) < limit:
         nxt = int(logits[0, -1].argmax())
@@ -34,7 +42,7 @@ def greedy_tokens(model_dir: Path, prompt: str, max_tokens: int, ignore_eos: boo
         out.append(nxt)
         mask = np.concatenate([mask, [[1]]], axis=1)
         pos = pos[:, -1:] + 1
-        logits, past = sess.run(None, {"input_ids": np.array([[nxt]]), "position_ids": pos, "attention_mask": mask, "past": past})
+        logits, past = run(np.array([[nxt]]), pos, mask, past)
     return out
 
 

@@ -16,7 +16,7 @@ import pytest
 from serve_app.contract import Priority
 from serve_app.errors import ModelFailure
 from serve_app.models.continuous import ContinuousScheduler, QueueFull, SchedulerConfig, StepOutcome
-from serve_app.models.kv_cache import CacheShape, KVCache
+from serve_app.models.kv_cache import CacheShape, KVCache, past_names, present_names
 from serve_app.models.sampling import GenerationParams
 from serve_app.models.sequence import Sequence, TokenEvent
 from serve_app.tokenization import TextTokenizer
@@ -57,7 +57,10 @@ class Harness:
         if self.fail_next:
             raise RuntimeError("device lost")
         self.calls.append(ids.shape)
-        return tuple(self.sess.run(None, {"input_ids": ids, "position_ids": pos, "attention_mask": mask, "past": past}))
+        n = self.meta["n_layers"]
+        feeds = {"input_ids": ids, "position_ids": pos, "attention_mask": mask, **dict(zip(past_names(n), past, strict=True))}
+        logits, *present = self.sess.run(["logits", *present_names(n)], feeds)
+        return logits, present
 
     def submit(self, prompt: str, max_tokens: int, priority: Priority = Priority.NORMAL, **params) -> Sequence:
         self._ids += 1

@@ -18,11 +18,13 @@ def test_tokenizer_file_drops_in(tmp_path):
     assert tok.vocab_size <= 280
 
 
-def test_encode_truncated_cuts_long_texts_and_keeps_a_token_for_empty_ones(tmp_path):
-    tok = train_byte_level_bpe(data.sentiment_dataset(200, 0)[0], 300, tmp_path / "tokenizer.json")
+def test_encode_rows_cuts_long_texts_and_keeps_a_token_for_empty_ones(tmp_path):
+    train_byte_level_bpe(data.sentiment_dataset(200, 0)[0], 300, tmp_path / "tokenizer.json")
+    whole = TextTokenizer.from_file(tmp_path / "tokenizer.json")
+    tok = TextTokenizer.from_file(tmp_path / "tokenizer.json", max_length=16)
     long_text = " ".join(["xyzzy"] * 200)
-    long_ids, empty_ids, short_ids = tok.encode_truncated([long_text, "", "ok"], max_len=16)
-    assert long_ids == tok.encode(long_text)[:16]
+    long_ids, empty_ids, short_ids = tok.encode_rows([long_text, "", "ok"])
+    assert long_ids == whole.encode(long_text)[:16]
     assert empty_ids == [tok.pad_id]
     assert short_ids == tok.encode("ok")
 

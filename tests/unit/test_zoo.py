@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from serve_app.manifest import Manifest
+from serve_app.models.kv_cache import past_names, present_names
 from serve_app.presets import PRESETS, BertConfig, GPTConfig, ResNetConfig, get_preset
 from serve_app.zoo import export
 from serve_app.zoo.bert import BertClassifier
@@ -42,31 +43,25 @@ def test_kv_cache_decode_matches_full_recompute(tmp_path):
     export.export_gpt(model, path)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     ids = np.array([[3, 14, 15, 9, 2, 6]], dtype=np.int64)
-    past = model.empty_past(1).numpy()
-    logits, past = sess.run(
-        None,
-        {"input_ids": ids[:, :3], "position_ids": np.arange(3)[None], "attention_mask": np.ones((1, 3), np.int64), "past": past},
-    )
+    names = past_names(2)
+    outputs = ["logits", *present_names(2)]
+
+    def run(tokens: np.ndarray, start: int, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        n = tokens.shape[1]
+        feeds = {
+            "input_ids": tokens,
+            "position_ids": np.arange(start, start + n)[None],
+            "attention_mask": np.ones((1, start + n), np.int64),
+        }
+        logits, *present = sess.run(outputs, feeds | dict(zip(names, past, strict=True)))
+        return logits, present
+
+    empty = [p.numpy() for p in model.empty_past(1)]
+    logits, past = run(ids[:, :3], 0, empty)
     for t in range(3, 6):
-        logits, past = sess.run(
-            None,
-            {
-                "input_ids": ids[:, t : t + 1],
-                "position_ids": np.array([[t]]),
-                "attention_mask": np.ones((1, t + 1), np.int64),
-                "past": past,
-            },
-        )
-        full, _ = sess.run(
-            None,
-            {
-                "input_ids": ids[:, : t + 1],
-                "position_ids": np.arange(t + 1)[None],
-                "attention_mask": np.ones((1, t + 1), np.int64),
-                "past": model.empty_past(1).numpy(),
-            },
-        )
-        assert past.shape[4] == t + 1
+        logits, past = run(ids[:, t : t + 1], t, past)
+        full, _ = run(ids[:, : t + 1], 0, empty)
+        assert past[0].shape[2] == t + 1
         np.testing.assert_allclose(logits[:, -1], full[:, -1], atol=1e-4)
 
 

@@ -8,12 +8,15 @@ from ray.serve import Application
 from ray.serve.deployment import Deployment
 
 from serve_app.config import AppArgs, RouterLiveConfig
+from serve_app.exports import Declared, ExportProblems, discover
 from serve_app.models.classifier import ImageClassifier, TextClassifier
 from serve_app.models.generator import TextGenerator
 from serve_app.models.generator_static import RequestBatchGenerator
+from serve_app.models.unavailable import UnavailableModel
 from serve_app.router.ingress import Router
 from serve_app.router.parts import router_capacity
 from serve_app.router.replicas import ROUTER_DEPLOYMENT
+from serve_app.sources import local_path
 
 
 def as_deployment(decorated: object) -> Deployment:
@@ -29,6 +32,18 @@ DEPLOYMENT_FOR_FAMILY: dict[str, Deployment] = {
 }
 
 
+def load_problem(args: AppArgs, deployment: str) -> str | None:
+    """Why a deployment's model cannot load, in one line, or None when its files are in order:
+    the checks a replica's start would fail, made once here, where a failure costs no restarts."""
+    try:
+        discover(local_path(args.model_source(deployment)), Declared.of(deployment, args.deployment_config(deployment)))
+    except ExportProblems as e:
+        return "; ".join(e.problems)
+    except OSError as e:  # an unreadable directory, an object store that refused
+        return str(e)
+    return None
+
+
 def build_app(args: AppArgs | dict[str, Any]) -> Application:
     """Bind one deployment per model version (named like the model, `<model>-v<version>` for its
     further versions) behind the router.
@@ -39,9 +54,15 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
     if not isinstance(args, AppArgs):
         args = AppArgs.model_validate(args)
     handles = {}
+    unavailable: dict[str, str] = {}
     for name, served in args.served.items():
         model = served.config
         assert model.family is not None, "validated config always has a family"
+        if (problem := load_problem(args, name)) is not None:
+            # One line in the log, 503 with the reason for its requests; the other models serve.
+            handles[name] = as_deployment(UnavailableModel).options(name=name).bind(name, problem)
+            unavailable[name] = problem
+            continue
         deployment = DEPLOYMENT_FOR_FAMILY[model.family]
         # Classifiers get whole batches from the router, about two at a time per replica;
         # the rest is headroom for several routers.
@@ -64,11 +85,12 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
             user_config=model.tuning().model_dump(),
             max_ongoing_requests=ongoing,
             max_queued_requests=queued,
-        ).bind(name, str(args.model_path(name)), model.model_copy(update={"tracing": args.tracing}).model_dump(mode="json"))
+        ).bind(name, args.model_source(name), model.model_copy(update={"tracing": args.tracing}).model_dump(mode="json"))
     # Routes and models travel to the router as plain data plus handles.
     # The traffic policy is the router's user_config: `serve deploy` changes it on running
     # routers, where a change of the args would restart every replica of the application.
     live = RouterLiveConfig(traffic=args.traffic)
+    args = args.model_copy(update={"unavailable": unavailable})
     return (
         as_deployment(Router)
         .options(name=ROUTER_DEPLOYMENT, max_ongoing_requests=router_capacity(args), user_config=live.model_dump(mode="json"))

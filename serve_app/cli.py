@@ -38,15 +38,23 @@ def _cmd_calibrate(ns: argparse.Namespace) -> int:
 
 
 def _cmd_list(ns: argparse.Namespace) -> int:
-    from serve_app.catalog_build import load_app_args, plan
+    from serve_app.catalog_build import load_app_args
+    from serve_app.catalog_import import list_rows
 
     if ns.model_dir:
         os.environ[MODEL_DIR_ENV] = ns.model_dir
     for args in load_app_args(ns.config):
-        for p in plan(args):
-            state = "built" if p.built and p.variant_built else "missing" if not p.built else f"no {p.precision}"
-            print(f"{p.name:16} {p.preset:14} {p.precision:5} {state:8} {p.path}")
+        print("\n".join(list_rows(args)))
     return 0
+
+
+def _cmd_import(ns: argparse.Namespace) -> int:
+    from serve_app.catalog_import import import_lines
+
+    image = {k: v for k, v in (("mean", ns.mean), ("std", ns.std), ("size", ns.size), ("resize", ns.resize)) if v is not None}
+    lines, ok = import_lines(ns.source, ns.name, ns.family, image or None, ns.write)
+    print("\n".join(lines), file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
 
 
 def _cmd_serve(ns: argparse.Namespace) -> int:
@@ -99,15 +107,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="serve-app", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    models = sub.add_parser("models", help="demo model zoo").add_subparsers(dest="action", required=True)
+    models_help = "a config's models: build the demo ones, import your own"
+    models = sub.add_parser("models", help=models_help).add_subparsers(dest="action", required=True)
     build = models.add_parser("build", help="build the models a config names and is missing (idempotent)")
-    listing = models.add_parser("list", help="show which models of a config are built")
+    listing = models.add_parser("list", help="every model of a config: built, ready, or why it cannot load")
     for p in (build, listing):
         p.add_argument("--config", default="configs/local.yaml", help="Serve config file (default: %(default)s)")
         p.add_argument("--model-dir", help=f"override the config's model_dir (same as ${MODEL_DIR_ENV})")
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
     build.set_defaults(func=_cmd_build)
     listing.set_defaults(func=_cmd_list)
+    imp = models.add_parser("import", help="check an export (a directory, an .onnx file or s3://...) and print its config entry")
+    imp.add_argument("source")
+    imp.add_argument("--name", required=True, help="the model's name in the config")
+    imp.add_argument("--family", choices=["bert", "gpt", "resnet"], help="default: read from the graph")
+    imp.add_argument("--mean", type=float, nargs=3, help="image models: per-channel mean on [0, 1] pixels")
+    imp.add_argument("--std", type=float, nargs=3, help="image models: per-channel std on [0, 1] pixels")
+    imp.add_argument("--size", type=int, help="image models: input size when the graph leaves it open")
+    imp.add_argument("--resize", type=int, help="image models: shorter side before the centre crop")
+    imp.add_argument("--write", action="store_true", help="write manifest.json into the model directory")
+    imp.set_defaults(func=_cmd_import)
 
     serve = sub.add_parser(
         "serve", help="build missing models, then `serve run` the config with the ingress settings (HAProxy and its knobs)"

@@ -458,6 +458,11 @@ class AppArgs(ConfigModel):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    unavailable: dict[str, str] = Field(
+        default_factory=dict,
+        description="set by the app builder: deployments whose model cannot load, with the reason. Their requests get "
+        "503 with the reason; server readiness leaves them out, so the other models stay in service",
+    )
     traffic: dict[str, TrafficConfig] = Field(
         default_factory=dict,
         description="the routers' starting traffic policy per model; the router deployment's user_config "

@@ -150,7 +150,8 @@ def read_export(model_dir: Path, declared: Declared, graph: str | None = None) -
     names = [t.name for t in inputs]
     family = _family(names, inputs)
     if declared.family is not None and family is not None and declared.family != family:
-        problems.append(f"the graph looks like a {family} model (inputs {names}) but the config says family {declared.family}")
+        problem = f"the graph looks like a {family} model (inputs {names}) but the config says family {declared.family}"
+        raise ExportProblems(model_dir, [problem])
     family = declared.family or family
     if family is None:
         raise ExportProblems(model_dir, [f"cannot tell what the graph is from its inputs {names}: " + _EXPECTED])
@@ -184,6 +185,9 @@ def _family(names: list[str], inputs: list[TensorSpec]) -> str | None:
 
 
 def _labels(config: dict[str, Any], classes: int | None) -> tuple[list[str], list[str]]:
+    names = config.get("label_names")  # timm's
+    if isinstance(names, list) and names and (classes is None or len(names) == classes):
+        return [str(n) for n in names], []
     id2label = config.get("id2label")
     if isinstance(id2label, dict) and id2label:
         try:
@@ -343,6 +347,12 @@ def _image(
     if resize is None and pre.get("do_center_crop", False):
         resize = _edge(pre.get("size"), "shortest_edge", "height")
     mean, std = given.get("mean"), given.get("std")
+    timm = config.get("pretrained_cfg")  # a timm model saved with its config (push_to_hub, save_pretrained)
+    if mean is None and std is None and isinstance(timm, dict) and timm.get("mean") and timm.get("std"):
+        mean, std = timm["mean"], timm["std"]
+        crop = timm.get("crop_pct")
+        if resize is None and size and isinstance(crop, (int, float)) and 0 < crop < 1:
+            resize = round(size / crop)
     if mean is None and std is None and pre:
         if pre.get("do_normalize", True):
             mean, std = pre.get("image_mean"), pre.get("image_std")

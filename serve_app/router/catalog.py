@@ -213,6 +213,8 @@ class ModelCatalog:
         return ready
 
     async def _ask(self, model: str) -> bool:
+        if model in self.args.unavailable:  # its files cannot load: never ready until deployed again
+            return False
         if self.states is not None and await self.states.scaled_to_zero(model):
             return True
         try:
@@ -224,6 +226,12 @@ class ModelCatalog:
 
     async def all_ready(self, models: list[str]) -> bool:
         return all(await asyncio.gather(*(self.is_ready(m) for m in models)))
+
+    def serving(self) -> list[str]:
+        """The deployments server readiness waits for: all but those whose model cannot load (their
+        requests get 503 with the reason): one broken model directory must not take the router
+        out of a load balancer's service."""
+        return [m for m in self.models if m not in self.args.unavailable]
 
 
 class RecentAnswers:

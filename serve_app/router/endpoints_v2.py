@@ -56,7 +56,7 @@ async def live() -> dict[str, bool]:
 
 @api.get("/v2/health/ready")
 async def ready(parts: RouterParts = PARTS) -> JSONResponse:
-    ok = await parts.catalog.all_ready(parts.catalog.models)
+    ok = await parts.catalog.all_ready(parts.catalog.serving())
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
 

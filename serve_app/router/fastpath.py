@@ -23,9 +23,10 @@ from collections.abc import Callable, Collection
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from serve_app.errors import ModelFailure, ServeAppError
+from serve_app.errors import ServeAppError
 from serve_app.protocols.errors import error_response, from_http_exception
 from serve_app.router.direct import infer_route
+from serve_app.router.failures import served_error
 from serve_app.router.infer_v2 import InferHeaders, answer_infer
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import ASGIApp, Receive, Scope, Send
@@ -111,5 +112,5 @@ async def answer(
         response = error_response(path, from_http_exception(e))
     except Exception as e:  # as the app's last-resort handler: the protocol's shape, never bare text
         logger.exception("unhandled error on %s", path)
-        response = error_response(path, ModelFailure(f"internal error: {type(e).__name__}"))
+        response = error_response(path, served_error(e))
     await response(scope, receive, send)

@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
+from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.grpc_util import RayServegRPCContext
 from tritonclient.grpc import service_pb2 as pb
 
@@ -33,6 +34,7 @@ from serve_app.observability import tracing
 from serve_app.protocols import grpc_v2, v2
 from serve_app.router import catalog, classify, generation
 from serve_app.router.endpoints_v2 import config, metadata, ready_members
+from serve_app.router.failures import served_error
 from serve_app.router.infer_v2 import SAMPLING_PARAMS, InferHeaders, infer
 from serve_app.router.parts import RouterParts
 from serve_app.scheduling.dispatcher import RequestTiming
@@ -65,6 +67,8 @@ def rpc_attributes(request: pb.ModelInferRequest) -> dict[str, str]:
 
 def fail(context: RayServegRPCContext, error: BaseException) -> None:
     """Set the call's status from an error; unexpected ones are logged and not shown to the client."""
+    if isinstance(error, DeploymentUnavailableError):
+        error = served_error(error)
     if isinstance(error, ServeAppError):
         context.set_code(grpc_v2.status_of(error))
         context.set_details(error.message)
@@ -76,6 +80,8 @@ def fail(context: RayServegRPCContext, error: BaseException) -> None:
 
 
 def message_of(error: BaseException) -> str:
+    if isinstance(error, DeploymentUnavailableError):
+        error = served_error(error)
     if isinstance(error, ServeAppError):
         return f"{error.code}: {error.message}"
     logger.exception("gRPC stream request failed", exc_info=error)
@@ -89,7 +95,7 @@ class GrpcInference:
         self.parts = parts
 
     async def server_ready(self) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=await self.parts.catalog.all_ready(self.parts.catalog.models))
+        return pb.ServerReadyResponse(ready=await self.parts.catalog.all_ready(self.parts.catalog.serving()))
 
     @staticmethod
     def server_metadata() -> pb.ServerMetadataResponse:

@@ -18,11 +18,12 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app import __version__
-from serve_app.errors import InvalidInput, ModelFailure, ServeAppError
+from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.protocols import v2
 from serve_app.protocols.errors import error_response, from_http_exception
 from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
 from serve_app.router.edge import BodyLimit, KeyGate
+from serve_app.router.failures import served_error
 from serve_app.router.fastpath import InferFastPath
 from serve_app.router.infer_edge import InferEdge
 from serve_app.router.parts import RouterParts
@@ -70,7 +71,7 @@ class RouterApp(FastAPI):
             # As FastAPI's last-resort handler would, for a fault in the edge itself: the protocol's
             # shape, never bare text.
             logger.exception("unhandled error on %s", scope["path"])
-            await error_response(scope["path"], ModelFailure(f"internal error: {type(e).__name__}"))(scope, receive, send)
+            await error_response(scope["path"], served_error(e))(scope, receive, send)
 
     async def through_fastapi(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)
@@ -159,4 +160,4 @@ def add_error_handlers(app: FastAPI) -> None:
     async def _unexpected_error(request: Request, exc: Exception) -> Response:
         # A replica crash or bug still answers in the protocol's shape, never as bare text.
         logger.exception("unhandled error on %s", request.url.path)
-        return error_response(request.url.path, ModelFailure(f"internal error: {type(exc).__name__}"))
+        return error_response(request.url.path, served_error(exc))

@@ -235,7 +235,8 @@ class TorchvisionResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        for i in range(1, 5):
+            x = getattr(self, f"layer{i}")(x)
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 

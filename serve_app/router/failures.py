@@ -1,0 +1,25 @@
+"""What an unexpected exception at the edge becomes for the client, in the protocol's shape."""
+
+from __future__ import annotations
+
+from ray.serve.exceptions import DeploymentUnavailableError
+
+from serve_app.errors import ModelFailure, ServeAppError, Unavailable
+
+# A deployment whose replicas cannot start stays so until it is deployed again.
+UNAVAILABLE_RETRY_S = 30.0
+
+
+def served_error(error: BaseException) -> ServeAppError:
+    """A model's deployment that Serve reports unavailable (its replicas failed to start, or none
+    is running) is a 503 with Retry-After, not a fault of the router: anything else unexpected
+    is a 500 that names only the exception's type (its text may carry internals)."""
+    if isinstance(error, ServeAppError):
+        return error
+    if isinstance(error, DeploymentUnavailableError):
+        return Unavailable(
+            "the model's replicas are not running (they failed to start, or are starting again); "
+            "`serve status` says why",
+            retry_after_s=UNAVAILABLE_RETRY_S,
+        )
+    return ModelFailure(f"internal error: {type(error).__name__}")

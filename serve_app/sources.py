@@ -43,7 +43,7 @@ def local_path(source: str) -> Path:
         raise SourceError(f"{source}: unsupported scheme {url.scheme!r}; use a local path or s3://bucket/prefix")
     if not url.netloc:
         raise SourceError(f"{source}: no bucket; use s3://bucket/prefix")
-    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{url.netloc}/{url.path.strip('/')}".encode()).hexdigest()[:16]  # one copy however written
     target = cache_root() / f"{url.netloc}-{key}"
     if (target / COMPLETE).is_file():
         return target

@@ -14,7 +14,13 @@ from setuptools import find_packages
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "serve_app"
 # Build time only: the demo model zoo (torch) and the commands that build and calibrate it.
-BUILD_TIME = ("serve_app.zoo", "serve_app.cli", "serve_app.catalog_build", "serve_app.catalog_calibrate", "serve_app.catalog_import")
+BUILD_TIME = (
+    "serve_app.zoo",
+    "serve_app.cli",
+    "serve_app.catalog_build",
+    "serve_app.catalog_calibrate",
+    "serve_app.catalog_import",
+)
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

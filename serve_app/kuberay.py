@@ -24,6 +24,7 @@ APP_DIR = "/home/ray/app"
 
 DRAIN_DEADLINE_S = 120  # serve_app/drain.py: how long a stopping worker waits for its replicas to move
 REDIS_SERVICE = "serve-app-redis"  # k8s/redis.yaml: the GCS's external store
+MODEL_STORE_SECRET = "serve-app-model-store"  # s3:// model sources' credentials and endpoint
 CACHE_SERVICE = "serve-app-cache"  # k8s/redis-cache.yaml: the routers' shared response cache
 INGRESS_RESOURCE = "ingress"  # what the ingress group's pods offer and each router asks a sliver of
 INGRESS_PER_ROUTER = 0.01
@@ -32,6 +33,11 @@ HEADER = """\
 # KubeRay v1.7 RayService: a CPU head (GCS, Serve controller, proxy), a CPU ingress
 # group that runs the routers (the only change to configs/gpu.yaml's application),
 # and an autoscaled GPU worker group whose pods carry the models baked into the image.
+# How pods get their models: a model's `path` inside the image (SERVE_APP_MODEL_DIR holds the
+# built ones), or `path: s3://bucket/prefix`, fetched once per pod into its model cache
+# before the replica loads it, with the credentials of the optional Secret
+# serve-app-model-store (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for an
+# S3-compatible store); see docs/models.md.
 # Apply with k8s/redis.yaml (GCS fault tolerance), k8s/redis-cache.yaml (the shared
 # response cache), k8s/ingress-service.yaml (clients' way in) and k8s/networkpolicy.yaml.
 """
@@ -72,6 +78,8 @@ def _container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]
             },
             {"name": "SERVE_APP_CACHE_REDIS_URL", "value": f"redis://:$(CACHE_REDIS_PASSWORD)@{CACHE_SERVICE}:6379/0"},
         ],
+        # Object-store credentials for s3:// model paths (serve_app/sources.py); optional.
+        "envFrom": [{"secretRef": {"name": MODEL_STORE_SECRET, "optional": True}}],
         "resources": resources,
         "securityContext": CONTAINER_SECURITY,
     }

@@ -80,9 +80,11 @@ def build_missing(args: AppArgs, force: bool = False, log: Callable[[str], None]
         with tqdm(total=preset.train.steps, desc=f"{p.name} ({p.preset})", unit="step", leave=True) as bar:
             manifest = build_model(p.name, preset, p.path, progress=bar.update)
         src = manifest.source
+        parity = src.get("parity_max_abs_diff")
+        checked = f"parity {parity:.1e}" if parity is not None else f"exported by {src.get('exported_by', 'its tool')}"
         log(
             f"{p.name}: built in {src.get('build_seconds')}s -> {p.path} "
-            f"(accuracy {src.get('accuracy')}, val_loss {src.get('val_loss')}, parity {src.get('parity_max_abs_diff'):.1e})"
+            f"(accuracy {src.get('accuracy')}, val_loss {src.get('val_loss')}, {checked})"
         )
         if p.precision != "fp32":
             log(_describe_variant(p.name, p.precision, build_variant(p.path, p.precision)))  # type: ignore[arg-type]

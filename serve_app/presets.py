@@ -43,6 +43,15 @@ class ResNetConfig:
 
 
 @dataclass(frozen=True)
+class ExportConfig:
+    """A real architecture from its ecosystem's definition (transformers, torchvision's layout),
+    random weights, exported by the tool its users use (serve_app.zoo.hub): what users serve."""
+
+    kind: Literal["hf-bert", "hf-gpt2", "hf-llama", "torchvision-resnet50", "torchvision-resnet18"]
+    size: str = ""
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """How long to train; `steps == 0` exports the randomly initialised model."""
 
@@ -57,7 +66,7 @@ class TrainConfig:
 class Preset:
     name: str
     family: Family
-    model: BertConfig | GPTConfig | ResNetConfig
+    model: BertConfig | GPTConfig | ResNetConfig | ExportConfig
     train: TrainConfig = field(default_factory=TrainConfig)
 
     @property
@@ -87,6 +96,10 @@ PRESETS: dict[str, Preset] = {
         Preset("resnet-light", "resnet", ResNetConfig("basic", (1, 1, 1), (8, 16, 32)), TrainConfig(450, 64, 3e-3, 6000)),
         Preset("resnet-heavy", "resnet", ResNetConfig("bottleneck", (1, 2, 2), (16, 32, 64)), TrainConfig(420, 64, 2e-3, 12000)),
         Preset("resnet-50", "resnet", ResNetConfig("bottleneck", (3, 4, 6, 3), (64, 128, 256, 512), 224, 1000)),
+        # The real architectures, exported as their users export them (docs/models.md).
+        Preset("hf-bert-base", "bert", ExportConfig("hf-bert", "base")),
+        Preset("hf-gpt2-small", "gpt", ExportConfig("hf-gpt2", "small")),
+        Preset("tv-resnet50", "resnet", ExportConfig("torchvision-resnet50")),
     ]
 }
 

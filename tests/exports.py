@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serve_app.zoo import hub
+from serve_app.zoo.hub import IMAGENET
 
-IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+__all__ = ["IMAGENET", "IMAGE_SIZE", "Exports", "build_exports"]
 IMAGE_SIZE = 64
 
 

@@ -46,13 +46,20 @@ class ModelRunner:
         return list(pixels / 255.0 if tensor["datatype"] == "UINT8" else pixels)
 
     def run(self, items: list[Any]) -> np.ndarray:
+        """The model's logits, fed as the model's graph wants (the same encoding ours does)."""
+        outputs = [self.manifest.outputs[0].name]
         if self.text:
             assert self.tokenizer is not None
             ids, mask = pad_right(items, self.tokenizer.pad_id)
-            (logits,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
-        else:
-            (logits,) = self.session.run(None, {"image": np.stack(items)})
-        return logits
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in self.manifest.input_names:
+                feeds["token_type_ids"] = np.zeros_like(ids)
+            return self.session.run(outputs, feeds)[0]
+        images = np.stack(items).astype(np.float32, copy=False)
+        if self.manifest.image.normalizes:
+            spec = self.manifest.image
+            images = (images - np.reshape(spec.mean, (1, 3, 1, 1))) / np.reshape(spec.std, (1, 3, 1, 1))
+        return self.session.run(outputs, {self.manifest.inputs[0].name: images.astype(np.float32)})[0]
 
     def respond(self, name: str, logits: np.ndarray) -> dict[str, Any]:
         e = np.exp(logits - logits.max(axis=1, keepdims=True))

@@ -19,7 +19,7 @@ import torch
 
 from serve_app.manifest import MANIFEST_FILE, GenerationSpec, Manifest, TensorSpec
 from serve_app.models.kv_cache import past_names, present_names
-from serve_app.presets import DEMO_VOCAB, BertConfig, GPTConfig, Preset, ResNetConfig
+from serve_app.presets import DEMO_VOCAB, BertConfig, ExportConfig, GPTConfig, Preset, ResNetConfig
 from serve_app.tokenization import TextTokenizer, train_byte_level_bpe
 from serve_app.zoo import data, export, train
 from serve_app.zoo.bert import BertClassifier
@@ -75,6 +75,8 @@ def build_model(name: str, preset: Preset, model_dir: Path, progress: Progress =
         manifest = _build_gpt(name, cfg, preset, scratch, source, progress)
     elif isinstance(cfg, ResNetConfig):
         manifest = _build_resnet(name, cfg, preset, scratch, source, progress)
+    elif isinstance(cfg, ExportConfig):
+        manifest = _build_export(name, cfg, preset, scratch, source)
     else:  # pragma: no cover - presets are a closed set
         raise TypeError(f"unknown model config {type(cfg).__name__}")
     manifest.source["build_seconds"] = round(time.perf_counter() - started, 1)
@@ -143,6 +145,19 @@ def _build_gpt(
         generation=GenerationSpec(n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=hd, block_size=cfg.block_size),
         source=source,
     )
+
+
+def _build_export(name: str, cfg: ExportConfig, preset: Preset, scratch: Path, source: dict[str, object]) -> Manifest:
+    """The export as its tool writes it, and the manifest `serve-app models import --write` would
+    add (with the build's fingerprint): served exactly as a user's import of the same export."""
+    from serve_app.exports import Declared, discover
+    from serve_app.zoo import hub
+
+    hub.build_export(cfg.kind, cfg.size, scratch)
+    image = hub.IMAGENET if preset.family == "resnet" else None  # torchvision's weights' normalization
+    _, manifest = discover(scratch, Declared(name, preset.family, image))
+    manifest.source.update(source, exported_by="torch.onnx.export" if preset.family == "resnet" else "optimum")
+    return manifest
 
 
 def _build_resnet(

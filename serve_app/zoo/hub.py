@@ -44,6 +44,7 @@ LLAMA_SIZES: dict[str, dict[str, Any]] = {
 }
 RESNET_LAYERS = {18: ("basic", (2, 2, 2, 2)), 50: ("bottleneck", (3, 4, 6, 3))}
 SENTIMENT = {0: "negative", 1: "positive"}
+IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
 
 def _corpus() -> list[str]:
@@ -264,7 +265,7 @@ def torchvision_resnet(out: Path, depth: int = 18, num_classes: int = 1000, imag
 
 def build_export(kind: str, size: str, out: Path) -> Path:
     """One export into `out` (replaced), by kind: hf-bert, hf-gpt2, hf-llama, torchvision-resnet{18,50}."""
-    scratch = out.with_name(out.name + ".building")
+    scratch = out.with_name(out.name + ".export")
     shutil.rmtree(scratch, ignore_errors=True)
     if kind == "hf-bert":
         hf_text_classifier(scratch, size)

@@ -101,16 +101,16 @@ def _in_memory_file(blobs: Sequence[bytes | memoryview], total: int) -> int:
     return fd
 
 
-def _read_request(sock: socket.socket) -> tuple[list[memoryview], int, mmap.mmap | None]:
+def _read_request(sock: socket.socket) -> tuple[list[memoryview], int, int | None, mmap.mmap | None]:
     """A request's images (views of the file the router passed, or read from the socket), the
-    model's input size, and the file's map (for the caller to close once they are decoded)."""
+    model's input size and resize, and the file's map (for the caller to close once they are decoded)."""
     data, fds, _, _ = socket.recv_fds(sock, LENGTH.size, 1)
     if not data:
         raise WorkerDied("end of stream")
     (with_file,) = LENGTH.unpack(bytes(data) + _recv_exact(sock, LENGTH.size - len(data)))
-    lengths, size = _recv_frame(sock)
+    lengths, size, resize = _recv_frame(sock)
     if not with_file:
-        return [memoryview(_recv_exact(sock, n)) for n in lengths], size, None
+        return [memoryview(_recv_exact(sock, n)) for n in lengths], size, resize, None
     if len(fds) != 1:  # the descriptor did not arrive (this process is out of them, say)
         for fd in fds:
             os.close(fd)
@@ -122,7 +122,7 @@ def _read_request(sock: socket.socket) -> tuple[list[memoryview], int, mmap.mmap
         os.close(fd)
     whole = memoryview(mapped)
     bounds = np.cumsum([0, *lengths]).tolist()
-    return [whole[a:b] for a, b in itertools.pairwise(bounds)], size, mapped
+    return [whole[a:b] for a, b in itertools.pairwise(bounds)], size, resize, mapped
 
 
 class DecoderWorker:
@@ -151,7 +151,7 @@ class DecoderWorker:
             theirs.close()
         self.sock = ours
 
-    def call(self, blobs: Sequence[bytes | memoryview], size: int) -> tuple[bool, Any]:
+    def call(self, blobs: Sequence[bytes | memoryview], size: int, resize: int | None = None) -> tuple[bool, Any]:
         """(True, pixels) or (False, the exception the worker raised); WorkerDied if it is gone."""
         lengths = [len(b) for b in blobs]
         fd = None
@@ -165,7 +165,7 @@ class DecoderWorker:
                 socket.send_fds(self.sock, [LENGTH.pack(1)], [fd])
             else:
                 self.sock.sendall(LENGTH.pack(0))
-            _send_frame(self.sock, (lengths, size))
+            _send_frame(self.sock, (lengths, size, resize))
             if fd is None:
                 for blob in blobs:
                     self.sock.sendall(blob)  # from the body itself: no copy in this process
@@ -194,20 +194,20 @@ class DecoderPool:
         self._lock = threading.Lock()
         self.restarts = 0  # workers found dead and replaced
 
-    async def decode(self, values: Sequence[bytes | memoryview | str], size: int) -> np.ndarray:
-        """A request's images as uint8 (N, 3, size, size)."""
-        return await asyncio.get_running_loop().run_in_executor(self._threads, self._decode, values, size)
+    async def decode(self, values: Sequence[bytes | memoryview | str], size: int, resize: int | None = None) -> np.ndarray:
+        """A request's images as uint8 (N, 3, size, size); `resize`: images.decode_images's."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self._decode, values, size, resize)
 
-    def _decode(self, values: Sequence[bytes | memoryview | str], size: int) -> np.ndarray:
+    def _decode(self, values: Sequence[bytes | memoryview | str], size: int, resize: int | None) -> np.ndarray:
         blobs = [encoded(v, i) for i, v in enumerate(values)]  # base64 is decoded here, off the loop
         for _ in range(2):
             try:
                 worker = self._take()
             except OSError:  # no process could start (a process limit, say): the images still decode
                 logger.warning("no image decoder process could start; decoding in the router", exc_info=True)
-                return decode_images(blobs, size)
+                return decode_images(blobs, size, resize)
             try:
-                ok, value = worker.call(blobs, size)
+                ok, value = worker.call(blobs, size, resize)
             except WorkerDied:
                 # Killed, out of memory, or stuck: the images go once more, to a new worker.
                 logger.warning("an image decoder process died or hung; starting another")
@@ -256,11 +256,11 @@ def serve(sock: socket.socket, busy_fd: int | None = None) -> None:
         images.yield_while = when_contended(busy_reader(busy_fd), cores_taken())
     while True:
         try:
-            blobs, size, mapped = _read_request(sock)
+            blobs, size, resize, mapped = _read_request(sock)
         except WorkerDied:  # the router closed its end, or ended
             return
         try:
-            reply: tuple[bool, Any] = (True, decode_images(blobs, size))
+            reply: tuple[bool, Any] = (True, decode_images(blobs, size, resize))
         except InvalidInput as e:
             reply = (False, e)
         except Exception as e:  # a bug, not the client's input: the router answers 500

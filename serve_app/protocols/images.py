@@ -103,18 +103,28 @@ def _undecodable(index: int) -> InvalidInput:
 REDUCING_GAP = 2.0
 
 
-def _pixels(img: Image.Image, size: int, index: int) -> np.ndarray:
-    """The image as uint8 (3, size, size), resized when it is another size."""
+def _pixels(img: Image.Image, size: int, index: int, resize: int | None = None) -> np.ndarray:
+    """The image as uint8 (3, size, size): stretched to the size, or with `resize` (the model's
+    preprocessing, torchvision's Resize + CenterCrop) its shorter side resized to `resize` and
+    its centre cropped."""
     if img.format in ("JPEG", "MPO"):
         # JPEG decodes at 1/2, 1/4 or 1/8 scale in its own transform, no smaller than asked:
         # a camera's picture for a model input costs a fraction of its full decode.
-        img.draft("RGB", (size, size))
+        img.draft("RGB", (resize or size, resize or size))
     try:
         img.load()
         rgb = _rgb(img)
     except _BROKEN:
         raise _undecodable(index) from None
-    if rgb.size != (size, size):
+    if resize is not None:
+        w, h = rgb.size
+        scale = resize / min(w, h)
+        w, h = max(size, round(w * scale)), max(size, round(h * scale))
+        if rgb.size != (w, h):
+            rgb = rgb.resize((w, h), Image.Resampling.BILINEAR, reducing_gap=REDUCING_GAP)
+        left, top = round((w - size) / 2), round((h - size) / 2)
+        rgb = rgb.crop((left, top, left + size, top + size))
+    elif rgb.size != (size, size):
         rgb = rgb.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=REDUCING_GAP)
     return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
 
@@ -136,15 +146,15 @@ def _rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def decode_image(value: bytes | memoryview | str, size: int, index: int = 0) -> np.ndarray:
+def decode_image(value: bytes | memoryview | str, size: int, index: int = 0, resize: int | None = None) -> np.ndarray:
     """One encoded image as uint8 (3, size, size), resized when it is another size."""
-    return _pixels(_open(value, index), size, index)
+    return _pixels(_open(value, index), size, index, resize)
 
 
-def decode_images(values: Sequence[bytes | memoryview | str], size: int) -> np.ndarray:
+def decode_images(values: Sequence[bytes | memoryview | str], size: int, resize: int | None = None) -> np.ndarray:
     """A request's images, every header checked (and their pixels counted) before any is decoded."""
     pacer = new_pacer()
     images = [_open(v, i, pacer) for i, v in enumerate(values)]
     if (total := sum(img.width * img.height for img in images)) > MAX_REQUEST_PIXELS:
         raise InvalidInput(f"{total} pixels in one request's images; at most {MAX_REQUEST_PIXELS} are allowed")
-    return np.stack([_pixels(img, size, i) for i, img in enumerate(images)])
+    return np.stack([_pixels(img, size, i, resize) for i, img in enumerate(images)])

@@ -63,7 +63,7 @@ async def decode_input(args: AppArgs, model: str, manifest: Manifest, body: v2.I
         if len(tensor.shape) != 1:
             raise InvalidInput(f"input 'image' as BYTES (encoded PNG/JPEG) must have shape [N], got {tensor.shape}")
         check_count(args, model, tensor.element_count())
-        return await DECODERS.decode(v2.decode_raw_bytes(tensor), s)
+        return await DECODERS.decode(v2.decode_raw_bytes(tensor), s, manifest.image.resize)
     if tensor.datatype not in ("FP32", "UINT8"):
         raise InvalidInput(f"input 'image' must be FP32 in [0, 1], UINT8, or BYTES (encoded PNG/JPEG), got {tensor.datatype}")
     if len(tensor.shape) != 4 or tensor.shape[1:] != [3, s, s]:

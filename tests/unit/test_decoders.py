@@ -120,10 +120,10 @@ def test_a_worker_error_that_is_not_the_inputs_is_a_500(monkeypatch: pytest.Monk
     """The worker's own loop, on a thread over a socket pair: a failure that is not the input's
     comes back as a 500 with the exception's type, and the worker serves the next request."""
 
-    def failing(blobs: Any, size: int) -> np.ndarray:
+    def failing(blobs: Any, size: int, resize: int | None = None) -> np.ndarray:
         if bytes(blobs[0]) == b"boom":
             raise MemoryError("no room")
-        return images.decode_images(blobs, size)
+        return images.decode_images(blobs, size, resize)
 
     monkeypatch.setattr(decoders, "decode_images", failing)
     monkeypatch.setattr(decoders, "lower_thread_priority", lambda: None)  # this test's own thread
@@ -481,3 +481,18 @@ def test_the_status_page_sees_the_link_under_the_marking() -> None:
 
     assert _transport(MarkedSender(Linked())) == {"over_link": 3}
     assert _transport(MarkedSender(lambda *_: None)) is None  # type: ignore[arg-type]
+
+
+def test_a_models_resize_then_centre_crop_is_torchvisions_and_reaches_the_worker() -> None:
+    """`image.resize` (from preprocessor_config.json, say): the shorter side to 24, then the
+    centre 16x16, as torchvision's Resize(24) + CenterCrop(16); the decoder process does the same."""
+    wide = np.ascontiguousarray(_noisy(40)[:20])  # 20 rows, 40 columns
+    png = _png(wide)
+    expected = Image.fromarray(wide).resize((48, 24), Image.Resampling.BILINEAR).crop((16, 4, 32, 20))
+    got = images.decode_images([png], 16, resize=24)
+    np.testing.assert_array_equal(got[0], np.asarray(expected).transpose(2, 0, 1))
+    pool = decoders.DecoderPool(1)
+    try:
+        np.testing.assert_array_equal(asyncio.run(pool.decode([png], 16, 24)), got)
+    finally:
+        pool.shutdown()

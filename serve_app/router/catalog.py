@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from serve_app.config import AppArgs
-from serve_app.errors import NotFound
+from serve_app.errors import NotFound, Unavailable
 from serve_app.manifest import Manifest
 from serve_app.protocols.v2 import ModelMetadata, TensorMetadata
 from serve_app.router.gcwatch import freeze_startup_heap
@@ -18,6 +18,7 @@ from serve_app.router.replicas import DeploymentStates
 
 logger = logging.getLogger("ray.serve")
 READY_TIMEOUT_S = 5.0
+UNAVAILABLE_RETRY_S = 30.0  # a model that cannot load stays so until it is deployed again
 READY_TTL_S = 1.0  # how long a readiness answer is reused
 STATS_TTL_S = 1.0  # how long /router/status reuses a generator's stats
 # A model's replica metadata: {"manifest": ..., "batching": ...} (serve_app.models.base.OnnxModel.metadata)
@@ -139,10 +140,18 @@ class ModelCatalog:
     def platform(self, name: str) -> str:
         return "ensemble" if name in self.args.routes else "onnxruntime_onnx"
 
+    def available(self, model: str) -> None:
+        """Raises the 503 (with the reason, and Retry-After) of a deployment whose model cannot
+        load, here rather than in its stand-in replica: one line in the log at start, not a stack
+        trace per request."""
+        if (reason := self.args.unavailable.get(model)) is not None:
+            raise Unavailable(f"model {model} cannot load: {reason}", retry_after_s=UNAVAILABLE_RETRY_S)
+
     async def manifest(self, model: str) -> Manifest:
         """The model's manifest, read the first time and kept (it never changes): from its model
         directory when this node has it, so that a model at zero replicas is not woken for it,
         else from a replica."""
+        self.available(model)
         if model not in self.manifests:
             on_disk = self._from_disk(model)
             self._remember(model, on_disk or await self.fetch(model), answered=on_disk is None)

@@ -73,6 +73,7 @@ def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFiel
     # Charged after every check of the request itself, so that a refused request costs its
     # caller only the arrival token, as on the v2 path.
     tenant.admit(len(prompts) * body.n, charged=1)  # one token per generation: the first was charged on arrival
+    parts.catalog.available(body.model)
     generation.check_breaker(body.model, parts.breakers[body.model])
     return parts.handles[body.model]
 

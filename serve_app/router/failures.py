@@ -5,9 +5,7 @@ from __future__ import annotations
 from ray.serve.exceptions import DeploymentUnavailableError
 
 from serve_app.errors import ModelFailure, ServeAppError, Unavailable
-
-# A deployment whose replicas cannot start stays so until it is deployed again.
-UNAVAILABLE_RETRY_S = 30.0
+from serve_app.router.catalog import UNAVAILABLE_RETRY_S
 
 
 def served_error(error: BaseException) -> ServeAppError:

@@ -232,6 +232,7 @@ class GrpcInference:
         gen = parts.args.deployment_config(deployment).generation
         GenerationParams.from_raw(sampling, gen.default_max_tokens, gen.max_tokens_limit)  # 400 before any replica
         sampling["priority"] = qos.priority.name.lower()
+        parts.catalog.available(deployment)
         handle, breaker = parts.handles[deployment], parts.breakers[deployment]
         generation.check_breaker(deployment, breaker)
         deadline = qos.deadline if qos.deadline is not None else time.monotonic() + parts.args.limits.generation_timeout_s

@@ -228,6 +228,7 @@ async def _generate(
             outputs = [v2.encode(catalog.GENERATED_OUTPUT, texts)]
             return Answer(outputs, served_by, answered_version, cache=f"hit-{hit[1]}")
     sampling["priority"] = qos.priority.name.lower()  # the replica admits higher priorities to its batch first
+    parts.catalog.available(deployment)
     handle, breaker = parts.handles[deployment], parts.breakers[deployment]
     generation.check_breaker(deployment, breaker)
     deadline = qos.deadline if qos.deadline is not None else time.monotonic() + parts.args.limits.generation_timeout_s

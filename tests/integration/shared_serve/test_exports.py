@@ -51,6 +51,8 @@ def app_url(exports: Exports, serve_url: str, tmp_path_factory: pytest.TempPathF
     shutil.copytree(exports.bert, broken / "no-tokenizer")
     (broken / "no-tokenizer" / "tokenizer.json").unlink()
     renamed_inputs(exports.bert, broken / "inputs")
+    shutil.copytree(exports.gpt2, broken / "decoder")
+    (broken / "decoder" / "model.onnx").write_bytes(b"not a graph")
     shutil.copytree(exports.resnet, broken / "file")
     graph = broken / "file" / "model.onnx"
     graph.write_bytes(graph.read_bytes()[:4096])
@@ -65,6 +67,7 @@ def app_url(exports: Exports, serve_url: str, tmp_path_factory: pytest.TempPathF
             "broken-tokenizer": {"path": str(broken / "no-tokenizer"), "family": "bert"},
             "broken-inputs": {"path": str(broken / "inputs"), "family": "bert"},
             "broken-file": {"path": str(broken / "file"), "family": "resnet", "image": IMAGENET},
+            "broken-decoder": {"path": str(broken / "decoder"), "family": "gpt"},
         },
     }
     yield from app_for_module(args, serve_url)
@@ -146,3 +149,13 @@ def test_a_model_that_cannot_load_answers_503_with_the_reason_and_the_rest_serve
     assert httpx.get(f"{app_url}/v2/health/ready", timeout=30).status_code == 200
     ok = httpx.post(f"{app_url}/v2/models/hf-bert/infer", json=body, timeout=30)
     assert ok.status_code == 200, ok.text
+
+
+def test_a_decoder_that_cannot_load_answers_completions_with_503_and_the_reason(app_url: str):
+    client = openai.OpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0, timeout=30)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.completions.create(model="broken-decoder", prompt="hello", max_tokens=4)
+    assert caught.value.status_code == 503 and "cannot be loaded by ONNX Runtime" in caught.value.message
+    assert float(caught.value.response.headers["retry-after"]) > 0
+    served = client.completions.create(model="hf-gpt2", prompt="hello", max_tokens=4, temperature=0)
+    assert served.choices[0].finish_reason in ("stop", "length")

@@ -20,6 +20,7 @@ from benchmarks import (
     flood,
     generation,
     goodput,
+    history,
     images,
     lifecycle,
     precision,
@@ -564,6 +565,7 @@ def write(scenario: str, res: dict[str, Any], out_dir: Path) -> Path:
         ]
     )
     (out_dir / "README.md").write_text(text)
+    history.append(res, out_dir)  # the folder keeps this run only; the history keeps its row
     return out_dir / "README.md"
 
 

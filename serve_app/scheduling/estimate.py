@@ -12,8 +12,8 @@ Two estimates of the wait, for two regimes:
   running ones (serve_app/scheduling/limit.py keeps one ready per runner), and
   the runners share cores with the router and the urgent lane, so service time
   over slots overstates how fast a backlog drains. Measured on BERT-base under a
-  flood (benchmarks/results/priority/bench-realsize/runs/42857cc-base/ against
-  runs/drain-rate/): the model predicted a full queue would drain far sooner than
+  flood (the priority scenario at bench-realsize, before and after this estimate): the model
+  predicted a full queue would drain far sooner than
   it did, so the queue-delay bound never refused and the queue ran into its row
   bound instead, on the router's full request path rather than at its header gate.
 """

@@ -1,0 +1,123 @@
+"""benchmarks/results/history.csv: one row per benchmark run (date, scenario, results folder,
+commit, machine, headline figures). The folders keep only each scenario's latest run; this file
+keeps the record of the runs before it. `report.write` adds a row for every run it writes;
+`python -m benchmarks.history` rebuilds rows from the result.json files under the results tree.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+HISTORY = RESULTS / "history.csv"
+COLUMNS = ("date", "scenario", "folder", "commit", "machine", "headline", "command")
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def _compare(result: dict[str, Any]) -> list[str]:
+    out = []
+    for model, m in result.get("models", {}).items():
+        pairs = m.get("pairs") or []
+        ratios = [p["ours"]["throughput_rps"] / p["plain"]["throughput_rps"] for p in pairs if p["plain"].get("throughput_rps")]
+        if ratios:
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} rounds"
+            out.append(f"{model} ours/plain {statistics.median(ratios):.2f}x ({spread})")
+            continue
+        ours, plain = m.get("ours", {}), m.get("plain", {})
+        if isinstance(ours, dict) and isinstance(plain, dict) and ours.get("closed") and plain.get("closed"):
+            o, p = ours["closed"][-1].get("throughput_rps"), plain["closed"][-1].get("throughput_rps")
+            out.append(f"{model} ours/plain {_ratio(o, p)} (curve)")
+    return out
+
+
+def _generation(result: dict[str, Any]) -> list[str]:
+    out = []
+    for point in result.get("summary", []):
+        setups = {k: v for k, v in point.items() if isinstance(v, dict) and "tokens_per_s" in v}
+        figures = ", ".join(f"{k} {v['tokens_per_s']} tok/s" for k, v in setups.items())
+        out.append(f"c={point.get('concurrency')}: {figures}")
+    return out
+
+
+def _goodput(result: dict[str, Any]) -> list[str]:
+    return [
+        f"{p['mix']} {p['load']}x: {p['result'].get('goodput_over_capacity')}"
+        for p in result.get("points", [])
+        if p.get("mix") == "10/30/60"
+    ]
+
+
+def _soak(result: dict[str, Any]) -> list[str]:
+    minutes = [m.get("goodput_over_capacity") for m in result.get("goodput_by_minute", [])[1:]]
+    minutes = [m for m in minutes if m is not None]
+    return [f"goodput/capacity per minute {min(minutes)}-{max(minutes)}"] if minutes else []
+
+
+HEADLINES = {"compare": _compare, "generation": _generation, "goodput": _goodput, "soak": _soak}
+
+
+def row(saved: dict[str, Any], folder: str) -> dict[str, str]:
+    """A run's row from its result.json as `report.write` saves it."""
+    machine = saved.get("machine") or {}
+    scenario = str(saved.get("scenario") or "")
+    try:
+        headline = "; ".join(HEADLINES.get(scenario, lambda r: [])(saved.get("result") or {}))
+    except (KeyError, TypeError, ZeroDivisionError, ValueError):  # an older run's layout: no headline
+        headline = ""
+    where = machine.get("gpu") or f"{machine.get('cpu', '?')} x{machine.get('cores', '?')}"
+    return {
+        "date": str(machine.get("date", ""))[:19],
+        "scenario": scenario,
+        "folder": folder,
+        "commit": str(machine.get("commit", "")),
+        "machine": str(where),
+        "headline": headline,
+        "command": str(saved.get("command", "")),
+    }
+
+
+def read(path: Path = HISTORY) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_rows(rows: list[dict[str, str]], path: Path = HISTORY) -> None:
+    unique = {(r["date"], r["scenario"], r["folder"], r["commit"]): r for r in rows}
+    ordered = sorted(unique.values(), key=lambda r: (r["date"], r["scenario"], r["folder"]))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        writer.writerows(ordered)
+
+
+def append(saved: dict[str, Any], out_dir: Path, path: Path = HISTORY) -> None:
+    """The run just written, as a row (only for runs written inside the results tree)."""
+    try:
+        folder = str(out_dir.resolve().relative_to(path.parent.resolve()))
+    except ValueError:
+        return
+    write_rows([*read(path), row(saved, folder)], path)
+
+
+def rebuild(root: Path = RESULTS) -> list[dict[str, str]]:
+    rows = read(root / "history.csv")
+    for result in sorted(root.rglob("result.json")):
+        saved = json.loads(result.read_text())
+        if isinstance(saved, dict) and saved.get("scenario"):
+            rows.append(row(saved, str(result.parent.relative_to(root))))
+    return rows
+
+
+if __name__ == "__main__":
+    write_rows(rebuild(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS))
+    print(f"wrote {HISTORY}")

@@ -31,6 +31,10 @@ class UnavailableModel:
         self.reason = reason
         logger.error("model %s cannot load: %s", name, reason)
 
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """The model's `user_config` (batching, drills) has nothing to tune here; Serve requires
+        this method of a deployment that is given one."""
+
     def error(self) -> Unavailable:
         return Unavailable(f"model {self.name} cannot load: {self.reason}", retry_after_s=RETRY_AFTER_S)
 

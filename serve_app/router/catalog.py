@@ -182,7 +182,7 @@ class ModelCatalog:
             self._answered.add(model)
         # Only once every model's replica has answered: an app with a model held at zero
         # replicas never freezes its startup heap (a one-time saving, not a correctness matter).
-        if first and len(self._answered) == len(self.args.served):
+        if first and self._answered >= set(self.serving()):
             # Every model has answered once (readiness, before traffic as a rule): the
             # handles' routing state is built, and lives as long as the router. Once.
             logger.info("router: %d objects frozen out of garbage collection", freeze_startup_heap())
@@ -191,11 +191,14 @@ class ModelCatalog:
         return list(self.args.versions(name)) if name in self.args.models else [ROUTE_VERSION]
 
     def deployment(self, name: str, version: str | None) -> str:
-        """The deployment whose metadata a name (and version) shows: a route shows its light tier's."""
+        """The deployment whose metadata a name (and version) shows: a route shows its light tier's
+        (its heavy tier's while the light one cannot load)."""
         if name in self.args.routes:
             if version not in (None, ROUTE_VERSION):
                 raise NotFound(f"route {name!r} has no version {version!r}; available: [{ROUTE_VERSION!r}]")
-            return self.args.routes[name].light
+            route = self.args.routes[name]
+            # A light tier that cannot load leaves the route to its heavy tier, whose inputs it shows.
+            return route.heavy if route.light in self.args.unavailable else route.light
         versions = self.args.versions(name)
         if version is None:
             return versions[self.args.models[name].version]

@@ -70,10 +70,10 @@ def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFiel
     GenerationParams.from_raw(body.sampling(body.n - 1), gen.default_max_tokens, gen.max_tokens_limit)
     if body.stream and (len(prompts) != 1 or body.n != 1):
         raise InvalidInput("streaming takes exactly one prompt and n = 1")
+    parts.catalog.available(body.model)  # a model that cannot load: 503 before the tenant is charged
     # Charged after every check of the request itself, so that a refused request costs its
     # caller only the arrival token, as on the v2 path.
     tenant.admit(len(prompts) * body.n, charged=1)  # one token per generation: the first was charged on arrival
-    parts.catalog.available(body.model)
     generation.check_breaker(body.model, parts.breakers[body.model])
     return parts.handles[body.model]
 

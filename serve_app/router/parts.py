@@ -15,7 +15,7 @@ from serve_app.manifest import Manifest
 from serve_app.router.answer_ids import AnswerIds
 from serve_app.router.background import BackgroundLoops
 from serve_app.router.callers import Callers, build_registry
-from serve_app.router.cascade import Cascade, route_policy
+from serve_app.router.cascade import Cascade, CascadePolicy, route_policy
 from serve_app.router.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.edge import InflightBytes
@@ -119,7 +119,12 @@ def _cascades(args: AppArgs, versions: VersionedModels) -> dict[str, Cascade]:
     """Each route's cascade, its threshold read from its light model's manifest."""
     cascades = {}
     for name, route in args.routes.items():
-        policy = route_policy(name, route, Manifest.load(args.model_path(route.light)))
+        if route.light in args.unavailable and route.threshold is None:
+            # Its light tier cannot load, nor its calibration be read: every item goes to the heavy
+            # tier (the light one refuses with its reason, and the cascade answers degraded).
+            policy = CascadePolicy(1.0, route.signal)
+        else:
+            policy = route_policy(name, route, Manifest.load(args.model_path(route.light)))
         cascades[name] = Cascade(name, route.light, route.heavy, policy, versions.submit)
     return cascades
 

@@ -163,3 +163,24 @@ def test_readiness_answers_are_reused_for_a_second_and_a_burst_of_probes_asks_ea
     assert asyncio.run(c.is_ready("bert-heavy")) and replicas.calls == 2  # within the second: the last answer
     now[0] = 1.5
     assert not asyncio.run(c.is_ready("bert-heavy")) and replicas.calls == 3  # then asked again
+
+
+def test_a_model_that_cannot_load_is_refused_here_never_ready_and_left_out_of_server_readiness():
+    from serve_app.errors import Unavailable
+    from serve_app.router.dispatchers import DispatcherPool
+
+    replicas = Replicas()
+    args = AppArgs.model_validate(tiny_args(Path("/nonexistent"))).model_copy(
+        update={"unavailable": {"bert-light": "no tokenizer.json in /m: save it"}}
+    )
+    c = ModelCatalog(args, replicas.fetch, ready_ttl_s=0)
+    with pytest.raises(Unavailable, match=r"model bert-light cannot load: no tokenizer\.json") as caught:
+        asyncio.run(c.manifest("bert-light"))
+    assert caught.value.status_code == 503 and caught.value.retry_after_s
+    assert not asyncio.run(c.is_ready("bert-light")) and replicas.calls == 0  # its stand-in is never asked
+    assert "bert-light" not in c.serving() and "bert-heavy" in c.serving()
+    # Its route shows, and decodes for, the heavy tier; a cascade's call to the light tier gets the 503.
+    assert c.deployment("text-classify", None) == "bert-heavy"
+    pool = DispatcherPool(args, send_for=lambda model: None)  # type: ignore[arg-type, return-value]
+    with pytest.raises(Unavailable, match="cannot load"):
+        pool.get("bert-light")

@@ -69,6 +69,8 @@ def app_url(exports: Exports, serve_url: str, tmp_path_factory: pytest.TempPathF
             "broken-file": {"path": str(broken / "file"), "family": "resnet", "image": IMAGENET},
             "broken-decoder": {"path": str(broken / "decoder"), "family": "gpt"},
         },
+        # A route whose light tier cannot load (nor its calibration be read): the heavy one answers.
+        "routes": {"broken-route": {"light": "broken-tokenizer", "heavy": "hf-bert"}},
     }
     yield from app_for_module(args, serve_url)
 
@@ -159,3 +161,10 @@ def test_a_decoder_that_cannot_load_answers_completions_with_503_and_the_reason(
     assert float(caught.value.response.headers["retry-after"]) > 0
     served = client.completions.create(model="hf-gpt2", prompt="hello", max_tokens=4, temperature=0)
     assert served.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_route_whose_light_tier_cannot_load_is_answered_by_its_heavy_tier_degraded(app_url: str):
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": TEXTS[:2]}]}
+    r = httpx.post(f"{app_url}/v2/models/broken-route/infer", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers.get("x-degraded"), r.headers

@@ -35,12 +35,16 @@ DEPLOYMENT_FOR_FAMILY: dict[str, Deployment] = {
 def load_problem(args: AppArgs, deployment: str) -> str | None:
     """Why a deployment's model cannot load, in one line, or None when its files are in order:
     the checks a replica's start would fail, made once here, where a failure costs no restarts."""
+    config = args.deployment_config(deployment)
     try:
-        discover(local_path(args.model_source(deployment)), Declared.of(deployment, args.deployment_config(deployment)))
+        model_dir, manifest = discover(local_path(args.model_source(deployment)), Declared.of(deployment, config))
+        graph = manifest.onnx_file_for(config.precision)  # the variant the config asks for, built beside FP32
     except ExportProblems as e:
         return "; ".join(e.problems)
-    except OSError as e:  # an unreadable directory, an object store that refused
+    except OSError as e:  # an unreadable directory, an object store that refused, a variant never built
         return str(e)
+    if not (model_dir / graph).is_file():
+        return f"{graph} is missing from {model_dir}: run `serve-app models build` for this config"
     return None
 
 

@@ -8,7 +8,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from serve_app.app import build_app
 from serve_app.catalog_build import load_app_args
-from serve_app.config import AppArgs
+from serve_app.config import MODEL_DIR_ENV, AppArgs
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = [ROOT / "configs" / "local.yaml", ROOT / "configs" / "gpu.yaml"]
@@ -152,18 +152,30 @@ def test_the_router_can_hold_everything_its_queues_admit():
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_calls_waiting_for_a_full_generator_are_bounded_and_classifiers_are_not(path):
+def test_calls_waiting_for_a_full_generator_are_bounded_and_classifiers_are_not(path, tiny_model_dir, monkeypatch):
     """Past its running and waiting rows, a continuous-batching generator's callers queue at most
     as many calls again in Serve (then 503 + Retry-After); classifier batches are bounded by the
     router's own queues instead."""
+    monkeypatch.setenv(MODEL_DIR_ENV, str(tiny_model_dir))  # the builder binds a model only when its files load
     raw = yaml.safe_load(path.read_text())["applications"][0]
     args = AppArgs.model_validate(raw["args"])
     router: Any = build_app(args)._bound_deployment
     handles = router.init_args[1]  # the router's (args, handles)
+    assert router.init_args[0]["unavailable"] == {}
     gpt = handles["gpt"]._bound_deployment
     generation = args.models["gpt"].generation
     assert gpt.max_queued_requests == generation.kv_slots + generation.max_waiting > 0
     assert all(h._bound_deployment.max_queued_requests == -1 for name, h in handles.items() if name != "gpt")
+
+
+def test_a_model_whose_files_are_missing_is_bound_as_its_stand_in_and_named_to_the_router(tmp_path, monkeypatch):
+    monkeypatch.setenv(MODEL_DIR_ENV, str(tmp_path))  # nothing built there
+    args = AppArgs.model_validate(yaml.safe_load(CONFIGS[0].read_text())["applications"][0]["args"])
+    router: Any = build_app(args)._bound_deployment
+    unavailable = router.init_args[0]["unavailable"]
+    assert set(unavailable) == set(args.served)
+    assert all("\n" not in reason and "serve-app models build" in reason for reason in unavailable.values()), unavailable
+    assert {h._bound_deployment.func_or_class.__name__ for h in router.init_args[1].values()} == {"UnavailableModel"}
 
 
 def test_a_classifiers_stall_timeout_past_the_routers_batch_timeout_is_a_config_error():

@@ -81,7 +81,9 @@ def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFiel
 @api.get("/v1/models", responses=OPENAI_ERRORS)
 async def openai_models(authorization: str | None = Header(None), parts: RouterParts = PARTS) -> openai.ModelList:
     parts.callers.authenticate(authorization)
-    return openai.ModelList(data=[openai.ModelCard(id=n) for n in parts.catalog.generators()])
+    # A generator that cannot load is left out: OpenAI clients pick a model from this list.
+    serving = [n for n in parts.catalog.generators() if n not in parts.args.unavailable]
+    return openai.ModelList(data=[openai.ModelCard(id=n) for n in serving])
 
 
 @api.post(

@@ -159,6 +159,7 @@ def test_a_decoder_that_cannot_load_answers_completions_with_503_and_the_reason(
         client.completions.create(model="broken-decoder", prompt="hello", max_tokens=4)
     assert caught.value.status_code == 503 and "cannot be loaded by ONNX Runtime" in caught.value.message
     assert float(caught.value.response.headers["retry-after"]) > 0
+    assert {m.id for m in client.models.list()} == {"hf-gpt2", "hf-llama"}  # what can be asked for
     served = client.completions.create(model="hf-gpt2", prompt="hello", max_tokens=4, temperature=0)
     assert served.choices[0].finish_reason in ("stop", "length")
 

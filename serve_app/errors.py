@@ -84,3 +84,12 @@ class DeadlineExceeded(ServeAppError):
 class Unavailable(ServeAppError):
     status_code = 503
     code = "unavailable"
+
+
+# A model that cannot load, or whose replicas cannot start, stays so until it is deployed again.
+UNAVAILABLE_RETRY_S = 30.0
+
+
+def cannot_load(model: str, reason: str) -> Unavailable:
+    """The 503 for a request to a model whose files cannot load, with the reason."""
+    return Unavailable(f"model {model} cannot load: {reason}", retry_after_s=UNAVAILABLE_RETRY_S)

@@ -16,12 +16,9 @@ from typing import Any
 from ray import serve
 
 from serve_app.contract import BatchReply
-from serve_app.errors import Unavailable
+from serve_app.errors import Unavailable, cannot_load
 
 logger = logging.getLogger("ray.serve")
-
-# Nothing changes until the model is deployed again: a client need not come back soon.
-RETRY_AFTER_S = 30.0
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
@@ -36,7 +33,7 @@ class UnavailableModel:
         this method of a deployment that is given one."""
 
     def error(self) -> Unavailable:
-        return Unavailable(f"model {self.name} cannot load: {self.reason}", retry_after_s=RETRY_AFTER_S)
+        return cannot_load(self.name, self.reason)
 
     async def run(self, payloads: list[Any], *args: Any, **kwargs: Any) -> BatchReply:
         """A classifier batch: every request in it gets the reason."""

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from serve_app.config import AppArgs
-from serve_app.errors import NotFound, Unavailable
+from serve_app.errors import NotFound, cannot_load
 from serve_app.manifest import Manifest
 from serve_app.protocols.v2 import ModelMetadata, TensorMetadata
 from serve_app.router.gcwatch import freeze_startup_heap
@@ -18,7 +18,6 @@ from serve_app.router.replicas import DeploymentStates
 
 logger = logging.getLogger("ray.serve")
 READY_TIMEOUT_S = 5.0
-UNAVAILABLE_RETRY_S = 30.0  # a model that cannot load stays so until it is deployed again
 READY_TTL_S = 1.0  # how long a readiness answer is reused
 STATS_TTL_S = 1.0  # how long /router/status reuses a generator's stats
 # A model's replica metadata: {"manifest": ..., "batching": ...} (serve_app.models.base.OnnxModel.metadata)
@@ -145,7 +144,7 @@ class ModelCatalog:
         load, here rather than in its stand-in replica: one line in the log at start, not a stack
         trace per request."""
         if (reason := self.args.unavailable.get(model)) is not None:
-            raise Unavailable(f"model {model} cannot load: {reason}", retry_after_s=UNAVAILABLE_RETRY_S)
+            raise cannot_load(model, reason)
 
     async def manifest(self, model: str) -> Manifest:
         """The model's manifest, read the first time and kept (it never changes): from its model

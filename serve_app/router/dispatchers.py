@@ -8,9 +8,8 @@ from typing import Any
 from serve_app.config import AppArgs
 from serve_app.contract import BatchReply, Priority
 from serve_app.cpu_priority import MODEL_WORK
-from serve_app.errors import Unavailable
+from serve_app.errors import cannot_load
 from serve_app.link.client import LinkedSender
-from serve_app.router.catalog import UNAVAILABLE_RETRY_S
 from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, RequestTiming, SendBatch
 
 # (model) -> how to send that model a batch (a deployment handle call, in the router)
@@ -38,7 +37,7 @@ class DispatcherPool:
         if (reason := self.args.unavailable.get(model)) is not None:
             # A cascade's tier, a policy's version or a shadow whose model cannot load: the 503
             # with the reason, which a cascade answers around and a canary's rollback counts.
-            raise Unavailable(f"model {model} cannot load: {reason}", retry_after_s=UNAVAILABLE_RETRY_S)
+            raise cannot_load(model, reason)
         if model not in self.by_model:
             self.by_model[model] = Dispatcher(model, self.send_for(model), self.settings(model), retryable=self.retryable)
         return self.by_model[model]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from ray.serve.exceptions import DeploymentUnavailableError
 
-from serve_app.errors import ModelFailure, ServeAppError, Unavailable
-from serve_app.router.catalog import UNAVAILABLE_RETRY_S
+from serve_app.errors import UNAVAILABLE_RETRY_S, ModelFailure, ServeAppError, Unavailable
 
 
 def served_error(error: BaseException) -> ServeAppError:

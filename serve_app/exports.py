@@ -243,7 +243,6 @@ def special_tokens(model_dir: Path, config: dict[str, Any]) -> tuple[str | None,
 def _text(
     model_dir: Path, family: str, inputs: list[TensorSpec], outputs: list[TensorSpec], config: dict[str, Any]
 ) -> tuple[dict[str, Any], list[str]]:
-    problems: list[str] = []
     if not (model_dir / TOKENIZER_FILE).is_file():
         return {}, [
             f"no {TOKENIZER_FILE} in {model_dir}: save the model's fast tokenizer beside the graph "
@@ -257,19 +256,37 @@ def _text(
     limits = [n for n in (max_length, positions) if isinstance(n, int) and n > 0]
     length = min(limits) if limits else None
     fields: dict[str, Any] = {"tokenizer_file": TOKENIZER_FILE, "pad_token": pad, "eos_token": eos}
-    names = [t.name for t in inputs]
     if family == "bert":
-        extra = [n for n in names if n not in TEXT_INPUTS]
-        if extra or "attention_mask" not in names:
-            problems.append(f"a text classifier's graph takes input_ids, attention_mask, optionally token_type_ids; not {names}")
-        if pad is None:
-            problems.append("the tokenizer names no pad token: set pad_token in tokenizer_config.json")
-        classes, more = _classes(outputs)
-        labels, more2 = _labels(config, classes) if not more else ([], [])
-        problems += more + more2
-        fields.update(labels=labels, max_sequence_length=length or DEFAULT_TEXT_LENGTH)
-        return fields, problems
-    # A decoder.
+        more, problems = _classifier(inputs, outputs, config, pad, length)
+    else:
+        more, problems = _decoder(inputs, outputs, config, pad, eos, length)
+    return {**fields, **more}, problems
+
+
+def _classifier(
+    inputs: list[TensorSpec], outputs: list[TensorSpec], config: dict[str, Any], pad: str | None, length: int | None
+) -> tuple[dict[str, Any], list[str]]:
+    problems: list[str] = []
+    names = [t.name for t in inputs]
+    if [n for n in names if n not in TEXT_INPUTS] or "attention_mask" not in names:
+        problems.append(f"a text classifier's graph takes input_ids, attention_mask, optionally token_type_ids; not {names}")
+    if pad is None:
+        problems.append("the tokenizer names no pad token: set pad_token in tokenizer_config.json")
+    classes, more = _classes(outputs)
+    labels, more2 = _labels(config, classes) if not more else ([], [])
+    return {"labels": labels, "max_sequence_length": length or DEFAULT_TEXT_LENGTH}, problems + more + more2
+
+
+def _decoder(
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    config: dict[str, Any],
+    pad: str | None,
+    eos: str | None,
+    length: int | None,
+) -> tuple[dict[str, Any], list[str]]:
+    problems: list[str] = []
+    names = [t.name for t in inputs]
     layers = sorted({int(m.group(1)) for n in names if (m := PAST_KEY.match(n))})
     if layers != list(range(len(layers))):
         problems.append(f"past_key_values inputs are not numbered 0..n-1: {layers}")
@@ -294,26 +311,25 @@ def _text(
     if key is None or len(key.shape) != 4:
         problems.append("past_key_values.0.key must be (batch, heads, past, head_dim)")
     if problems:
-        return fields, problems
+        return {}, problems
     assert key is not None and length is not None
-    heads: Any = key.shape[1]
-    head_dim: Any = key.shape[3]
-    if heads < 1 or head_dim < 1:  # dynamic in the graph: from the model's config
-        total_heads = config.get("num_attention_heads") or config.get("n_head")
-        heads = config.get("num_key_value_heads") or total_heads
-        hidden = config.get("hidden_size") or config.get("n_embd")
-        head_dim = config.get("head_dim") or (hidden // total_heads if hidden and total_heads else None)
-        if not isinstance(heads, int) or not isinstance(head_dim, int):
-            return fields, ["the graph's past has no fixed head count or size and config.json does not give them"]
-    generation = GenerationSpec(
-        n_layers=len(layers),
-        n_heads=heads,
-        head_dim=head_dim,
-        block_size=length,
-        kv_dtype="float16" if key.datatype == "FP16" else "float32",
-    )
-    fields.update(max_sequence_length=length, generation=generation, pad_token=pad or eos)
-    return fields, problems
+    heads, head_dim = _kv_heads(key, config)
+    if heads is None or head_dim is None:
+        return {}, ["the graph's past has no fixed head count or size and config.json does not give them"]
+    kv_dtype = "float16" if key.datatype == "FP16" else "float32"
+    generation = GenerationSpec(n_layers=len(layers), n_heads=heads, head_dim=head_dim, block_size=length, kv_dtype=kv_dtype)
+    return {"max_sequence_length": length, "generation": generation, "pad_token": pad or eos}, []
+
+
+def _kv_heads(key: TensorSpec, config: dict[str, Any]) -> tuple[int | None, int | None]:
+    """Key/value heads and head size: the past's fixed dimensions, else the model's config."""
+    if key.shape[1] > 0 and key.shape[3] > 0:
+        return key.shape[1], key.shape[3]
+    total_heads = config.get("num_attention_heads") or config.get("n_head")
+    heads = config.get("num_key_value_heads") or total_heads
+    hidden = config.get("hidden_size") or config.get("n_embd")
+    head_dim = config.get("head_dim") or (hidden // total_heads if hidden and total_heads else None)
+    return (heads if isinstance(heads, int) else None), (head_dim if isinstance(head_dim, int) else None)
 
 
 # -- images ------------------------------------------------------------------------------------

@@ -41,5 +41,5 @@ def build_exports(root: Path) -> Exports:
     hub.hf_text_classifier(e.bert, checkpoint=e.checkpoint("bert"))
     hub.hf_gpt2(e.gpt2, checkpoint=e.checkpoint("gpt2"))
     hub.hf_llama(e.llama, checkpoint=e.checkpoint("llama"))
-    hub.torchvision_resnet(e.resnet, 18, num_classes=10, image_size=IMAGE_SIZE)
+    hub.torchvision_resnet(e.resnet, 18, num_classes=10, image_size=IMAGE_SIZE, keep_weights=True)
     return e

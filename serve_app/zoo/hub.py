@@ -11,7 +11,6 @@ and `configs/bench-realsize.yaml` builds its real-size models with them (`source
 from __future__ import annotations
 
 import contextlib
-import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -63,12 +62,17 @@ def _workdir(checkpoint: Path | None) -> Iterator[Path]:
         yield Path(scratch) / "checkpoint"
 
 
-def _export(model_dir: Path, out: Path, task: str) -> None:
+def _save_and_export(model_class: Any, config: Any, tokenizer: Any, work: Path, out: Path, task: str, seed: int) -> None:
+    """The model built from its config with seeded random weights, saved with its tokenizer as
+    `save_pretrained` writes a checkpoint, and exported from there by optimum for `task`."""
     from optimum.exporters.onnx import main_export
 
+    torch.manual_seed(seed)
+    model_class(config).eval().save_pretrained(work)
+    tokenizer.save_pretrained(work)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        main_export(str(model_dir), output=str(out), task=task, do_validation=False)
+        main_export(str(work), output=str(out), task=task, do_validation=False)
 
 
 def hf_text_classifier(out: Path, size: str = "tiny", seed: int = 0, checkpoint: Path | None = None) -> Path:
@@ -90,11 +94,7 @@ def hf_text_classifier(out: Path, size: str = "tiny", seed: int = 0, checkpoint:
         tokenizer = BertTokenizerFast(vocab_file=str(vocab_file), model_max_length=shape.get("max_position_embeddings", 512))
         shape.setdefault("vocab_size", tokenizer.vocab_size)
         config = BertConfig(**shape, id2label=SENTIMENT, label2id={v: k for k, v in SENTIMENT.items()})
-        torch.manual_seed(seed)
-        model = BertForSequenceClassification(config).eval()
-        model.save_pretrained(work)
-        tokenizer.save_pretrained(work)
-        _export(work, out, "text-classification")
+        _save_and_export(BertForSequenceClassification, config, tokenizer, work, out, "text-classification", seed)
     return out
 
 
@@ -129,11 +129,8 @@ def hf_gpt2(out: Path, size: str = "tiny", seed: int = 0, checkpoint: Path | Non
         )
         shape.setdefault("vocab_size", tokenizer.vocab_size)
         eos = tokenizer.eos_token_id
-        torch.manual_seed(seed)
-        model = GPT2LMHeadModel(GPT2Config(**shape, bos_token_id=eos, eos_token_id=eos)).eval()
-        model.save_pretrained(work)
-        tokenizer.save_pretrained(work)
-        _export(work, out, "text-generation-with-past")
+        config = GPT2Config(**shape, bos_token_id=eos, eos_token_id=eos)
+        _save_and_export(GPT2LMHeadModel, config, tokenizer, work, out, "text-generation-with-past", seed)
     return out
 
 
@@ -157,11 +154,7 @@ def hf_llama(out: Path, size: str = "tiny", seed: int = 0, checkpoint: Path | No
         config = LlamaConfig(
             **shape, vocab_size=tokenizer.vocab_size, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id
         )
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).eval()
-        model.save_pretrained(work)
-        tokenizer.save_pretrained(work)
-        _export(work, out, "text-generation-with-past")
+        _save_and_export(LlamaForCausalLM, config, tokenizer, work, out, "text-generation-with-past", seed)
     return out
 
 
@@ -241,7 +234,9 @@ class TorchvisionResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def torchvision_resnet(out: Path, depth: int = 18, num_classes: int = 1000, image_size: int = 224, seed: int = 0) -> Path:
+def torchvision_resnet(
+    out: Path, depth: int = 18, num_classes: int = 1000, image_size: int = 224, seed: int = 0, keep_weights: bool = False
+) -> Path:
     """The model exported as torchvision's docs show: input "input", output "output", dynamic batch.
     No preprocessing file: torchvision users normalize in their own code (docs/models.md)."""
     torch.manual_seed(seed)
@@ -259,24 +254,20 @@ def torchvision_resnet(out: Path, depth: int = 18, num_classes: int = 1000, imag
             opset_version=17,
             dynamo=False,
         )
-    torch.save(model.state_dict(), out / "weights.pt")  # for parity checks against the torch model
+    if keep_weights:  # weights.pt beside the graph, for parity checks against the torch model
+        torch.save(model.state_dict(), out / "weights.pt")
     return out
 
 
 def build_export(kind: str, size: str, out: Path) -> Path:
-    """One export into `out` (replaced), by kind: hf-bert, hf-gpt2, hf-llama, torchvision-resnet{18,50}."""
-    scratch = out.with_name(out.name + ".export")
-    shutil.rmtree(scratch, ignore_errors=True)
+    """One export into `out`, by kind: hf-bert, hf-gpt2, hf-llama, torchvision-resnet{18,50}. The
+    caller makes it atomic (serve_app.zoo.build exports into its scratch directory)."""
     if kind == "hf-bert":
-        hf_text_classifier(scratch, size)
-    elif kind == "hf-gpt2":
-        hf_gpt2(scratch, size)
-    elif kind == "hf-llama":
-        hf_llama(scratch, size)
-    elif kind.startswith("torchvision-resnet"):
-        torchvision_resnet(scratch, int(kind.removeprefix("torchvision-resnet")))
-    else:
-        raise ValueError(f"unknown export kind {kind!r}")
-    shutil.rmtree(out, ignore_errors=True)
-    scratch.rename(out)
-    return out
+        return hf_text_classifier(out, size)
+    if kind == "hf-gpt2":
+        return hf_gpt2(out, size)
+    if kind == "hf-llama":
+        return hf_llama(out, size)
+    if kind.startswith("torchvision-resnet"):
+        return torchvision_resnet(out, int(kind.removeprefix("torchvision-resnet")))
+    raise ValueError(f"unknown export kind {kind!r}")

@@ -72,6 +72,7 @@ def import_lines(
 
 def list_rows(args: AppArgs) -> list[str]:
     """One row per deployment of the config: built, importable, or why it cannot load."""
+    from serve_app.app import load_problem
     from serve_app.catalog_build import plan
 
     planned = {p.name: p for p in plan(args)}
@@ -82,8 +83,9 @@ def list_rows(args: AppArgs) -> list[str]:
             state = "built" if p.built and p.variant_built else "missing" if not p.built else f"no {p.precision}"
             rows.append(f"{name:16} {p.preset:14} {p.precision:5} {state:8} {source}")
             continue
-        cfg = args.deployment_config(name)
-        checked = check(source, Declared.of(name, cfg))
-        state = "ok" if checked.manifest is not None else "cannot load: " + "; ".join(checked.problems)
-        rows.append(f"{name:16} {'export':14} {cfg.precision:5} {'ready' if checked.manifest else 'broken':8} {source}  {state}")
+        # The app builder's own check: what this row says is what `serve run` will do.
+        problem = load_problem(args, name)
+        state = "ok" if problem is None else f"cannot load: {problem}"
+        precision = args.deployment_config(name).precision
+        rows.append(f"{name:16} {'export':14} {precision:5} {'ready' if problem is None else 'broken':8} {source}  {state}")
     return rows

@@ -1,7 +1,11 @@
-"""The `generation` scenario: continuous batching vs the `@serve.batch` request-level version.
+"""The `generation` scenario: continuous batching vs the `@serve.batch` request-level version, and
+vs plain Ray Serve.
 
-Both generators serve the same model files in one Serve app, with the same CPU
-share and the same maximum batch (KV slots = max_batch_size); the load is a
+Both of our generators serve the same model files in one Serve app, with the same CPU
+share and the same maximum batch (KV slots = max_batch_size); plain Ray Serve
+(benchmarks/baselines/plain_generate.py: the generator as its own ingress, Serve's
+streaming `@serve.batch`, no router) is a second app beside it with the same
+model, CPU share, threads and batch, under its own route prefix. The load is a
 closed loop of streaming completions with mixed output lengths (benchmarks/genload.py),
 exact lengths (ignore_eos) so both do the same work. Phases alternate
 continuous, request, continuous, request... at each concurrency, so drift on
@@ -10,6 +14,7 @@ this shared machine hits both alike; each setup's figure is its median phase.
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -22,6 +27,7 @@ from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, cpu_by_role, cpu_sn
 from benchmarks.scenarios import single_versions
 
 CONTINUOUS = "gpt"
+PLAIN = "plain"  # the label of plain Ray Serve's setup, and its app's route prefix
 
 
 def request_name(wait_s: float) -> str:
@@ -48,7 +54,38 @@ def generation_config(base: dict[str, Any], model_dir: Path, batch: int, request
     gpt_deployment = next(d for d in app["deployments"] if d["name"] == "gpt")
     kept = [d for d in app["deployments"] if d["name"] in ("router", "gpt")]
     app["deployments"] = [*kept, *({**gpt_deployment, "name": request_name(w)} for w in request_waits)]
+    base["applications"].append(plain_app(gpt_deployment, model_dir / "gpt", gpt, batch, request_waits[0]))
     return base
+
+
+def plain_app(deployment: dict[str, Any], gpt_dir: Path, gpt: dict[str, Any], batch: int, wait_s: float) -> dict[str, Any]:
+    """Plain Ray Serve's generator: our generator deployment's resources and threads, one replica."""
+    options = {k: v for k, v in deployment.items() if k not in ("name", "autoscaling_config", "user_config")}
+    args = {"name": PLAIN, "model_dir": str(gpt_dir), "max_batch_size": batch, "batch_wait_timeout_s": wait_s,
+            "threads": gpt.get("intra_op_threads")}  # fmt: skip
+    return {
+        "name": PLAIN,
+        "route_prefix": f"/{PLAIN}",
+        "import_path": "benchmarks.baselines.plain_generate:build",
+        "args": args,
+        "deployments": [{**options, "name": "PlainGenerator", "num_replicas": 1}],
+    }
+
+
+def setup_url(url: str, setup: str) -> str:
+    return f"{url}/{PLAIN}" if setup == PLAIN else url
+
+
+def streamed_text(url: str, model: str, prompt: str = "the", max_tokens: int = 12) -> str:
+    """One greedy streamed completion's text: the setups must generate the same tokens to be compared."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    text = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                text.append(json.loads(line[6:])["choices"][0]["text"])
+    return "".join(text)
 
 
 def _server_stats(url: str, model: str) -> dict[str, Any] | None:
@@ -58,22 +95,23 @@ def _server_stats(url: str, model: str) -> dict[str, Any] | None:
 def run(config: dict[str, Any], model_dir: Path, concurrencies: list[int], seconds: float, warmup: float,
         rounds: int, ingress: Any) -> dict[str, Any]:  # fmt: skip
     models = config["applications"][0]["args"]["models"]
-    setups = list(models)  # continuous first, then each request-level variant
+    setups = [*models, PLAIN]  # continuous first, then each request-level variant, then plain Ray Serve
     batch = models[CONTINUOUS]["generation"]["kv_slots"]
     limit = models[CONTINUOUS]["generation"].get("max_tokens_limit", 96)
     workload = genload.mixed_workload(400, seed=0, max_tokens_limit=limit)
     url = f"http://127.0.0.1:{HTTP_PORT}"
     phases: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, RayCluster(ingress, Path(tmp), model_dir) as cluster:
-        deploy_s = cluster.deploy(config, Probe("/v1/completions", {"model": setups[-1], "prompt": "the", "max_tokens": 2}))
+        deploy_s = cluster.deploy(config, Probe("/v1/completions", {"model": CONTINUOUS, "prompt": "the", "max_tokens": 2}))
         for model in setups:
-            Probe("/v1/completions", {"model": model, "prompt": "the", "max_tokens": 2}).wait(url, 120)
+            Probe("/v1/completions", {"model": model, "prompt": "the", "max_tokens": 2}).wait(setup_url(url, model), 120)
+        texts = {model: streamed_text(setup_url(url, model), model) for model in setups}
         for c in concurrencies:
             for r in range(rounds):
                 for model in setups:
                     before = cpu_snapshot()
                     server_before = _server_stats(url, model)
-                    res = genload.run_phase(url, model, model, workload, c, seconds, warmup)
+                    res = genload.run_phase(setup_url(url, model), model, model, workload, c, seconds, warmup)
                     phase = {
                         **res.to_json(),
                         "round": r,
@@ -84,7 +122,8 @@ def run(config: dict[str, Any], model_dir: Path, concurrencies: list[int], secon
                     print(f"  c={c} round {r} {model}: {res.tokens_per_s} tok/s, ttft p50 {res.ttft_ms.get('p50')} ms, "
                           f"latency p50 {res.latency_ms.get('p50')} ms, errors {res.errors}", flush=True)  # fmt: skip
                     phases.append(phase)
-    return {"batch": batch, "deploy_s": deploy_s, "setups": setups, "workload": _workload_summary(workload),
+    return {"batch": batch, "deploy_s": deploy_s, "setups": setups, "same_text": len(set(texts.values())) == 1,
+            "texts": texts, "workload": _workload_summary(workload),
             "phases": phases, "summary": summarize(phases, concurrencies, setups)}  # fmt: skip
 
 
@@ -131,8 +170,11 @@ def summarize(phases: list[dict[str, Any]], concurrencies: list[int], setups: li
         a = row[CONTINUOUS]
         for model in setups[1:]:
             b = row[model]
+            # Per round, each phase against the other setup's phase of the same round: the spread.
+            by_round = [x / y for x, y in zip(a["tokens_per_s_all"], b["tokens_per_s_all"], strict=False) if y]
             row[f"vs {model}"] = {
                 "tokens_per_s": round(a["tokens_per_s"] / b["tokens_per_s"], 2) if b["tokens_per_s"] else None,
+                "tokens_per_s_rounds": [round(x, 2) for x in by_round],
                 "latency_p50": round(a["latency_p50_ms"] / b["latency_p50_ms"], 2) if b["latency_p50_ms"] else None,
                 "ttft_p50": round(a["ttft_p50_ms"] / b["ttft_p50_ms"], 2) if b["ttft_p50_ms"] else None,
             }
@@ -140,18 +182,29 @@ def summarize(phases: list[dict[str, Any]], concurrencies: list[int], setups: li
     return rows
 
 
+def _setup_name(model: str) -> str:
+    if model == CONTINUOUS:
+        return "continuous"
+    if model == PLAIN:
+        return "plain Ray Serve"
+    return f"request, {model.removeprefix('gpt-request-')} wait"
+
+
 def markdown(res: dict[str, Any]) -> str:
     r = res["result"]
     setups = r["setups"]
     lines = [
-        "# generation: continuous batching vs `@serve.batch` (request-level)",
+        "# generation: continuous batching vs `@serve.batch` (request-level), and vs plain Ray Serve",
         "",
         f"Both kinds of generator: the same model files, the same CPU share, at most {r['batch']} sequences per "
         "decode step (KV slots = max_batch_size); the request-level one once per `batch_wait_timeout_s`. Closed loop "
         "of streaming `/v1/completions` over HTTP (router + proxy), mixed output lengths (ignore_eos, exact): "
         f"{r['workload']}. Phases alternate between the setups; figures are the median over rounds (all rounds "
         "in result.json). ITL counts a chunk of n tokens as n tokens gap/n apart. Mean batch: model calls' mean "
-        "rows, request-level only (from the replica's counters).",
+        "rows, request-level only (from the replica's counters). Plain Ray Serve: the generator as its own "
+        "ingress with Serve's streaming `@serve.batch` (the same model call, tokenizer, threads, CPU share and batch "
+        "as ours; no router), one replica, behind the same HTTP ingress. The same greedy text from every setup "
+        f"(one probe prompt): {'yes' if r.get('same_text') else 'NO'}.",
         "",
         "| concurrency | setup | tokens/s (rounds) | TTFT p50 | TTFT p99 | ITL p99 | latency p50 | latency p99 "
         "| mean batch | errors |",
@@ -160,17 +213,21 @@ def markdown(res: dict[str, Any]) -> str:
     for row in r["summary"]:
         for model in setups:
             m = row[model]
-            name = "continuous" if model == CONTINUOUS else f"request, {model.removeprefix('gpt-request-')} wait"
+            name = _setup_name(model)
             rounds = ", ".join(str(x) for x in m["tokens_per_s_all"])
             lines.append(
                 f"| {row['concurrency']} | {name} | {m['tokens_per_s']} ({rounds}) | {m['ttft_p50_ms']} ms | "
                 f"{m['ttft_p99_ms']} ms | {m['itl_p99_ms']} ms | {m['latency_p50_ms']} ms | {m['latency_p99_ms']} ms | "
                 f"{m['mean_batch'] or '-'} | {m['errors']} |"
             )
-    lines += ["", "Continuous / request-level:", "", "| concurrency | vs | tokens/s | latency p50 | TTFT p50 |",
+    lines += ["", "Continuous (ours) / the others:", "", "| concurrency | vs | tokens/s | latency p50 | TTFT p50 |",
               "|---|---|---|---|---|"]  # fmt: skip
     for row in r["summary"]:
         for model in setups[1:]:
             v = row[f"vs {model}"]
-            lines.append(f"| {row['concurrency']} | {model} | {v['tokens_per_s']}x | {v['latency_p50']}x | {v['ttft_p50']}x |")
+            ratios: list[float] = v.get("tokens_per_s_rounds") or []
+            spread = f" ({min(ratios)}-{max(ratios)}, {len(ratios)} rounds)" if len(ratios) > 1 else ""
+            lines.append(
+                f"| {row['concurrency']} | {model} | {v['tokens_per_s']}x{spread} | {v['latency_p50']}x | {v['ttft_p50']}x |"
+            )
     return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
-"""What Serve's controller says of this application's deployments: status, running replicas and
-target. The router asks it before it asks a model's replicas anything, so that a model scaled
+"""What Serve's controller says of this application's deployments: status and running replicas.
+The router asks it before it asks a model's replicas anything, so that a model scaled
 to zero (`min_replicas: 0`) is ready to take requests without being woken by a health probe.
 
 One answer serves every caller for `ttl_s`: readiness probes in a burst ask the controller once.
@@ -24,7 +24,6 @@ ROUTER_DEPLOYMENT = "router"  # the router's own deployment in the application (
 class DeploymentState:
     status: str
     running: int  # replicas in state RUNNING
-    target: int
 
     @property
     def scaled_to_zero(self) -> bool:
@@ -81,37 +80,29 @@ class DeploymentStates:
         return state is not None and state.scaled_to_zero
 
 
-def parse_details(details: dict[str, Any], app: str) -> dict[str, DeploymentState]:
-    """The controller's instance details (Serve's `ServeInstanceDetails` as a dict) for one app."""
-    deployments = details.get("applications", {}).get(app, {}).get("deployments", {})
+def parse_status(status: Any, app: str) -> dict[str, DeploymentState]:
+    """Serve's public `serve.status()` (a `ServeStatus`), for one app's deployments."""
+    overview = status.applications.get(app)
+    if overview is None:
+        return {}
     return {
-        name: DeploymentState(
-            status=_name(d.get("status")),
-            running=sum(1 for r in d.get("replicas", []) if _name(r.get("state")) == "RUNNING"),
-            target=int(d.get("target_num_replicas") or 0),
-        )
-        for name, d in deployments.items()
+        name: DeploymentState(status=_name(d.status), running=int(d.replica_states.get("RUNNING", 0)))
+        for name, d in overview.deployments.items()
     }
 
 
 def _name(value: Any) -> str:
-    """An enum member or its string value, as Serve's dicts hold either."""
+    """An enum member or its string value, as Serve's status holds either."""
     return str(getattr(value, "value", value))
 
 
 def controller_states(app: str) -> FetchStates:
-    """The states of `app`'s deployments, from Serve's controller actor (no blocking call on the loop)."""
-    controller: Any = None
+    """The states of `app`'s deployments, from `serve.status()` (a blocking call to Serve's
+    controller: off the router's event loop)."""
 
     async def fetch() -> dict[str, DeploymentState]:
-        nonlocal controller
-        if controller is None:
-            import ray
-            from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+        from ray import serve
 
-            # A blocking lookup (a GCS round trip): off the router's event loop.
-            controller = await asyncio.to_thread(ray.get_actor, SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-        details = await controller.get_serve_instance_details.remote()
-        return parse_details(details, app)
+        return parse_status(await asyncio.to_thread(serve.status), app)
 
     return fetch

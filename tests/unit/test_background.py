@@ -56,7 +56,7 @@ def test_the_router_count_is_the_controllers_running_replicas_not_the_configured
     knows how many run."""
     from serve_app.router.replicas import ROUTER_DEPLOYMENT, DeploymentState, DeploymentStates
 
-    answers = [{ROUTER_DEPLOYMENT: DeploymentState("HEALTHY", 3, 3)}, {}, {ROUTER_DEPLOYMENT: DeploymentState("UPSCALING", 0, 2)}]
+    answers = [{ROUTER_DEPLOYMENT: DeploymentState("HEALTHY", 3)}, {}, {ROUTER_DEPLOYMENT: DeploymentState("UPSCALING", 0)}]
 
     async def fetch() -> dict[str, DeploymentState]:
         return answers.pop(0)

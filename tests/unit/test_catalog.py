@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from enum import Enum
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from serve_app.config import AppArgs
 from serve_app.errors import NotFound
 from serve_app.router.catalog import ModelCatalog
-from serve_app.router.replicas import DeploymentState, DeploymentStates, parse_details
+from serve_app.router.replicas import DeploymentState, DeploymentStates, parse_status
 from tests.conftest import tiny_args
 
 
@@ -79,7 +80,7 @@ class Controller:
 
 def test_a_model_scaled_to_zero_is_ready_without_being_asked_and_others_are_still_asked():
     replicas = Replicas()
-    controller = Controller({"bert-heavy": DeploymentState("HEALTHY", 0, 0), "bert-light": DeploymentState("HEALTHY", 1, 1)})
+    controller = Controller({"bert-heavy": DeploymentState("HEALTHY", 0), "bert-light": DeploymentState("HEALTHY", 1)})
     c = ModelCatalog(
         AppArgs.model_validate(tiny_args(Path("/nonexistent"))),
         replicas.fetch,
@@ -91,7 +92,7 @@ def test_a_model_scaled_to_zero_is_ready_without_being_asked_and_others_are_stil
     replicas.up = False
     assert not asyncio.run(c.is_ready("bert-light"))  # a running model is still asked every time
     for status in ("UPDATING", "UNHEALTHY", "DEPLOY_FAILED"):  # deploying or broken at zero: not ready
-        controller.states["bert-heavy"] = DeploymentState(status, 0, 1)
+        controller.states["bert-heavy"] = DeploymentState(status, 0)
         c.states = DeploymentStates(controller.fetch)
         assert not asyncio.run(c.is_ready("bert-heavy"))
     controller.down = True  # the controller cannot say: the replicas are asked, as before
@@ -101,7 +102,7 @@ def test_a_model_scaled_to_zero_is_ready_without_being_asked_and_others_are_stil
 
 
 def test_the_controller_is_asked_once_per_ttl_however_many_probes_arrive_together():
-    controller = Controller({"m": DeploymentState("HEALTHY", 0, 0)})
+    controller = Controller({"m": DeploymentState("HEALTHY", 0)})
     now = [0.0]
     states = DeploymentStates(controller.fetch, ttl_s=1.0, clock=lambda: now[0])
 
@@ -120,24 +121,22 @@ def test_serve_instance_details_are_read_with_statuses_as_strings_or_enums():
     class Status(Enum):
         HEALTHY = "HEALTHY"
 
-    details = {
-        "applications": {
-            "default": {
-                "deployments": {
-                    "cold": {"status": Status.HEALTHY, "target_num_replicas": 0, "replicas": []},
-                    "warm": {
-                        "status": "UPSCALING",
-                        "target_num_replicas": 3,
-                        "replicas": [{"state": "RUNNING"}, {"state": "STARTING"}, {"state": "RUNNING"}],
-                    },
+    # The shape of Serve's public `serve.status()`: applications -> deployments -> status and
+    # replica counts by state.
+    status = SimpleNamespace(
+        applications={
+            "default": SimpleNamespace(
+                deployments={
+                    "cold": SimpleNamespace(status=Status.HEALTHY, replica_states={}),
+                    "warm": SimpleNamespace(status="UPSCALING", replica_states={"RUNNING": 2, "STARTING": 1}),
                 }
-            }
+            )
         }
-    }
-    states = parse_details(details, "default")
-    assert states["cold"] == DeploymentState("HEALTHY", 0, 0) and states["cold"].scaled_to_zero
-    assert states["warm"] == DeploymentState("UPSCALING", 2, 3) and not states["warm"].scaled_to_zero
-    assert parse_details(details, "other") == {}
+    )
+    states = parse_status(status, "default")
+    assert states["cold"] == DeploymentState("HEALTHY", 0) and states["cold"].scaled_to_zero
+    assert states["warm"] == DeploymentState("UPSCALING", 2) and not states["warm"].scaled_to_zero
+    assert parse_status(status, "other") == {}
 
 
 def test_a_manifest_on_this_node_is_read_from_disk_without_asking_a_replica(tiny_model_dir):

@@ -114,6 +114,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="compare: after the curves, plain and ours deployed in turn this many rounds at the headline concurrency",
     )
+    p.add_argument(
+        "--plain-replicas", type=int, default=2, help="compare, generation: plain Ray Serve's replicas (default: %(default)s)"
+    )
     p.add_argument("--loads", type=float, nargs="+", help="goodput: offered loads over capacity (default: 0.5 0.9 1.5 3)")
     p.add_argument(
         "--mixes", nargs="+", help="goodput: priority mixes, by name: no-high trickle 10/30/60 mostly-high (default: all)"
@@ -191,7 +194,7 @@ def _generation(inv: Invocation) -> Any:
     ns = inv.ns
     gpt_batching = inv.catalog()["gpt"].get("batching", {})
     waits = ns.request_waits or [gpt_batching.get("batch_wait_timeout_s", 0.01)]
-    gen_config = generation.generation_config(inv.config, inv.model_dir, ns.batch, waits)
+    gen_config = generation.generation_config(inv.config, inv.model_dir, ns.batch, waits, ns.plain_replicas)
     concurrencies = ns.concurrency or ([4] if ns.smoke else [8, 32])
     seconds = ns.seconds or (2.0 if ns.smoke else 20.0)
     warmup, rounds = (0.5, 1) if ns.smoke else (3.0, ns.rounds)
@@ -270,6 +273,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     if ns.seconds:
         s.seconds = ns.seconds
     s.pairs = ns.pairs
+    s.plain_replicas = ns.plain_replicas
     if ns.concurrency:
         s.concurrencies = ns.concurrency
         s.headline_concurrency = max(ns.concurrency) if s.headline_concurrency not in ns.concurrency else s.headline_concurrency

@@ -35,7 +35,9 @@ def request_name(wait_s: float) -> str:
     return f"gpt-request-{round(wait_s * 1000)}ms"
 
 
-def generation_config(base: dict[str, Any], model_dir: Path, batch: int, request_waits: list[float]) -> dict[str, Any]:
+def generation_config(
+    base: dict[str, Any], model_dir: Path, batch: int, request_waits: list[float], plain_replicas: int = 2
+) -> dict[str, Any]:
     """The user's config with only its generator: as configured (continuous), and as `request` once
     per `@serve.batch` wait timeout (a longer wait forms fuller batches and delays first tokens)."""
     app = single_versions(base)["applications"][0]
@@ -54,12 +56,15 @@ def generation_config(base: dict[str, Any], model_dir: Path, batch: int, request
     gpt_deployment = next(d for d in app["deployments"] if d["name"] == "gpt")
     kept = [d for d in app["deployments"] if d["name"] in ("router", "gpt")]
     app["deployments"] = [*kept, *({**gpt_deployment, "name": request_name(w)} for w in request_waits)]
-    base["applications"].append(plain_app(gpt_deployment, model_dir / "gpt", gpt, batch, request_waits[0]))
+    plain = plain_app(gpt_deployment, model_dir / "gpt", gpt, batch, request_waits[0], plain_replicas)
+    base["applications"].append(plain)
     return base
 
 
-def plain_app(deployment: dict[str, Any], gpt_dir: Path, gpt: dict[str, Any], batch: int, wait_s: float) -> dict[str, Any]:
-    """Plain Ray Serve's generator: our generator deployment's resources and threads, one replica."""
+def plain_app(
+    deployment: dict[str, Any], gpt_dir: Path, gpt: dict[str, Any], batch: int, wait_s: float, replicas: int
+) -> dict[str, Any]:
+    """Plain Ray Serve's generator: our generator deployment's resources and threads per replica."""
     options = {k: v for k, v in deployment.items() if k not in ("name", "autoscaling_config", "user_config")}
     args = {"name": PLAIN, "model_dir": str(gpt_dir), "max_batch_size": batch, "batch_wait_timeout_s": wait_s,
             "threads": gpt.get("intra_op_threads")}  # fmt: skip
@@ -68,7 +73,7 @@ def plain_app(deployment: dict[str, Any], gpt_dir: Path, gpt: dict[str, Any], ba
         "route_prefix": f"/{PLAIN}",
         "import_path": "benchmarks.baselines.plain_generate:build",
         "args": args,
-        "deployments": [{**options, "name": "PlainGenerator", "num_replicas": 1}],
+        "deployments": [{**options, "name": "PlainGenerator", "num_replicas": replicas}],
     }
 
 
@@ -106,6 +111,8 @@ def run(config: dict[str, Any], model_dir: Path, concurrencies: list[int], secon
         for model in setups:
             Probe("/v1/completions", {"model": model, "prompt": "the", "max_tokens": 2}).wait(setup_url(url, model), 120)
         texts = {model: streamed_text(setup_url(url, model), model) for model in setups}
+        # Random weights may greedily pick tokens that print nothing: then there is no text to compare.
+        same_text = len(set(texts.values())) == 1 if any(texts.values()) else None
         for c in concurrencies:
             for r in range(rounds):
                 for model in setups:
@@ -122,7 +129,8 @@ def run(config: dict[str, Any], model_dir: Path, concurrencies: list[int], secon
                     print(f"  c={c} round {r} {model}: {res.tokens_per_s} tok/s, ttft p50 {res.ttft_ms.get('p50')} ms, "
                           f"latency p50 {res.latency_ms.get('p50')} ms, errors {res.errors}", flush=True)  # fmt: skip
                     phases.append(phase)
-    return {"batch": batch, "deploy_s": deploy_s, "setups": setups, "same_text": len(set(texts.values())) == 1,
+    plain_replicas = next(a["deployments"][0]["num_replicas"] for a in config["applications"] if a["name"] == PLAIN)
+    return {"batch": batch, "deploy_s": deploy_s, "plain_replicas": plain_replicas, "setups": setups, "same_text": same_text,
             "texts": texts, "workload": _workload_summary(workload),
             "phases": phases, "summary": summarize(phases, concurrencies, setups)}  # fmt: skip
 
@@ -182,6 +190,10 @@ def summarize(phases: list[dict[str, Any]], concurrencies: list[int], setups: li
     return rows
 
 
+def _same_text(same: bool | None) -> str:
+    return "no text to compare (every setup printed nothing)" if same is None else "yes" if same else "NO"
+
+
 def _setup_name(model: str) -> str:
     if model == CONTINUOUS:
         return "continuous"
@@ -203,8 +215,8 @@ def markdown(res: dict[str, Any]) -> str:
         "in result.json). ITL counts a chunk of n tokens as n tokens gap/n apart. Mean batch: model calls' mean "
         "rows, request-level only (from the replica's counters). Plain Ray Serve: the generator as its own "
         "ingress with Serve's streaming `@serve.batch` (the same model call, tokenizer, threads, CPU share and batch "
-        "as ours; no router), one replica, behind the same HTTP ingress. The same greedy text from every setup "
-        f"(one probe prompt): {'yes' if r.get('same_text') else 'NO'}.",
+        f"as ours; no router), {r.get('plain_replicas', 1)} replica(s), behind the same HTTP ingress. The same greedy "
+        f"text from every setup (one probe prompt): {_same_text(r.get('same_text'))}.",
         "",
         "| concurrency | setup | tokens/s (rounds) | TTFT p50 | TTFT p99 | ITL p99 | latency p50 | latency p99 "
         "| mean batch | errors |",

@@ -195,7 +195,7 @@ def compare_markdown(res: dict[str, Any]) -> str:
             ),
             "- best throughput over the curve: "
             + ", ".join(f"{s} {max(p['goodput_rps'] for p in r[s]['closed'])} req/s" for s in (*SETUPS, "ours-binary") if s in r),
-            *pairs_lines(r.get("pairs"), c),
+            *pairs_lines(r.get("pairs"), c, res["settings"].get("plain_replicas", 1)),
             "",
             f"Open loop, Poisson arrivals at {r['open_rate_rps']} req/s (half the naive server's best), same for every setup:",
             "",
@@ -209,7 +209,7 @@ def compare_markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def pairs_lines(rounds: list[dict[str, Any]] | None, c: int) -> list[str]:
+def pairs_lines(rounds: list[dict[str, Any]] | None, c: int, plain_replicas: int = 1) -> list[str]:
     """compare --pairs: plain and ours deployed in turn at concurrency `c`, a row per round, and
     the median of the rounds' ratios (what a drifting machine moves least)."""
     if not rounds:
@@ -218,8 +218,8 @@ def pairs_lines(rounds: list[dict[str, Any]] | None, c: int) -> list[str]:
     lines = [
         "",
         f"Side by side: plain Ray Serve and ours deployed in turn, {len(rounds)} round{'s' * (len(rounds) != 1)} at "
-        f"concurrency {c}, JSON inputs "
-        "(`--pairs`; each round's first setup named first):",
+        f"concurrency {c}, JSON inputs, plain with {plain_replicas} model replica{'s' * (plain_replicas != 1)} "
+        "(`--pairs`, `--plain-replicas`; each round's first setup named first):",
         "",
         "| round | order | plain req/s | ours req/s | ours / plain | non-2xx (plain, ours) |",
         "|---|---|---|---|---|---|",

@@ -73,6 +73,9 @@ class Settings:
     # compare: after the curves, plain and ours deployed in turn this many rounds at the headline
     # concurrency (JSON), so that their ratio does not ride on how fast the machine was minutes apart.
     pairs: int = 0
+    # compare: plain Ray Serve's model replicas. Two on a 2-core machine: ours runs two processes
+    # there too (the router and the model replica), and a Serve user scales by replicas.
+    plain_replicas: int = 2
     high_share: float = 0.1  # high-priority rate, as a share of the measured capacity
     overload: float = 2.0  # low-priority rate, as a multiple of the measured capacity
     # Measured window of the priority scenario's open-loop runs: ~200 high requests, so a p99
@@ -232,7 +235,7 @@ def compare(s: Settings) -> dict[str, Any]:
         url = f"http://127.0.0.1:{HTTP_PORT}"
         for m in s.models:
             wl, rate = workload(s, m, tmp), out["models"][m]["open_rate_rps"]
-            deploy_s = cluster.deploy(pin_replicas(plain_config(s, m), ["PlainModel"]), probe(s, m))
+            deploy_s = cluster.deploy(pin_replicas(plain_config(s, m), ["PlainModel"], s.plain_replicas), probe(s, m))
             out["models"][m]["plain"] = {
                 "deploy_s": round(deploy_s, 1),
                 "idle_cores_by_role": idle_cores_by_role(s.idle_seconds),
@@ -294,7 +297,7 @@ def _side_by_side(s: Settings, cluster: RayCluster, tmp: Path) -> dict[str, list
                     if setup == "ours":
                         cluster.deploy(pin_replicas(ours_config(s), s.models), probe(s, m))
                     else:
-                        cluster.deploy(pin_replicas(plain_config(s, m), ["PlainModel"]), probe(s, m))
+                        cluster.deploy(pin_replicas(plain_config(s, m), ["PlainModel"], s.plain_replicas), probe(s, m))
                     deployed = want
                 watch = (m, "router") if setup == "ours" else ("PlainModel",)
                 points[m][setup] = run_loadgen(url, bodies[m], {"concurrency": c}, s.seconds, s.warmup, watch)

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+# Behind HAProxy, v2 infer from the router's HTTP server straight to its app, ahead of Serve's
+# per-request wrapper (serve_app/router/direct.py), through Serve's hook for HTTP middlewares.
+DIRECT_INFER_ENV: dict[str, str] = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve_app.router.direct:middlewares"}
+
 INGRESS_ENV: dict[str, str] = {
     # HAProxy in front of the router replicas, and direct gRPC between replicas: the best of the
     # four ingress settings measured (benchmarks/results/ingress/local/).
@@ -29,6 +33,7 @@ INGRESS_ENV: dict[str, str] = {
     "RAY_SERVE_HAPROXY_OBSERVE_MARK_DOWN_ENABLED": "0",
     # HAProxy replays only a request that fits in one buffer: 64 KiB holds a JSON image.
     "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "65536",
+    **DIRECT_INFER_ENV,
 }
 
 

@@ -419,9 +419,7 @@ class Normalize:
         rows += self.shift
 
 
-def image_feed(
-    payloads: list[np.ndarray], start: int, stop: int, size: int, normalize: Normalize | None = None
-) -> np.ndarray:
+def image_feed(payloads: list[np.ndarray], start: int, stop: int, size: int, normalize: Normalize | None = None) -> np.ndarray:
     """Rows `start` to `stop` of the payloads, one after another, as one float32 batch of `size`
     rows, zero after `stop` (a GPU's padding). Every row is written once: uint8 pixels are scaled
     to [0, 1] as they are copied in, where a cast, a scaling, a concatenation and a padding copy

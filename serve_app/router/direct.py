@@ -4,10 +4,11 @@ Behind HAProxy, Serve's direct ingress hands each request to the router's app th
 that, per request, parses every header into a dict, makes two request ids, builds Serve's request
 metadata, starts a task that watches the client and another that runs the app, waits on both, and
 counts the request in Serve's metrics. On the inference path that costs the router a large share
-of its CPU (`python -m benchmarks compare`). Serve's hook for HTTP middlewares
-(`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`) wraps that server's app; `DirectInfer`, installed
-through it, sends `POST /v2/models/{name}[/versions/{v}]/infer` to the router's app at once and
-everything else (health checks, status, OpenAI, docs) on through Serve, unchanged.
+of its CPU (`python -m benchmarks compare`). Serve's hook for HTTP middlewares, the environment
+variable `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH` that Serve reads in each of its processes,
+wraps that server's app; `DirectInfer`, named there (serve_app/ingress_env.py), sends
+`POST /v2/models/{name}[/versions/{v}]/infer` to the router's app at once and everything else
+(health checks, status, OpenAI, docs) on through Serve, unchanged.
 
 What Serve's wrapper gave these calls, and what stands in for it here:
 - the client watch: when the client leaves (its connection closes before the answer), the call is
@@ -26,22 +27,26 @@ What Serve's wrapper gave these calls, and what stands in for it here:
 Serve's per-request metrics and access log for the router leave these calls out; the router's own
 metrics count them (serve_app.router.telemetry).
 
-The hook is a module global of Serve's HTTP utilities, read when the replica starts its server,
-after the router's constructor: `install` sets it there, in the router's process only. A hook the
-operator set stays, and the direct path stays off (logged); so it does on Python 3.10, whose
-asyncio lacks the uncancel this path uses. And where Serve runs the
-router's code on an event loop of its own (RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD, on unless
+The hook is an environment variable of the processes Ray starts (`serve-app serve`, the KubeRay
+manifest and the benchmarks set it with the other ingress settings); each server Serve starts asks
+`middlewares` for its middlewares, after the router's constructor. Only a router's process has an
+app to send to (`install`, from its constructor): every other process (Serve's proxy, the model
+replicas) gets none, so the hook costs them nothing. Without the variable (a plain `serve run`),
+or with an operator's own hook in it, v2 infer goes through Serve's wrapper (logged); so it does
+on Python 3.10, whose asyncio lacks the uncancel this path uses. And where Serve runs the router's
+code on an event loop of its own (RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD, on unless
 RAY_SERVE_THROUGHPUT_OPTIMIZED): the server's loop is then another thread's, and only Serve's
 wrapper may cross to the router's. Paths under a route prefix other than `/`, or under uvicorn's
 `root_path`, do not match here and go through Serve too. Whether the path is on shows in
-`/router/status` (`direct_infer`); the integration tests check it, so an upgrade of Ray that moves
-the hook fails them.
+`/router/status` (`direct_infer`); the benchmark smoke test checks it, so an upgrade of Ray that
+drops the hook fails there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import sys
 from typing import Any
@@ -55,11 +60,11 @@ from serve_app.router.shedgate import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("ray.serve")
 
+HOOK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 HOOK = "serve_app.router.direct:middlewares"
 PREFIX = "/v2/models/"
 SUFFIX = "/infer"
 REQUEST_ID = b"x-request-id"
-MISSING = object()
 
 
 # This process's router app and the event loop it runs on, once `install` ran; None in any other
@@ -161,8 +166,9 @@ def active() -> bool:
 
 
 def middlewares() -> list[Middleware]:
-    """Serve's HTTP middleware hook (`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`)."""
-    return [Middleware(DirectInfer)]
+    """Serve's HTTP middleware hook (`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`): `DirectInfer` in
+    a router's process, nothing in any other."""
+    return [Middleware(DirectInfer)] if APP is not None else []
 
 
 def install(app: Any, timeout_s: float) -> bool:
@@ -173,21 +179,14 @@ def install(app: Any, timeout_s: float) -> bool:
     if sys.version_info < (3, 11):
         logger.warning("router: Python 3.10; v2 infer goes through Serve's wrapper")
         return False
-    try:
-        from ray.serve._private import http_util
-    except ImportError:
-        return False
-    current = getattr(http_util, "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", MISSING)
-    if current is MISSING or not hasattr(http_util, "configure_http_middlewares"):
-        logger.warning("router: this Ray has no HTTP middleware hook where expected; v2 infer goes through Serve's wrapper")
-        return False
-    if current not in (None, "", HOOK):
-        logger.warning("router: RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH is %r; v2 infer goes through Serve's wrapper", current)
+    hook = os.environ.get(HOOK_ENV)
+    if hook != HOOK:
+        if hook:
+            logger.warning("router: %s is %r; v2 infer goes through Serve's wrapper", HOOK_ENV, hook)
         return False
     try:
         APP_LOOP = asyncio.get_running_loop()
     except RuntimeError:
         return False  # no loop to tell the server's by
     APP, TIMEOUT_S = app, timeout_s
-    http_util.RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH = HOOK  # type: ignore[attr-defined]
     return True

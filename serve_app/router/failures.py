@@ -15,8 +15,7 @@ def served_error(error: BaseException) -> ServeAppError:
         return error
     if isinstance(error, DeploymentUnavailableError):
         return Unavailable(
-            "the model's replicas are not running (they failed to start, or are starting again); "
-            "`serve status` says why",
+            "the model's replicas are not running (they failed to start, or are starting again); `serve status` says why",
             retry_after_s=UNAVAILABLE_RETRY_S,
         )
     return ModelFailure(f"internal error: {type(error).__name__}")

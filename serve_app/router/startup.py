@@ -6,7 +6,6 @@ import logging
 
 from serve_app.config import SchedulingConfig
 from serve_app.cpu_priority import renice_process
-from serve_app.router import coalesce
 from serve_app.router.gcwatch import GcPauses, freeze_startup_heap
 from serve_app.scheduling.queue import QUEUES
 
@@ -14,10 +13,8 @@ logger = logging.getLogger("ray.serve")
 
 
 def prepare_process(scheduling: SchedulingConfig, gc_pauses: GcPauses, open_to_all: bool) -> None:
-    """Watch GC pauses, write each HTTP response at once, set the router's CPU priority, say what is
-    unsafe, and freeze the startup heap."""
+    """Watch GC pauses, set the router's CPU priority, say what is unsafe, and freeze the startup heap."""
     gc_pauses.install()
-    coalesce.install()
     if scheduling.router_nice is not None:
         renice_process(scheduling.router_nice)
     if open_to_all:

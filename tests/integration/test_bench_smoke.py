@@ -149,7 +149,7 @@ def test_generation(tiny_model_dir: Path, tmp_path: Path) -> None:
     res = _bench("generation", tiny_model_dir, tmp_path, "gpt")
     r = res["result"]
     assert r["setups"] == ["gpt", "gpt-request-10ms", "plain"]
-    assert r["same_text"], r["texts"]  # plain Ray Serve's generator makes the same tokens as ours
+    assert r["same_text"] is True, r["texts"]  # plain Ray Serve's generator makes the same tokens as ours
     assert {p["label"] for p in r["phases"]} == set(r["setups"])
     for phase in r["phases"]:
         assert phase["requests"] > 0 and phase["errors"] == 0 and phase["tokens_per_s"] > 0, phase

@@ -1,5 +1,5 @@
 """The router's direct v2 infer path (serve_app.router.direct) in a real uvicorn server: which
-calls take it, the request id, a client that leaves, and the install into Serve's hook."""
+calls take it, the request id, a client that leaves, and the install through Serve's hook."""
 
 from __future__ import annotations
 
@@ -10,14 +10,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from ray.serve._private import http_util
 
 from serve_app.router import callwatch, direct
 from serve_app.router.shedgate import Receive, Scope, Send
 from tests.unit.fakes import VirtualTimeLoop
-from tests.unit.test_coalesce import exchange, free_port, serve_and
-
-HOOK_NAME = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+from tests.unit.uvicorn_server import exchange, free_port, serve_and
 
 
 class Recorder:
@@ -182,32 +179,38 @@ def test_a_server_on_another_loop_than_the_routers_sends_everything_through_serv
     assert answer.endswith(b"serve") and not direct.active()
 
 
-def test_install_sets_serves_hook_once_and_leaves_an_operators_own(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_install_takes_the_hook_from_the_environment_and_leaves_an_operators_own(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(direct, "APP", None)
     monkeypatch.setattr(direct, "APP_LOOP", None)
-    monkeypatch.setattr(http_util, HOOK_NAME, None)
+    monkeypatch.setenv(direct.HOOK_ENV, direct.HOOK)
     app = object()
     assert not direct.install(app, 5.0)  # no event loop running: no loop to tell the server's by
-    assert getattr(http_util, HOOK_NAME) is None
+    assert direct.middlewares() == []  # a process without a router's app: Serve's server gets nothing
 
     async def installed() -> bool:
         return direct.install(app, 5.0) and direct.install(app, 5.0)
 
     assert asyncio.run(installed())
-    assert getattr(http_util, HOOK_NAME) == direct.HOOK and direct.APP is app and direct.TIMEOUT_S == 5.0
-    # What Serve does with the hook when it starts the replica's server: our middleware, built.
-    options = http_util.configure_http_middlewares(http_util.HTTPOptions())
-    assert [m.cls for m in options.middlewares] == [direct.DirectInfer]
+    assert direct.APP is app and direct.TIMEOUT_S == 5.0
+    # What Serve builds from the hook when it starts the router's server: our middleware.
+    assert [m.cls for m in direct.middlewares()] == [direct.DirectInfer]
 
     monkeypatch.setattr(direct, "APP", None)
-    monkeypatch.setattr(http_util, HOOK_NAME, "their.module:middlewares")
-    assert not asyncio.run(installed())
-    assert getattr(http_util, HOOK_NAME) == "their.module:middlewares" and direct.APP is None
+    monkeypatch.setenv(direct.HOOK_ENV, "their.module:middlewares")  # an operator's own hook stays theirs
+    assert not asyncio.run(installed()) and direct.APP is None
 
-    monkeypatch.setattr(http_util, HOOK_NAME, None)
+    monkeypatch.delenv(direct.HOOK_ENV)  # a plain `serve run`: Serve's wrapper
+    assert not asyncio.run(installed()) and direct.APP is None
+
+    monkeypatch.setenv(direct.HOOK_ENV, direct.HOOK)
     monkeypatch.setattr(sys, "version_info", (3, 10, 14))  # asyncio without Task.uncancel()
-    assert not asyncio.run(installed())
-    assert getattr(http_util, HOOK_NAME) is None
+    assert not asyncio.run(installed()) and direct.APP is None
+
+
+def test_every_way_the_app_starts_sets_the_hook() -> None:
+    from serve_app.ingress_env import INGRESS_ENV
+
+    assert INGRESS_ENV[direct.HOOK_ENV] == direct.HOOK
 
 
 def this_task() -> asyncio.Task[Any]:

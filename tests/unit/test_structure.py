@@ -105,3 +105,66 @@ def test_the_installed_distribution_holds_only_serve_app():
     packages = find_packages(str(ROOT), include=config["include"])
     assert "serve_app" in packages and "serve_app.router" in packages
     assert [p for p in packages if not within(p, "serve_app")] == []
+
+
+def private_imports(found: set[str]) -> list[str]:
+    """Modules or names of other projects that are private to them (a part with one leading underscore)."""
+    return sorted(
+        i for i in found if not within(i, "serve_app") and any(p.startswith("_") and not p.startswith("__") for p in i.split("."))
+    )
+
+
+def patches(path: Path) -> list[str]:
+    """Assignments to an attribute of another project's module or class (or of a name bound to
+    one), and setattr/delattr on them: the ways code replaces a third-party function in place."""
+    tree = ast.parse(path.read_text(), str(path))
+    foreign: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            foreign.update((a.asname or a.name).split(".")[0] for a in node.names if not within(a.name, "serve_app"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and not within(node.module or "", "serve_app"):
+            foreign.update(a.asname or a.name for a in node.names)
+
+    def root(node: ast.expr) -> str | None:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    for node in ast.walk(tree):  # `cycle = uvicorn_module.Class` makes `cycle` foreign too
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute | ast.Name) and root(node.value) in foreign:
+            foreign.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    found = []
+    for node in ast.walk(tree):
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AugAssign | ast.AnnAssign)
+            else []
+        )
+        found += [ast.unparse(t) for t in targets if isinstance(t, ast.Attribute) and root(t) in foreign]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+            if node.args and root(node.args[0]) in foreign:
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_no_private_imports_of_other_projects():
+    bad = {m: private_imports(found) for m, found in MODULES.items()}
+    assert {m: f for m, f in bad.items() if f} == {}
+    assert private_imports({"ray.serve._private.http_util", "ray.serve", "__future__.annotations"}) == [
+        "ray.serve._private.http_util"
+    ]
+
+
+def test_no_function_of_another_project_is_replaced(tmp_path: Path):
+    bad = {module_name(p): patches(p) for p in sorted(PACKAGE.rglob("*.py"))}
+    assert {m: f for m, f in bad.items() if f} == {}
+    # The check finds the shapes a patch takes.
+    sample = tmp_path / "patch.py"
+    sample.write_text(
+        "import uvicorn.protocols.http.httptools_impl as h\nfrom ray.serve import _private\n"
+        "cycle = h.RequestResponseCycle\ncycle.send = None\n_private.X = 1\nsetattr(h, 'y', 2)\n"
+        "import logging\nlogger = logging.getLogger()\nlogger.propagate = False\n"
+    )
+    assert patches(sample) == ["cycle.send", "_private.X", "setattr(h, 'y', 2)"]

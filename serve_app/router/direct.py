@@ -118,7 +118,7 @@ class DirectInfer:
         except RuntimeError:
             loop = None
         # The router's app only on the loop it runs on (see the module docstring).
-        self.router = getattr(APP, "direct_infer", APP) if APP is not None and loop is APP_LOOP else None
+        self.router = APP if APP is not None and loop is APP_LOOP else None
         self.deadlines = Deadlines()
         BUILT = BUILT or self.router is not None
 

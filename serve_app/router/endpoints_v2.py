@@ -13,7 +13,6 @@ from serve_app.manifest import Manifest
 from serve_app.protocols import v2
 from serve_app.router import catalog
 from serve_app.router.docs import INFER_BODY, PRIORITY_DOC, SESSION_DOC, TIMEOUT_DOC, V2_ERRORS
-from serve_app.router.infer_v2 import InferHeaders, answer_infer
 from serve_app.router.parts import RouterParts, router_parts
 
 api = APIRouter()
@@ -41,12 +40,9 @@ async def infer(
     cache_control: str | None = Header(None, description="no-cache or no-store: answer without the response cache"),
     parts: RouterParts = PARTS,
 ) -> Response:
-    # Declared here for routing fallbacks and the OpenAPI document; requests normally arrive
-    # through the fast path (serve_app.router.fastpath), which calls the same function.
-    headers = InferHeaders(
-        x_priority, x_request_timeout_ms, authorization, inference_header_content_length, x_session_key, cache_control
-    )
-    return await answer_infer(parts, name, version, request.body, headers)
+    """Declared for the OpenAPI document and for Serve's route names only: every v2 infer call is
+    answered by the router's edge before FastAPI routes it (serve_app.router.infer_edge)."""
+    raise RuntimeError(f"v2 infer for {name!r} reached FastAPI's route; the router's edge answers every such call")
 
 
 @api.get("/v2/health/live")

@@ -24,7 +24,6 @@ from serve_app.protocols.errors import error_response, from_http_exception
 from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
 from serve_app.router.edge import BodyLimit, KeyGate
 from serve_app.router.failures import served_error
-from serve_app.router.fastpath import InferFastPath
 from serve_app.router.infer_edge import InferEdge
 from serve_app.router.parts import RouterParts
 from serve_app.router.shedgate import ASGIApp, HeaderCheck, Message, Receive, Scope, Send, ShedGate
@@ -36,24 +35,19 @@ logger = logging.getLogger("ray.serve")
 class RouterApp(FastAPI):
     """The FastAPI app behind the router's edge.
 
-    The edge checks (trace context, key, header-only shedding, body limit) and the v2 infer
-    fast path run before FastAPI's own middleware stack rather than inside it: nearly every
-    request is an infer call, and each layer of that stack wraps its send and receive once
-    more. Every other request goes on through the stack, errors and all, as before.
+    Every v2 infer call goes to `InferEdge` (infer_edge.py), from the edge checks to the answer,
+    whoever hands it over (Serve's wrapper or the direct path); nearly every request is one. The
+    edge checks of every other request (trace context, key, header-only shedding, body limit) run
+    before FastAPI's own middleware stack rather than inside it, and then the stack, errors and all.
     """
 
     edge: ASGIApp
-    infer_edge: ASGIApp  # v2 infer calls from the direct path: the same edge, in one call (infer_edge.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.edge(scope, receive, send)
             return
         await self._last_resort(self.edge, scope, receive, send)
-
-    async def direct_infer(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """A v2 infer call that Serve's direct ingress hands over (serve_app.router.direct)."""
-        await self._last_resort(self.infer_edge, scope, receive, send)
 
     async def _last_resort(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
@@ -102,26 +96,22 @@ def build_http_app(
         app.include_router(endpoints.api)
     app.openapi_url, app.docs_url, app.redoc_url = "/openapi.json", "/docs", "/redoc"
     app.setup()
-    # Outermost first: the trace context, the key, then what admission would refuse from the headers alone, then the
-    # body limit; all before routing and the body parse. Innermost, v2 infer leaves FastAPI out.
+    # v2 infer first, in one call; for every other request, outermost first: the trace context, the
+    # key, then what admission would refuse from the headers alone, then the body limit; all before
+    # routing and the body parse.
     limits = parts.args.limits
     check = HeaderCheck(parts.callers, parts.catalog, parts.dispatchers)
-    edge = TraceContext(
+    layered = TraceContext(
         KeyGate(
             ShedGate(
-                BodyLimit(
-                    InferFastPath(app.through_fastapi, parts),
-                    max_bytes=limits.max_request_bytes,
-                    inflight=parts.inflight_bytes,
-                ),
+                BodyLimit(app.through_fastapi, max_bytes=limits.max_request_bytes, inflight=parts.inflight_bytes),
                 check=check,
                 gate=parts.gate,
             ),
             authenticate=parts.callers.authenticate,
         )
     )
-    app.edge = edge
-    app.infer_edge = InferEdge(parts, edge, check, limits.max_request_bytes)
+    app.edge = InferEdge(parts, layered, check, limits.max_request_bytes)
     add_error_handlers(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -1,4 +1,5 @@
-"""The v2 infer fast path (serve_app/router/fastpath.py) as plain ASGI, without Ray or FastAPI."""
+"""How the router's edge answers one v2 infer call (serve_app.router.infer_edge.answer) and matches
+its path, as plain ASGI, without Ray or FastAPI."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from starlette.responses import Response
 
 from serve_app.errors import InvalidInput
-from serve_app.router import direct, fastpath
+from serve_app.router import direct, infer_edge
 
 
 @pytest.mark.parametrize(
@@ -31,13 +32,28 @@ def test_infer_route_matches_what_the_fastapi_routes_match(path: str, route: tup
 
 def test_the_first_of_a_repeated_header_wins_and_others_are_ignored() -> None:
     raw = [(b"x-priority", b"high"), (b"x-priority", b"low"), (b"cookie", b"c"), (b"authorization", b"Bearer k")]
-    assert fastpath.wanted_headers(raw) == {b"x-priority": "high", b"authorization": "Bearer k"}
+    assert infer_edge.wanted_headers(raw) == {b"x-priority": "high", b"authorization": "Bearer k"}
+
+
+class Answering:
+    """`infer_edge.answer` for v2 infer paths, as InferEdge calls it once the edge let the call in;
+    anything else to `app`."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        route = direct.infer_route(scope["path"]) if scope["method"] == "POST" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        await infer_edge.answer(None, scope, receive, send, route, infer_edge.wanted_headers(scope["headers"]))  # type: ignore[arg-type]
 
 
 def _call(
     path: str, answer: Any, body_messages: list[dict[str, Any]], method: str = "POST", wrap: Any = lambda app: app
 ) -> tuple[list[dict], list]:
-    """Run one request through the fast path (inside `wrap`, for the middlewares around it), with
+    """Run one request through the answer (inside `wrap`, for the middlewares around it), with
     `answer` standing in for the endpoint; returns what was sent and the paths passed on."""
     passed: list[str] = []
 
@@ -53,14 +69,14 @@ def _call(
     async def send(message: Any) -> None:
         sent.append(message)
 
-    gate = wrap(fastpath.InferFastPath(inner, parts=None))  # type: ignore[arg-type]
+    gate = wrap(Answering(inner))
     scope = {"type": "http", "method": method, "path": path, "headers": [(b"x-priority", b"low"), (b"x-session-key", b"s1")]}
-    original = fastpath.answer_infer
-    fastpath.answer_infer = answer  # type: ignore[assignment]
+    original = infer_edge.answer_infer
+    infer_edge.answer_infer = answer  # type: ignore[assignment]
     try:
         asyncio.run(gate(scope, receive, send))
     finally:
-        fastpath.answer_infer = original
+        infer_edge.answer_infer = original
     return sent, passed
 
 
@@ -99,13 +115,6 @@ def test_a_body_of_many_chunks_is_grown_as_they_come_and_a_single_chunk_is_not_c
     assert seen[1] is only
 
 
-def test_other_requests_go_on_to_fastapi() -> None:
-    sent, passed = _call("/v2/models/m/ready", None, [], method="GET")
-    assert passed == ["/v2/models/m/ready"] and sent == []
-    sent, passed = _call("/v2/models/m/infer", None, [], method="GET")
-    assert passed == ["/v2/models/m/infer"]
-
-
 def test_errors_leave_in_the_v2_shape_and_a_bug_is_a_500_without_its_text() -> None:
     async def bad_input(*args: Any) -> Response:
         raise InvalidInput("input 'text' is missing")
@@ -135,7 +144,7 @@ def test_a_client_that_left_gets_no_answer() -> None:
 )
 def test_the_edges_refusals_in_a_chunked_body_read_keep_their_status(max_bytes, inflight, status, retry_after) -> None:  # type: ignore[no-untyped-def]
     """The body limit and the in-flight bytes are enforced as a chunked body arrives, by raising into
-    the read: the fast path answers them as the FastAPI route did, 413 and 503 + Retry-After."""
+    the read: answered 413, and 503 + Retry-After."""
     from serve_app.router.edge import BodyLimit, InflightBytes
 
     async def answer(parts: Any, name: str, version: Any, read_body: Any, *rest: Any) -> Response:

@@ -214,25 +214,34 @@ def pairs_lines(rounds: list[dict[str, Any]] | None, c: int, plain_replicas: int
     the median of the rounds' ratios (what a drifting machine moves least)."""
     if not rounds:
         return []
-    ratios = [r["ours"]["goodput_rps"] / r["plain"]["goodput_rps"] for r in rounds if r["plain"]["goodput_rps"]]
     lines = [
         "",
         f"Side by side: plain Ray Serve and ours deployed in turn, {len(rounds)} round{'s' * (len(rounds) != 1)} at "
-        f"concurrency {c}, JSON inputs, plain with {plain_replicas} model replica{'s' * (plain_replicas != 1)} "
-        "(`--pairs`, `--plain-replicas`; each round's first setup named first):",
-        "",
-        "| round | order | plain req/s | ours req/s | ours / plain | non-2xx (plain, ours) |",
-        "|---|---|---|---|---|---|",
+        f"concurrency {c}, plain with {plain_replicas} model replica{'s' * (plain_replicas != 1)} "
+        "(`--pairs`, `--plain-replicas`; each round's first setup named first); JSON inputs on both sides, then "
+        "the binary tensor extension on both sides (plain answers in JSON):",
     ]
-    for r in rounds:
-        plain, ours = r["plain"], r["ours"]
-        lines.append(
-            f"| {r['round'] + 1} | {', '.join(r['order'])} | {plain['goodput_rps']} | {ours['goodput_rps']} | "
-            f"{_ratio(ours['goodput_rps'], plain['goodput_rps'])} | {_not_answered(plain)}, {_not_answered(ours)} |"
-        )
-    if ratios:
-        lines += ["", f"- median of the rounds' ratios: **{statistics.median(ratios):.2f}x** (range "
-                      f"{min(ratios):.2f}x-{max(ratios):.2f}x)"]  # fmt: skip
+    for encoding, suffix in (("JSON", ""), ("binary", "-binary")):
+        rows = [r for r in rounds if f"ours{suffix}" in r and f"plain{suffix}" in r]
+        if not rows:
+            continue
+        lines += [
+            "",
+            "| round | order | inputs | plain req/s | ours req/s | ours / plain | non-2xx (plain, ours) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        ratios = []
+        for r in rows:
+            plain, ours = r[f"plain{suffix}"], r[f"ours{suffix}"]
+            if plain["goodput_rps"]:
+                ratios.append(ours["goodput_rps"] / plain["goodput_rps"])
+            lines.append(
+                f"| {r['round'] + 1} | {', '.join(r['order'])} | {encoding} | {plain['goodput_rps']} | {ours['goodput_rps']} | "
+                f"{_ratio(ours['goodput_rps'], plain['goodput_rps'])} | {_not_answered(plain)}, {_not_answered(ours)} |"
+            )
+        if ratios:
+            lines += ["", f"- {encoding}: median of the rounds' ratios **{statistics.median(ratios):.2f}x** (range "
+                          f"{min(ratios):.2f}x-{max(ratios):.2f}x)"]  # fmt: skip
     return lines
 
 

@@ -281,11 +281,12 @@ def pair_orders(rounds: int) -> list[tuple[str, str]]:
 
 
 def _side_by_side(s: Settings, cluster: RayCluster, tmp: Path) -> dict[str, list[dict[str, Any]]]:
-    """Plain and ours at the headline concurrency, JSON inputs, deployed in turn (`pair_orders`);
-    one point per setup, model and round. Ours is the whole catalog, deployed once a turn; plain
+    """Plain and ours at the headline concurrency, deployed in turn (`pair_orders`); one JSON and
+    one binary point per setup, model and round. Ours is the whole catalog, deployed once a turn; plain
     one model at a time, as in the curves."""
     url, c = f"http://127.0.0.1:{HTTP_PORT}", s.headline_concurrency
     bodies = {m: workload(s, m, tmp) for m in s.models}  # the same file for every round
+    binary = {m: workload(s, m, tmp, binary=True) for m in s.models}
     deployed = "ours"  # as the curves leave the cluster
     rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in s.models}
     for i, order in enumerate(pair_orders(s.pairs)):
@@ -301,6 +302,8 @@ def _side_by_side(s: Settings, cluster: RayCluster, tmp: Path) -> dict[str, list
                     deployed = want
                 watch = (m, "router") if setup == "ours" else ("PlainModel",)
                 points[m][setup] = run_loadgen(url, bodies[m], {"concurrency": c}, s.seconds, s.warmup, watch)
+                # The same inputs in the binary tensor extension, on the same deployment.
+                points[m][f"{setup}-binary"] = run_loadgen(url, binary[m], {"concurrency": c}, s.seconds, s.warmup, watch)
         for m in s.models:
             rounds[m].append(points[m])
     return rounds

@@ -1,5 +1,6 @@
 """Plain Ray Serve, as its documentation's batching example does it: the model
 deployment is its own HTTP ingress, `@serve.batch` gathers requests, no router.
+It reads v2 JSON bodies and the binary tensor extension's, and answers in JSON.
 
 Deployed with `serve run`/`serve deploy` from a config whose import_path is
 `benchmarks.baselines.plain_serve:build` and whose args name the model.
@@ -44,7 +45,12 @@ class PlainModel:
         return list(np.split(logits, bounds))
 
     async def __call__(self, request: Request) -> dict[str, Any]:
-        items = self.runner.decode(json.loads(await request.body()))
+        body = await request.body()
+        header_length = request.headers.get("inference-header-content-length")
+        if header_length is not None:  # the binary tensor extension; the answer stays JSON
+            items = self.runner.decode_binary(body, int(header_length))
+        else:
+            items = self.runner.decode(json.loads(body))
         return self.runner.respond(self.name, await self.infer_batch(items))
 
 

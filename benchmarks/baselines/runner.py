@@ -7,6 +7,8 @@ response, so a gap between them and ours is the cost of what ours adds.
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,23 @@ class ModelRunner:
         if self.text:
             self.tokenizer = TextTokenizer.for_model(self.model_dir, self.manifest, truncate=True)
         self.max_len = self.manifest.max_sequence_length or 512
+
+    def decode_binary(self, raw: bytes, header_length: int) -> list[Any]:
+        """A body in the binary tensor extension (a JSON header, then each input's raw bytes, as
+        tritonclient sends it) -> its items, as `decode` gives them."""
+        header = json.loads(raw[:header_length])
+        tensor = header["inputs"][0]
+        data = raw[header_length : header_length + tensor["parameters"]["binary_data_size"]]
+        if tensor["datatype"] == "BYTES":
+            texts, at = [], 0
+            while at < len(data):
+                (n,) = struct.unpack_from("<I", data, at)
+                texts.append(data[at + 4 : at + 4 + n].decode())
+                at += 4 + n
+            return self.decode({"inputs": [{**tensor, "data": texts}]})
+        uint8 = tensor["datatype"] == "UINT8"
+        pixels: np.ndarray = np.frombuffer(data, dtype=np.uint8 if uint8 else np.float32).reshape(tensor["shape"])
+        return list(pixels.astype(np.float32) / np.float32(255.0) if uint8 else pixels.astype(np.float32))
 
     def decode(self, body: dict[str, Any]) -> list[Any]:
         """A v2 JSON body -> its items (token id lists, or (3, H, W) arrays)."""

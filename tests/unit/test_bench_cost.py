@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from benchmarks import cost, workloads
+from benchmarks.baselines.runner import ModelRunner
 from serve_app.protocols import v2
 
 
@@ -73,3 +75,14 @@ def test_idle_cores_are_the_nodes_fixed_cost_and_a_request_pays_only_what_it_add
     whole = cost.core_ms_per_request(point, "m")
     assert whole is not None and cost.ceiling_rps(whole, 16) < cost.ceiling_rps(above, 16, fixed)  # type: ignore[operator]
     assert cost.ceiling_rps(above, 1, fixed=1.5) is None  # idle work alone fills the node
+
+
+@pytest.mark.parametrize("model", ["bert-heavy", "resnet-heavy"])
+def test_plain_ray_serve_reads_a_binary_body_as_it_reads_its_json(tiny_model_dir: Path, model: str) -> None:
+    """The baseline takes the binary rounds' inputs too, so both sides of a binary round get binary."""
+    runner = ModelRunner(tiny_model_dir / model, threads=1)
+    body = workloads.bodies_for(tiny_model_dir / model, 3)[0]
+    raw, header_length = workloads.binary_body(body)
+    from_binary, from_json = runner.decode_binary(raw, header_length), runner.decode(body)
+    assert len(from_binary) == len(from_json) > 0
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(from_binary, from_json, strict=True))

@@ -43,8 +43,18 @@ def test_a_run_written_adds_one_row_with_its_headline_and_a_rerender_adds_none(t
             "models": {
                 "bert-heavy": {
                     "pairs": [
-                        {"ours": {"throughput_rps": 44.0}, "plain": {"throughput_rps": 40.0}},
-                        {"ours": {"throughput_rps": 47.0}, "plain": {"throughput_rps": 32.0}},
+                        {
+                            "ours": {"throughput_rps": 44.0},
+                            "plain": {"throughput_rps": 40.0},
+                            "ours-binary": {"throughput_rps": 50.0},
+                            "plain-binary": {"throughput_rps": 40.0},
+                        },
+                        {
+                            "ours": {"throughput_rps": 47.0},
+                            "plain": {"throughput_rps": 32.0},
+                            "ours-binary": {"throughput_rps": 48.0},
+                            "plain-binary": {"throughput_rps": 32.0},
+                        },
                     ]
                 }
             }
@@ -55,6 +65,8 @@ def test_a_run_written_adds_one_row_with_its_headline_and_a_rerender_adds_none(t
     history.append(saved, out, path)
     (row,) = history.read(path)
     assert (row["folder"], row["commit"], row["machine"]) == ("compare/local", "abc1234", "EPYC x2")
-    assert row["headline"] == "bert-heavy ours/plain 1.28x (1.10-1.47, 2 rounds)"
+    assert row["headline"] == (
+        "bert-heavy ours/plain 1.28x (1.10-1.47, 2 rounds); bert-heavy ours/plain binary 1.38x (1.25-1.50, 2 rounds)"
+    )
     history.append(saved, tmp_path.parent / "elsewhere", path)  # a run written outside the tree: no row
     assert len(history.read(path)) == 1

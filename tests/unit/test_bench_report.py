@@ -63,11 +63,20 @@ def test_the_side_by_side_table_gives_each_round_and_the_median_of_their_ratios(
         return {"goodput_rps": rps, "statuses": {"200": 100, **({"503": refused} if refused else {})}}
 
     rounds = [
-        {"round": 0, "order": ["ours", "plain"], "ours": point(900.0), "plain": point(1000.0)},
-        {"round": 1, "order": ["plain", "ours"], "ours": point(1300.0, refused=2), "plain": point(1000.0)},
-        {"round": 2, "order": ["ours", "plain"], "ours": point(1100.0), "plain": point(1000.0)},
-    ]
-    lines = report.pairs_lines(rounds, 32)
-    assert "| 2 | plain, ours | 1000.0 | 1300.0 | 1.30x | 0, 2 |" in lines
-    assert lines[-1] == "- median of the rounds' ratios: **1.10x** (range 0.90x-1.30x)"
+        {"round": 0, "order": ["ours", "plain"], "ours": point(900.0), "plain": point(1000.0),
+         "ours-binary": point(1200.0), "plain-binary": point(1000.0)},
+        {"round": 1, "order": ["plain", "ours"], "ours": point(1300.0, refused=2), "plain": point(1000.0),
+         "ours-binary": point(1400.0), "plain-binary": point(1000.0)},
+        {"round": 2, "order": ["ours", "plain"], "ours": point(1100.0), "plain": point(1000.0),
+         "ours-binary": point(1600.0), "plain-binary": point(1000.0)},
+    ]  # fmt: skip
+    lines = report.pairs_lines(rounds, 32, plain_replicas=2)
+    assert "| 2 | plain, ours | JSON | 1000.0 | 1300.0 | 1.30x | 0, 2 |" in lines
+    assert "- JSON: median of the rounds' ratios **1.10x** (range 0.90x-1.30x)" in lines
+    assert "| 3 | ours, plain | binary | 1000.0 | 1600.0 | 1.60x | 0, 0 |" in lines
+    assert lines[-1] == "- binary: median of the rounds' ratios **1.40x** (range 1.20x-1.60x)"
+    assert "plain with 2 model replicas" in lines[1]
+    # A run from before the binary rounds: the JSON table alone.
+    old = [{k: v for k, v in r.items() if not k.endswith("-binary")} for r in rounds]
+    assert not any("binary:" in line for line in report.pairs_lines(old, 32))
     assert report.pairs_lines(None, 32) == [] and report.pairs_lines([], 32) == []

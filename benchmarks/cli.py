@@ -115,6 +115,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="compare: after the curves, plain and ours deployed in turn this many rounds at the headline concurrency",
     )
     p.add_argument(
+        "--pair-setups",
+        nargs="+",
+        default=["ours", "plain"],
+        choices=["ours", "ours-handle", "plain"],
+        help="compare --pairs: setups deployed in turn; ours-handle: ours with scheduling.local_link off (default: %(default)s)",
+    )
+    p.add_argument(
         "--plain-replicas", type=int, default=2, help="compare, generation: plain Ray Serve's replicas (default: %(default)s)"
     )
     p.add_argument("--loads", type=float, nargs="+", help="goodput: offered loads over capacity (default: 0.5 0.9 1.5 3)")
@@ -274,6 +281,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         s.seconds = ns.seconds
     s.pairs = ns.pairs
     s.plain_replicas = ns.plain_replicas
+    s.pair_setups = tuple(ns.pair_setups)
     if ns.concurrency:
         s.concurrencies = ns.concurrency
         s.headline_concurrency = max(ns.concurrency) if s.headline_concurrency not in ns.concurrency else s.headline_concurrency

@@ -27,16 +27,17 @@ def _compare(result: dict[str, Any]) -> list[str]:
     for model, m in result.get("models", {}).items():
         pairs = m.get("pairs") or []
         found = False
-        for suffix, label in (("", ""), ("-binary", " binary")):
-            ratios = [
-                p[f"ours{suffix}"]["throughput_rps"] / p[f"plain{suffix}"]["throughput_rps"]
-                for p in pairs
-                if f"plain{suffix}" in p and p[f"plain{suffix}"].get("throughput_rps")
-            ]
-            if ratios:
-                spread = f"{min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} rounds"
-                out.append(f"{model} ours/plain{label} {statistics.median(ratios):.2f}x ({spread})")
-                found = True
+        for setup in ("ours", "ours-handle"):
+            for suffix, label in (("", ""), ("-binary", " binary")):
+                ratios = [
+                    p[f"{setup}{suffix}"]["throughput_rps"] / p[f"plain{suffix}"]["throughput_rps"]
+                    for p in pairs
+                    if f"{setup}{suffix}" in p and f"plain{suffix}" in p and p[f"plain{suffix}"].get("throughput_rps")
+                ]
+                if ratios:
+                    spread = f"{min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} rounds"
+                    out.append(f"{model} {setup}/plain{label} {statistics.median(ratios):.2f}x ({spread})")
+                    found = True
         if found:
             continue
         ours, plain = m.get("ours", {}), m.get("plain", {})

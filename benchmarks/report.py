@@ -210,38 +210,46 @@ def compare_markdown(res: dict[str, Any]) -> str:
 
 
 def pairs_lines(rounds: list[dict[str, Any]] | None, c: int, plain_replicas: int = 1) -> list[str]:
-    """compare --pairs: plain and ours deployed in turn at concurrency `c`, a row per round, and
-    the median of the rounds' ratios (what a drifting machine moves least)."""
+    """compare --pairs: the setups deployed in turn at concurrency `c`, a row per round and setup
+    against plain, and the median of the rounds' ratios (what a drifting machine moves least)."""
     if not rounds:
         return []
     lines = [
         "",
-        f"Side by side: plain Ray Serve and ours deployed in turn, {len(rounds)} round{'s' * (len(rounds) != 1)} at "
+        f"Side by side: the setups deployed in turn, {len(rounds)} round{'s' * (len(rounds) != 1)} at "
         f"concurrency {c}, plain with {plain_replicas} model replica{'s' * (plain_replicas != 1)} "
-        "(`--pairs`, `--plain-replicas`; each round's first setup named first); JSON inputs on both sides, then "
-        "the binary tensor extension on both sides (plain answers in JSON):",
+        "(`--pairs`, `--pair-setups`, `--plain-replicas`; the order each round deployed them in); JSON inputs on "
+        "every side, then the binary tensor extension on every side (plain answers in JSON); `ours-handle` is "
+        "ours with `scheduling.local_link` off:",
     ]
+    setups = [x for x in rounds[0]["order"] if x != "plain"]
     for encoding, suffix in (("JSON", ""), ("binary", "-binary")):
-        rows = [r for r in rounds if f"ours{suffix}" in r and f"plain{suffix}" in r]
+        rows = [r for r in rounds if f"plain{suffix}" in r]
         if not rows:
             continue
         lines += [
             "",
-            "| round | order | inputs | plain req/s | ours req/s | ours / plain | non-2xx (plain, ours) |",
-            "|---|---|---|---|---|---|---|",
+            "| round | order | inputs | setup | plain req/s | setup req/s | setup / plain | non-2xx (plain, setup) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
-        ratios = []
-        for r in rows:
-            plain, ours = r[f"plain{suffix}"], r[f"ours{suffix}"]
-            if plain["goodput_rps"]:
-                ratios.append(ours["goodput_rps"] / plain["goodput_rps"])
-            lines.append(
-                f"| {r['round'] + 1} | {', '.join(r['order'])} | {encoding} | {plain['goodput_rps']} | {ours['goodput_rps']} | "
-                f"{_ratio(ours['goodput_rps'], plain['goodput_rps'])} | {_not_answered(plain)}, {_not_answered(ours)} |"
-            )
-        if ratios:
-            lines += ["", f"- {encoding}: median of the rounds' ratios **{statistics.median(ratios):.2f}x** (range "
-                          f"{min(ratios):.2f}x-{max(ratios):.2f}x)"]  # fmt: skip
+        medians = []
+        for setup in setups:
+            ratios = []
+            for r in rows:
+                plain, ours = r[f"plain{suffix}"], r.get(f"{setup}{suffix}")
+                if ours is None:
+                    continue
+                if plain["goodput_rps"]:
+                    ratios.append(ours["goodput_rps"] / plain["goodput_rps"])
+                lines.append(
+                    f"| {r['round'] + 1} | {', '.join(r['order'])} | {encoding} | {setup} | {plain['goodput_rps']} | "
+                    f"{ours['goodput_rps']} | {_ratio(ours['goodput_rps'], plain['goodput_rps'])} | "
+                    f"{_not_answered(plain)}, {_not_answered(ours)} |"
+                )
+            if ratios:
+                medians.append(f"- {setup} / plain, {encoding}: median of the rounds' ratios "
+                               f"**{statistics.median(ratios):.2f}x** (range {min(ratios):.2f}x-{max(ratios):.2f}x)")  # fmt: skip
+        lines += ["", *medians] if medians else []
     return lines
 
 

@@ -76,6 +76,9 @@ class Settings:
     # compare: plain Ray Serve's model replicas. Two on a 2-core machine: ours runs two processes
     # there too (the router and the model replica), and a Serve user scales by replicas.
     plain_replicas: int = 2
+    # compare --pairs: the setups deployed in turn; `ours-handle` is ours with `scheduling.local_link`
+    # off (every batch over Serve's handle), to weigh the link against the handle in the same run.
+    pair_setups: tuple[str, ...] = ("ours", "plain")
     high_share: float = 0.1  # high-priority rate, as a share of the measured capacity
     overload: float = 2.0  # low-priority rate, as a multiple of the measured capacity
     # Measured window of the priority scenario's open-loop runs: ~200 high requests, so a p99
@@ -273,34 +276,40 @@ def compare(s: Settings) -> dict[str, Any]:
     return out
 
 
-def pair_orders(rounds: int) -> list[tuple[str, str]]:
-    """Which setup goes first in each round: ours first in round 0 (the curves leave it deployed),
-    then turn about, so that a machine that speeds up or slows down over the rounds favours
-    neither setup, and the setup that ends a round starts the next."""
-    return [("ours", "plain") if i % 2 == 0 else ("plain", "ours") for i in range(rounds)]
+def pair_orders(rounds: int, setups: tuple[str, ...] = ("ours", "plain")) -> list[tuple[str, ...]]:
+    """Which setup goes when in each round: as listed in round 0 (ours first: the curves leave it
+    deployed), then reversed each round, so that a machine that speeds up or slows down over the
+    rounds favours none, and the setup that ends a round starts the next."""
+    return [setups if i % 2 == 0 else tuple(reversed(setups)) for i in range(rounds)]
+
+
+def pair_config(s: Settings, setup: str, model: str) -> dict[str, Any]:
+    if setup == "plain":
+        return pin_replicas(plain_config(s, model), ["PlainModel"], s.plain_replicas)
+    if setup == "ours-handle":
+        return pin_replicas(ours_config(s, scheduling={"local_link": False}), s.models)
+    assert setup == "ours", setup
+    return pin_replicas(ours_config(s), s.models)
 
 
 def _side_by_side(s: Settings, cluster: RayCluster, tmp: Path) -> dict[str, list[dict[str, Any]]]:
-    """Plain and ours at the headline concurrency, deployed in turn (`pair_orders`); one JSON and
-    one binary point per setup, model and round. Ours is the whole catalog, deployed once a turn; plain
-    one model at a time, as in the curves."""
+    """The pair setups (plain and ours, by default) at the headline concurrency, deployed in turn
+    (`pair_orders`); one JSON and one binary point per setup, model and round. Ours is the whole
+    catalog, deployed once a turn; plain one model at a time, as in the curves."""
     url, c = f"http://127.0.0.1:{HTTP_PORT}", s.headline_concurrency
     bodies = {m: workload(s, m, tmp) for m in s.models}  # the same file for every round
     binary = {m: workload(s, m, tmp, binary=True) for m in s.models}
     deployed = "ours"  # as the curves leave the cluster
     rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in s.models}
-    for i, order in enumerate(pair_orders(s.pairs)):
+    for i, order in enumerate(pair_orders(s.pairs, s.pair_setups)):
         points: dict[str, dict[str, Any]] = {m: {"round": i, "order": list(order)} for m in s.models}
         for setup in order:
             for m in s.models:
-                want = "ours" if setup == "ours" else f"plain:{m}"
+                want = f"plain:{m}" if setup == "plain" else setup  # ours serves every model at once
                 if deployed != want:
-                    if setup == "ours":
-                        cluster.deploy(pin_replicas(ours_config(s), s.models), probe(s, m))
-                    else:
-                        cluster.deploy(pin_replicas(plain_config(s, m), ["PlainModel"], s.plain_replicas), probe(s, m))
+                    cluster.deploy(pair_config(s, setup, m), probe(s, m))
                     deployed = want
-                watch = (m, "router") if setup == "ours" else ("PlainModel",)
+                watch = ("PlainModel",) if setup == "plain" else (m, "router")
                 points[m][setup] = run_loadgen(url, bodies[m], {"concurrency": c}, s.seconds, s.warmup, watch)
                 # The same inputs in the binary tensor extension, on the same deployment.
                 points[m][f"{setup}-binary"] = run_loadgen(url, binary[m], {"concurrency": c}, s.seconds, s.warmup, watch)

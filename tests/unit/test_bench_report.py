@@ -56,6 +56,8 @@ def test_side_by_side_rounds_turn_about_and_start_with_what_the_curves_left_depl
 
     assert pair_orders(0) == []
     assert pair_orders(3) == [("ours", "plain"), ("plain", "ours"), ("ours", "plain")]
+    three = ("ours", "ours-handle", "plain")
+    assert pair_orders(2, three) == [three, ("plain", "ours-handle", "ours")]
 
 
 def test_the_side_by_side_table_gives_each_round_and_the_median_of_their_ratios() -> None:
@@ -71,12 +73,16 @@ def test_the_side_by_side_table_gives_each_round_and_the_median_of_their_ratios(
          "ours-binary": point(1600.0), "plain-binary": point(1000.0)},
     ]  # fmt: skip
     lines = report.pairs_lines(rounds, 32, plain_replicas=2)
-    assert "| 2 | plain, ours | JSON | 1000.0 | 1300.0 | 1.30x | 0, 2 |" in lines
-    assert "- JSON: median of the rounds' ratios **1.10x** (range 0.90x-1.30x)" in lines
-    assert "| 3 | ours, plain | binary | 1000.0 | 1600.0 | 1.60x | 0, 0 |" in lines
-    assert lines[-1] == "- binary: median of the rounds' ratios **1.40x** (range 1.20x-1.60x)"
+    assert "| 2 | plain, ours | JSON | ours | 1000.0 | 1300.0 | 1.30x | 0, 2 |" in lines
+    assert "- ours / plain, JSON: median of the rounds' ratios **1.10x** (range 0.90x-1.30x)" in lines
+    assert "| 3 | ours, plain | binary | ours | 1000.0 | 1600.0 | 1.60x | 0, 0 |" in lines
+    assert lines[-1] == "- ours / plain, binary: median of the rounds' ratios **1.40x** (range 1.20x-1.60x)"
     assert "plain with 2 model replicas" in lines[1]
     # A run from before the binary rounds: the JSON table alone.
     old = [{k: v for k, v in r.items() if not k.endswith("-binary")} for r in rounds]
-    assert not any("binary:" in line for line in report.pairs_lines(old, 32))
+    assert not any("binary" in line for line in report.pairs_lines(old, 32)[2:])
+    # A third setup in the rounds: its own rows and median against plain.
+    three = [{**r, "order": ["ours", "plain", "ours-handle"], "ours-handle": point(500.0)} for r in old]
+    median = "- ours-handle / plain, JSON: median of the rounds' ratios **0.50x** (range 0.50x-0.50x)"
+    assert median in report.pairs_lines(three, 32)
     assert report.pairs_lines(None, 32) == [] and report.pairs_lines([], 32) == []

@@ -346,9 +346,11 @@ class SchedulingConfig(ConfigModel):
     )
     batch_timeout_s: float = Field(30.0, gt=0, description="a batch taking longer is a model failure")
     local_link: bool = Field(
-        True,
-        description="send batches to classifier replicas on the router's own node over a unix socket (serve_app.link) "
-        "instead of Serve's handle, which stays the fallback and the way to replicas on other nodes",
+        False,
+        description="a single-node option: send batches to classifier replicas on the router's own node over a unix "
+        "socket (serve_app.link) instead of Serve's handle, which stays the fallback and the way to replicas on other "
+        "nodes. Serve's own request metrics and max_ongoing_requests do not see these batches (the app's metrics do); "
+        "with routers and models on different nodes (KubeRay's layout) it never engages",
     )
     breaker_failures: int = Field(5, ge=1, description="failed batches in a row that open a model's circuit")
     breaker_open_s: float = Field(5.0, gt=0, description="how long an open circuit fails fast before one probe")

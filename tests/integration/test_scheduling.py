@@ -89,6 +89,7 @@ def _config(model_dir: Path, traffic: dict[str, float] | None = None) -> dict[st
             "max_queue_delay_s": 5.0,
             "breaker_failures": 3,
             "breaker_open_s": 1.0,
+            "local_link": True,  # one node: the link's failure paths are tested here
         },
     }
     deployments: list[dict[str, Any]] = [

@@ -1,15 +1,10 @@
-"""The images scenario's account of where the text requests' time went (no Ray, no load), and the
-decoders' wait probe (benchmarks.decoder_wait) end to end with a small image."""
+"""The images scenario's account of where the text requests' time went (no Ray, no load)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from benchmarks import decoder_wait
 from benchmarks.images import TAIL_PARTS, tail_parts
-from serve_app import cpu_priority
 
 
 def timing(queue: float, model: float, replica: float, total: float) -> dict[str, float]:
@@ -31,12 +26,3 @@ def test_tail_parts_split_each_request_and_average_the_slowest_percent() -> None
 def test_tail_parts_take_a_missing_metric_as_zero() -> None:
     parts = tail_parts([(2.0, {"total": 1.5})])
     assert parts["tail"] == {"queue": 0.0, "transport": 0.0, "replica": 0.0, "router_own": 1.5, "outside": 0.5}
-
-
-def test_decoder_wait_times_both_phases_with_real_decoder_processes() -> None:
-    result = asyncio.run(decoder_wait.measure(requests=2, images=1, px=64, size=32))
-    for phase in ("nothing_in_flight", "text_in_flight"):
-        assert len(result[phase]["ms"]) == 2 and result[phase]["mean_ms"] > 0
-        assert len(result[phase]["runnable_tasks_before"]) == 2
-    assert result["ratio"] > 0
-    assert cpu_priority.MODEL_WORK.count == 0  # the flag is left as it was found

@@ -94,15 +94,15 @@ def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
         assert all(isinstance(r[s]["idle_cores_by_role"], dict) for s in ("plain", "ours", "ours-binary"))
         [pair] = r["pairs"]
         assert pair["order"] == ["ours", "plain"]
-        _answered(pair["ours"])
-        _answered(pair["plain"])
+        for setup in ("ours", "plain", "ours-binary", "plain-binary"):  # JSON, then binary on both sides
+            _answered(pair[setup])
         assert pair["ours"]["served_by"] == {model: pair["ours"]["requests"]}
         assert "replica:PlainModel" in pair["plain"]["cpu_cores_by_role"]
     assert sorted(res["plots"]) == ["curve_resnet-heavy.png"]
     readme = (tmp_path / "README.md").read_text()
     assert "ours vs plain Ray Serve" in readme and "| ours | binary |" in readme and "ceiling, 16 cores" in readme
     assert "| idle cores | total above idle |" in readme
-    assert "Side by side: plain Ray Serve and ours deployed in turn, 1 round at" in readme
+    assert "Side by side: the setups deployed in turn, 1 round at" in readme and "plain with 2 model replicas" in readme
 
 
 @pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy not installed")

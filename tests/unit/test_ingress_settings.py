@@ -9,8 +9,9 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.cluster import base_env
 from benchmarks.scenarios import DEFAULT_INGRESS
-from serve_app.ingress_env import INGRESS_ENV, with_ingress_env
+from serve_app.ingress_env import DIRECT_INFER_ENV, INGRESS_ENV, with_ingress_env
 from serve_app.kuberay import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +30,9 @@ def _pod_envs() -> list[dict[str, str]]:
 
 def test_readme_kuberay_and_the_benchmarks_run_the_same_ingress() -> None:
     assert INGRESS_ENV["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
-    assert DEFAULT_INGRESS.env() == INGRESS_ENV
+    # The benchmarks set the ingress switches per scenario and the direct path's hook under every one.
+    assert {**DEFAULT_INGRESS.env(), **DIRECT_INFER_ENV} == INGRESS_ENV
+    assert base_env().items() >= DIRECT_INFER_ENV.items()
     pods = _pod_envs()
     assert len(pods) >= 3  # head, ingress group, GPU workers
     for env in pods:

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-import onnxruntime as ort
 import ray
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from benchmarks.baselines.runner import baseline_session
 from serve_app.manifest import Manifest
 from serve_app.models.decoder_graph import DecoderGraph
 from serve_app.models.runtime import intra_op_threads
@@ -38,10 +38,8 @@ class PlainGenerator:
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
         manifest = Manifest.load(Path(model_dir))
         assert manifest.generation is not None, f"{model_dir}: not a generator"
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or intra_op_threads(cpus)
-        opts.inter_op_num_threads = 1
-        session = ort.InferenceSession(str(Path(model_dir) / manifest.onnx_file), sess_options=opts)
+        gpu_ids = [str(g) for g in ray.get_gpu_ids()]
+        session = baseline_session(Path(model_dir) / manifest.onnx_file, threads or intra_op_threads(cpus), gpu_ids)
         self.name = name
         self.block_size = manifest.generation.block_size
         self.graph = DecoderGraph(session, manifest.generation)

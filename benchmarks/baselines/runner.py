@@ -21,16 +21,21 @@ from serve_app.padding import pad_right
 from serve_app.tokenization import TextTokenizer
 
 
+def baseline_session(path: Path, threads: int, gpu_ids: list[str] | None = None) -> ort.InferenceSession:
+    """An ONNX Runtime session as every baseline opens one: `threads` intra-op threads, on CUDA
+    when `gpu_ids` are given (and onnxruntime-gpu can), as ours does on a GPU replica."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), sess_options=opts, providers=with_options(select_providers(gpu_ids or [])))
+
+
 class ModelRunner:
     def __init__(self, model_dir: str | Path, threads: int, gpu_ids: list[str] | None = None) -> None:
         """`gpu_ids`: run on CUDA when given (and onnxruntime-gpu can), as ours does on a GPU replica."""
         self.model_dir = Path(model_dir)
         self.manifest = Manifest.load(self.model_dir)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        providers = with_options(select_providers(gpu_ids or []))
-        self.session = ort.InferenceSession(str(self.model_dir / self.manifest.onnx_file), sess_options=opts, providers=providers)
+        self.session = baseline_session(self.model_dir / self.manifest.onnx_file, threads, gpu_ids)
         self.providers = self.session.get_providers()
         self.text = self.manifest.family == "bert"
         self.tokenizer = None

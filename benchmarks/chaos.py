@@ -47,7 +47,7 @@ import yaml
 from benchmarks import workloads
 from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, run_loadgen
 from benchmarks.scenarios import DEFAULT_INGRESS, single_versions
-from serve_app.kuberay import INGRESS_RESOURCE  # the head offers it, as KubeRay's ingress pods do: routers run there alone
+from serve_app.tools.kuberay import INGRESS_RESOURCE  # the head offers it, as KubeRay's ingress pods do: routers run there alone
 
 WORKER_RESOURCE = "chaos_worker"
 WORKER_NODE_MANAGER_PORT = 6402

@@ -287,8 +287,8 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         s.headline_concurrency = max(ns.concurrency) if s.headline_concurrency not in ns.concurrency else s.headline_concurrency
     # Routes that take their threshold from calibration need one for these model files,
     # as `serve-app models build` does for users.
-    from serve_app.catalog_calibrate import calibrate_missing
     from serve_app.config import AppArgs
+    from serve_app.tools.catalog_calibrate import calibrate_missing
 
     calibrate_missing(AppArgs.model_validate({**config["applications"][0]["args"], "model_dir": str(model_dir)}))
     out_dir = ns.out or Path("benchmarks/results") / ns.scenario / ns.config.stem

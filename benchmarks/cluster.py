@@ -34,14 +34,14 @@ from benchmarks.kept import (
     running_ray,
     settle_serve,
 )
-from serve_app.ingress_env import DIRECT_INFER_ENV, INGRESS_ENV
+from serve_app.tools.ingress_env import DIRECT_INFER_ENV, INGRESS_ENV
 
 RAY_PORT = 6391
 HTTP_PORT = 8130
 NAIVE_PORT = 8131
 # The ingress switches a scenario may set (and that a stale environment must not leak into one).
 INGRESS_ENVS = tuple(INGRESS_ENV)
-# The app's own ingress settings (serve_app/ingress_env.py), which the default configs are run with.
+# The app's own ingress settings (serve_app/tools/ingress_env.py), which the default configs are run with.
 REPLAY_ON = INGRESS_ENV["RAY_SERVE_HAPROXY_RETRY_ON"]
 CHECK_FALL = int(INGRESS_ENV["RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL"])
 BUFSIZE = int(INGRESS_ENV["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"])

@@ -1,7 +1,7 @@
 """`python -m benchmarks contention`: how a background model lane's session layout stands other load.
 
 The bulk lane of a model replica runs under SCHED_IDLE beside the router, the
-proxy and the urgent lane (serve_app.cpu_priority). This measures, in-process
+proxy and the urgent lane (serve_app.process.cpu_priority). This measures, in-process
 with ONNX Runtime and no Ray, the bulk throughput of the two layouts a replica
 with `threads` cores can use:
 
@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from serve_app.cpu_priority import lower_thread_priority
 from serve_app.manifest import Manifest
 from serve_app.models.runtime import create_session
 from serve_app.padding import pad_right
+from serve_app.process.cpu_priority import lower_thread_priority
 from serve_app.tokenization import TextTokenizer
 
 PERIOD_S = 0.02

@@ -5,7 +5,7 @@ beside `low_clients` low-priority closed-loop clients sending the same (loaded).
 model the router's CPU, not the model, saturates first: what stands in front of its priority
 queues (the proxy, the event loop, the body parse) is first come, first served, so only the
 router's own overload control (refusing low priority from its headers while its event loop runs
-late, serve_app/scheduling/overload.py) can keep the high client's latency.
+late, serve_app/scheduling/protection/overload.py) can keep the high client's latency.
 
 Reported per phase: the high client's p50/p99 and refusals; the low clients' statuses, refusals
 without Retry-After and answers lost (no answer within the client's timeout); the cores each

@@ -3,7 +3,7 @@
     python -m benchmarks.router_cpu [--model bert-heavy] [--requests 20000] [--concurrency 32] [--binary]
 
 The router's app (configs/local.yaml's args as `bench compare` deploys them: no versions, no
-cache) is called as Serve's direct ingress calls it (serve_app.router.direct), with bodies from
+cache) is called as Serve's direct ingress calls it (serve_app.router.edge.direct), with bodies from
 the model's held-out workload; a stand-in replica answers each batch at once with zeros. What
 this measures is the Python work of the request path between the HTTP server and the model
 (headers, body parse, admission, queue, batching, answer), in CPU µs per request: the part of
@@ -31,8 +31,8 @@ from benchmarks import workloads
 from benchmarks.scenarios import single_versions
 from serve_app.config import AppArgs
 from serve_app.contract import BatchReply
-from serve_app.router import direct
-from serve_app.router.gcwatch import FullCollectionSchedule, freeze_startup_heap
+from serve_app.process.gcwatch import FullCollectionSchedule, freeze_startup_heap
+from serve_app.router.edge import direct
 from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
 
@@ -71,7 +71,7 @@ def requests_of(model_dir: Path, binary: bool, n: int = 64) -> list[tuple[bytes,
 
 
 class Cycle:
-    """What serve_app.router.callwatch reads of uvicorn's request cycle: a receive bound to it,
+    """What serve_app.router.edge.callwatch reads of uvicorn's request cycle: a receive bound to it,
     its message event and whether its client left."""
 
     def __init__(self, body: bytes) -> None:
@@ -124,7 +124,7 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
         return None
 
     app = build_http_app(parts, nothing, nothing)
-    # As the router's replica does: its v2 infer calls go straight to the app (serve_app.router.direct).
+    # As the router's replica does: its v2 infer calls go straight to the app (serve_app.router.edge.direct).
     direct.APP, direct.APP_LOOP = app, asyncio.get_running_loop()
     entry = direct.DirectInfer(app.through_fastapi)
     requests = requests_of(ns.model_dir / ns.model, ns.binary)

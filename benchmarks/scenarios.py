@@ -252,7 +252,7 @@ def compare(s: Settings) -> dict[str, Any]:
         # the next model's (measured: 1.1 cores of bert-heavy during ResNet-50's c=32 point).
         deploy_s = cluster.deploy(pin_replicas(ours_config(s), s.models), probe(s, s.models[0]))
         idle = idle_cores_by_role(s.idle_seconds)
-        # Whether v2 infer skipped Serve's per-request wrapper in the router (serve_app/router/direct.py).
+        # Whether v2 infer skipped Serve's per-request wrapper in the router (serve_app/router/edge/direct.py).
         direct_infer = router_status(url).get("direct_infer")
         for m in s.models:
             wl, rate = workload(s, m, tmp), out["models"][m]["open_rate_rps"]

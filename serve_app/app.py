@@ -10,12 +10,12 @@ from ray.serve.deployment import Deployment
 from serve_app.config import AppArgs, RouterLiveConfig
 from serve_app.exports import Declared, ExportProblems, discover
 from serve_app.models.classifier import ImageClassifier, TextClassifier
-from serve_app.models.generator import TextGenerator
-from serve_app.models.generator_static import RequestBatchGenerator
+from serve_app.models.generation.generator import TextGenerator
+from serve_app.models.generation.generator_static import RequestBatchGenerator
 from serve_app.models.unavailable import UnavailableModel
 from serve_app.router.ingress import Router
 from serve_app.router.parts import router_capacity
-from serve_app.router.replicas import ROUTER_DEPLOYMENT
+from serve_app.router.routing.replicas import ROUTER_DEPLOYMENT
 from serve_app.sources import local_path
 
 
@@ -81,7 +81,7 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
             ongoing = model.generation.kv_slots + model.generation.max_waiting + 8
             # Past that, calls wait in Serve's queue at the caller, in arrival order and without
             # bound, until clients time out: bound it, and refuse the rest there (503 +
-            # Retry-After, serve_app.router.generation). Every call passes through that queue on
+            # Retry-After, serve_app.router.endpoints.generation). Every call passes through that queue on
             # its way to a replica, so the bound holds a burst as large as a replica's rows.
             queued = model.generation.kv_slots + model.generation.max_waiting
         handles[name] = deployment.options(

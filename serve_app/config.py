@@ -359,20 +359,20 @@ class SchedulingConfig(ConfigModel):
         ge=-20,
         le=19,
         description="niceness of the router's threads: 19 lets model replicas' urgent lanes on the same node take "
-        "the cores first (serve_app/cpu_priority.py); None keeps Ray's worker default",
+        "the cores first (serve_app/process/cpu_priority.py); None keeps Ray's worker default",
     )
     router_full_gc_max_interval_s: float | None = Field(
         None,
         gt=0,
         description="opt-in: the router runs Python's full garbage collections itself, when idle and at the latest "
-        "this long after the last one (serve_app/router/gcwatch.py), instead of Python doing so mid-flood, where each "
+        "this long after the last one (serve_app/process/gcwatch.py), instead of Python doing so mid-flood, where each "
         "pause stops every request on the router. Off by default: a collection started after 1 s idle can still meet "
         "a burst arriving just then, and its benefit to p99 is not shown yet (benchmarks/results/priority/bench-realsize/)",
     )
     router_delay_target_ms: float | None = Field(
         None,
         gt=0,
-        description="the router's own overload control (serve_app/scheduling/overload.py): while its event loop stays "
+        description="the router's own overload control (serve_app/scheduling/protection/overload.py): while its event loop stays "
         "later than this for a whole interval (the router is saturated, not merely busy), a growing share of low "
         "priority is refused from the headers (503 + Retry-After), then of normal; high priority always goes on. "
         "None: off",
@@ -383,7 +383,7 @@ class SchedulingConfig(ConfigModel):
         ge=1,
         description="requests one router replica holds at once, judged from the headers before the body is read: "
         "past it low priority is refused at once (503 + Retry-After), normal past 1.5 times it, high past twice it "
-        "(serve_app/scheduling/concurrency.py). Keeps an overloaded router's event loop short, its health checks "
+        "(serve_app/scheduling/protection/concurrency.py). Keeps an overloaded router's event loop short, its health checks "
         "answered and its refusals fast. None: off",
     )
 

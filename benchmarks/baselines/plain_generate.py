@@ -24,7 +24,7 @@ from starlette.responses import StreamingResponse
 
 from benchmarks.baselines.runner import baseline_session
 from serve_app.manifest import Manifest
-from serve_app.models.decoder_graph import DecoderGraph
+from serve_app.models.generation.decoder_graph import DecoderGraph
 from serve_app.models.runtime import intra_op_threads
 from serve_app.padding import pad_left
 from serve_app.tokenization import TextTokenizer

@@ -31,7 +31,7 @@ step check
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import onnxruntime as o, ray, fastapi; print('ort', o.__version__, o.get_available_providers(), 'ray', ray.__version__)" || exit 1
 if [ ! -f models-realsize/resnet-heavy/model.onnx ]; then
-  step build; python3 -m serve_app.cli models build --config configs/bench-gpu.yaml > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  step build; python3 -m serve_app.tools.cli models build --config configs/bench-gpu.yaml > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   du -sh models-realsize/*
 fi
 mode=${1:-prepare}; shift || true

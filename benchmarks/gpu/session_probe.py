@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from serve_app.cpu_priority import lower_thread_priority
 from serve_app.manifest import Manifest
 from serve_app.models.runtime import create_session, select_providers
+from serve_app.process.cpu_priority import lower_thread_priority
 
 SIZES = (1, 4, 32)
 

@@ -30,7 +30,6 @@ from ray import serve
 
 from serve_app.config import BatchingConfig
 from serve_app.contract import BULK, LINK_ONGOING, URGENT, BatchReply, LinkAddress, RouterLoad
-from serve_app.cpu_priority import lower_thread_priority
 from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.link.server import LinkServer
 from serve_app.manifest import ImageSpec
@@ -48,6 +47,7 @@ from serve_app.padding import (
     merged_length_buckets,
     pad_right,
 )
+from serve_app.process.cpu_priority import lower_thread_priority
 from serve_app.tokenization import TextTokenizer
 
 Result = np.ndarray | ServeAppError

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from serve_app.cpu_priority import thread_ids, to_background
+from serve_app.process.cpu_priority import thread_ids, to_background
 
 logger = logging.getLogger("ray.serve")
 
@@ -50,7 +50,7 @@ def create_session(
     path: Path, providers: list[str], threads: int, spinning: bool = True, background: bool = False
 ) -> ort.InferenceSession:
     """One ONNX Runtime session. `background`: its intra-op threads run at the lowest CPU
-    priority, SCHED_IDLE (serve_app.cpu_priority; the caller lowers its own thread).
+    priority, SCHED_IDLE (serve_app.process.cpu_priority; the caller lowers its own thread).
 
     `spinning=False` where two sessions share the cores: an idle pool spinning at normal
     priority would take the cores from the other session's batch.

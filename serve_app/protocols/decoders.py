@@ -4,7 +4,7 @@ A request of large PNGs takes long to decode. In threads of the router's process
 the decoders hold the router's GIL between Pillow's blocks, and a decoder that the kernel has set
 aside (it runs under SCHED_IDLE) then holds up the event loop of every other request. In worker
 processes the loop shares no lock with them; the workers run under SCHED_IDLE and nap often
-(serve_app.cpu_priority.Pacer), so they take the cycles the requests around them leave.
+(serve_app.process.cpu_priority.Pacer), so they take the cycles the requests around them leave.
 
 Each worker is a child process with one end of a socket pair. For each request the router's I/O
 thread copies the encoded images into an anonymous memory file (`memfd_create`; numpy copies
@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from serve_app.cpu_priority import MODEL_WORK, busy_reader, cores_taken, lower_thread_priority, when_contended
 from serve_app.errors import InvalidInput, ModelFailure
+from serve_app.process.cpu_priority import MODEL_WORK, busy_reader, cores_taken, lower_thread_priority, when_contended
 from serve_app.protocols import images
 from serve_app.protocols.images import decode_images, encoded
 

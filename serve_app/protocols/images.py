@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from PIL import Image
 
-from serve_app.cpu_priority import Pacer
 from serve_app.errors import InvalidInput
+from serve_app.process.cpu_priority import Pacer
 
 # MPO is how Pillow names a JPEG that carries further pictures (a camera's preview, say): its
 # first picture is the JPEG.
@@ -81,7 +81,7 @@ def new_pacer() -> Pacer:
 
 class _PacedBytes(io.BytesIO):
     """The encoded image as Pillow reads it while decoding (a block at a time): between blocks the
-    decoder thread naps now and then (serve_app.cpu_priority.Pacer), so that a decode of many
+    decoder thread naps now and then (serve_app.process.cpu_priority.Pacer), so that a decode of many
     milliseconds leaves its core idle for a moment every half millisecond."""
 
     def __init__(self, data: bytes | memoryview, pacer: Pacer) -> None:

@@ -10,13 +10,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from serve_app.cache.tiered import ResponseCache
-from serve_app.router.cascade import Cascade
-from serve_app.router.dispatchers import DispatcherPool
-from serve_app.router.gcwatch import FullCollectionSchedule
-from serve_app.router.heaptrim import HeapTrim
+from serve_app.process.gcwatch import FullCollectionSchedule
+from serve_app.process.heaptrim import HeapTrim
+from serve_app.router.routing.cascade import Cascade
+from serve_app.router.routing.dispatchers import DispatcherPool
+from serve_app.router.routing.versions import VersionedModels
 from serve_app.router.telemetry import RouterTelemetry
-from serve_app.router.versions import VersionedModels
-from serve_app.scheduling.overload import LoopLag
+from serve_app.scheduling.protection.overload import LoopLag
 from serve_app.scheduling.traffic import TrafficPolicy
 
 logger = logging.getLogger("ray.serve")

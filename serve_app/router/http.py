@@ -16,18 +16,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app import __version__
 from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.protocols import v2
 from serve_app.protocols.errors import error_response, from_http_exception
-from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
-from serve_app.router.edge import BodyLimit, KeyGate
-from serve_app.router.failures import served_error
-from serve_app.router.infer_edge import InferEdge
+from serve_app.router.edge.checks import BodyLimit, KeyGate
+from serve_app.router.edge.failures import served_error
+from serve_app.router.edge.infer_edge import InferEdge
+from serve_app.router.edge.shedgate import HeaderCheck, ShedGate
+from serve_app.router.edge.traced import TraceContext
+from serve_app.router.endpoints import endpoints_openai, endpoints_status, endpoints_v2
 from serve_app.router.parts import RouterParts
-from serve_app.router.shedgate import ASGIApp, HeaderCheck, Message, Receive, Scope, Send, ShedGate
-from serve_app.router.traced import TraceContext
 
 logger = logging.getLogger("ray.serve")
 

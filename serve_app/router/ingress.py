@@ -1,7 +1,7 @@
 """The router deployment: wires one replica's parts together and serves them over HTTP.
 
-Everything it does lives elsewhere: the endpoints in `endpoints_v2` and
-`endpoints_openai`, the parts in `parts` (callers, catalog, per-model
+Everything it does lives elsewhere: the endpoints in `endpoints/` (`endpoints_v2`,
+`endpoints_openai`), the parts in `parts` (callers, catalog, per-model
 dispatchers, route cascades, background loops), process setup in `startup`.
 """
 
@@ -19,16 +19,16 @@ from tritonclient.grpc import service_pb2 as pb
 
 from serve_app.config import AppArgs, RouterLiveConfig
 from serve_app.observability import tracing
-from serve_app.router import direct
-from serve_app.router.dispatchers import handle_sender
-from serve_app.router.grpc_service import MODEL_INFER, GrpcInference, fail, headers_of, rpc_attributes
+from serve_app.router.edge import direct
+from serve_app.router.endpoints.grpc_service import MODEL_INFER, GrpcInference, fail, headers_of, rpc_attributes
 from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
-from serve_app.router.replicas import ROUTER_DEPLOYMENT, DeploymentStates, controller_states
-from serve_app.router.rollback_ledger import SharedRollbacks
+from serve_app.router.routing.dispatchers import handle_sender
+from serve_app.router.routing.replicas import ROUTER_DEPLOYMENT, DeploymentStates, controller_states
+from serve_app.router.routing.rollback_ledger import SharedRollbacks
 from serve_app.router.startup import prepare_process
 from serve_app.scheduling.autoscale import ROUTER_CPU
-from serve_app.scheduling.overload import CpuMeter
+from serve_app.scheduling.protection.overload import CpuMeter
 
 
 @serve.deployment(max_ongoing_requests=256)
@@ -85,7 +85,7 @@ class Router:
         return {ROUTER_CPU: self.cpu.sample()}
 
     # inference.GRPCInferenceService, through Serve's gRPC proxy (`grpc_options` in the configs):
-    # each RPC is the method of its name; serve_app.router.grpc_service does the work.
+    # each RPC is the method of its name; serve_app.router.endpoints.grpc_service does the work.
 
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)

@@ -12,20 +12,20 @@ from serve_app.cache.tiered import ResponseCache
 from serve_app.config import AppArgs
 from serve_app.contract import Priority
 from serve_app.manifest import Manifest
-from serve_app.router.answer_ids import AnswerIds
+from serve_app.process.gcwatch import GcPauses
+from serve_app.router.admission.callers import Callers, build_registry
+from serve_app.router.admission.protect import RouterGate
 from serve_app.router.background import BackgroundLoops
-from serve_app.router.callers import Callers, build_registry
-from serve_app.router.cascade import Cascade, CascadePolicy, route_policy
-from serve_app.router.catalog import ModelCatalog, RecentAnswers
-from serve_app.router.dispatchers import DispatcherPool, SenderFor
-from serve_app.router.edge import InflightBytes
-from serve_app.router.gcwatch import GcPauses
-from serve_app.router.protect import RouterGate
-from serve_app.router.replicas import DeploymentStates
-from serve_app.router.versions import VersionedModels
-from serve_app.scheduling.breaker import CircuitBreaker
-from serve_app.scheduling.concurrency import ClassConcurrency
-from serve_app.scheduling.overload import ClassShedding, LoopLag
+from serve_app.router.edge.checks import InflightBytes
+from serve_app.router.routing.answer_ids import AnswerIds
+from serve_app.router.routing.cascade import Cascade, CascadePolicy, route_policy
+from serve_app.router.routing.catalog import ModelCatalog, RecentAnswers
+from serve_app.router.routing.dispatchers import DispatcherPool, SenderFor
+from serve_app.router.routing.replicas import DeploymentStates
+from serve_app.router.routing.versions import VersionedModels
+from serve_app.scheduling.protection.breaker import CircuitBreaker
+from serve_app.scheduling.protection.concurrency import ClassConcurrency
+from serve_app.scheduling.protection.overload import ClassShedding, LoopLag
 from serve_app.scheduling.traffic import TrafficPolicy
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 from serve_app.config import SchedulingConfig
-from serve_app.cpu_priority import renice_process
-from serve_app.router.gcwatch import GcPauses, freeze_startup_heap
+from serve_app.process.cpu_priority import renice_process
+from serve_app.process.gcwatch import GcPauses, freeze_startup_heap
 from serve_app.scheduling.queue import QUEUES
 
 logger = logging.getLogger("ray.serve")

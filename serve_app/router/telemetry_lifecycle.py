@@ -11,8 +11,8 @@ from ray.serve import metrics
 from serve_app.cache.tiered import ResponseCache
 from serve_app.observability.histograms import GaugeHistogram
 from serve_app.observability.histograms import tag_keys as tags
+from serve_app.router.routing.versions import VersionedModels
 from serve_app.router.telemetry import QUEUE_WAIT_MS_BOUNDARIES
-from serve_app.router.versions import VersionedModels
 
 PROB_DIFF_BOUNDARIES = [0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 0.9]
 

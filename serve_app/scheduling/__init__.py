@@ -1,1 +1,4 @@
-"""Scheduling policies: plain classes, no Ray, unit-testable on their own."""
+"""Scheduling policies: plain classes, no Ray, unit-testable on their own.
+
+Overload and failure protection (shedding, in-flight limits, the circuit breaker) in `protection/`.
+"""

@@ -32,11 +32,11 @@ from typing import Any
 from serve_app.contract import BULK, URGENT, BatchReply, Priority
 from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
 from serve_app.observability import tracing
-from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
-from serve_app.scheduling.limit import AdaptiveLimit
+from serve_app.scheduling.protection.breaker import BreakerState, CircuitBreaker
+from serve_app.scheduling.protection.limit import AdaptiveLimit
+from serve_app.scheduling.protection.standing import QueueShedding
 from serve_app.scheduling.queue import QueueFull, QueuePolicy, RequestQueue, Ticket, make_queue
-from serve_app.scheduling.standing import QueueShedding
 from serve_app.scheduling.waits import WaitBounds
 
 
@@ -267,7 +267,7 @@ class Dispatcher:
         self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float, precheck: bool = False
     ) -> None:
         """Refuse (raise Overloaded) a request of `items` rows that cannot be served in time, or of a
-        class the standing queue sheds now (drawn once per request: serve_app/scheduling/standing.py)."""
+        class the standing queue sheds now (drawn once per request: serve_app/scheduling/protection/standing.py)."""
         self.shedding.follow(self.bulk.queue.oldest_wait(now))
         shed = self.shedding.refuses(priority, precheck)
         if shed:

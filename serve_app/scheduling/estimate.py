@@ -9,7 +9,7 @@ Two estimates of the wait, for two regimes:
 - `DrainRate`, the rows per second a lane actually completes while saturated,
   for a lane whose every slot is busy: the wait is the rows ahead over that rate.
   Why both: the in-flight limit counts batches queued at the replica as well as
-  running ones (serve_app/scheduling/limit.py keeps one ready per runner), and
+  running ones (serve_app/scheduling/protection/limit.py keeps one ready per runner), and
   the runners share cores with the router and the urgent lane, so service time
   over slots overstates how fast a backlog drains. Measured on BERT-base under a
   flood (the priority scenario at bench-realsize, before and after this estimate): the model

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from serve_app.manifest import MANIFEST_FILE, GenerationSpec, Manifest, TensorSpec
-from serve_app.models.kv_cache import past_names, present_names
+from serve_app.models.generation.kv_cache import past_names, present_names
 from serve_app.presets import DEMO_VOCAB, BertConfig, ExportConfig, GPTConfig, Preset, ResNetConfig
 from serve_app.tokenization import TextTokenizer, train_byte_level_bpe
 from serve_app.zoo import data, export, train

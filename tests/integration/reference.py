@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from serve_app.models.kv_cache import past_names, present_names
+from serve_app.models.generation.kv_cache import past_names, present_names
 from serve_app.padding import pad_left
 from serve_app.tokenization import TextTokenizer
 

@@ -87,7 +87,7 @@ def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
         assert {"replica:router", f"replica:{model}"} <= set(r["ours"]["closed"][-1]["cpu_cores_by_role"])
         assert r["ours"]["closed"][-1]["served_by"] == {model: r["ours"]["closed"][-1]["requests"]}
         # Behind HAProxy, v2 infer went straight to the router's app (an upgrade of Ray that moves
-        # Serve's middleware hook turns this off: serve_app/router/direct.py).
+        # Serve's middleware hook turns this off: serve_app/router/edge/direct.py).
         assert r["ours"]["direct_infer"] is True
         _answered(r["ours-binary"]["closed"][0])  # the binary tensor extension, end to end
         # Each served setup measured with no load too: the cost model's fixed cores.

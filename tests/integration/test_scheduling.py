@@ -648,7 +648,7 @@ def test_every_metric_the_dashboard_and_alert_rules_read_is_exported(app):
 LEDGER = """
 import sys, ray
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
-from serve_app.router.rollback_ledger import NAMESPACE, ledger_name
+from serve_app.router.routing.rollback_ledger import NAMESPACE, ledger_name
 ledger = ray.get_actor(ledger_name("default"), namespace=NAMESPACE)
 for model, version, weight, _ in ray.get(ledger.exchange.remote([], [])):
     print(f"{model}/{version}/{weight:g}")

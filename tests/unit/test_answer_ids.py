@@ -10,7 +10,7 @@ from typing import Any
 
 from serve_app.config import AppArgs
 from serve_app.manifest import Manifest
-from serve_app.router.answer_ids import AnswerIds
+from serve_app.router.routing.answer_ids import AnswerIds
 from tests.conftest import tiny_args
 
 
@@ -58,7 +58,7 @@ def test_each_deployment_asks_for_its_manifest_once(tiny_model_dir: Path):
 
 
 def test_the_router_takes_a_manifest_it_has_at_hand_and_never_asks_a_replica(tiny_model_dir: Path):
-    from serve_app.router.catalog import ModelCatalog
+    from serve_app.router.routing.catalog import ModelCatalog
 
     async def fetch(model: str) -> dict[str, Any]:
         raise AssertionError(f"asked a replica of {model}")  # it could be at zero replicas

@@ -10,7 +10,7 @@ from serve_app.scheduling.autoscale import (
     router_demand,
     router_demand_policy,
 )
-from serve_app.scheduling.overload import CpuMeter
+from serve_app.scheduling.protection.overload import CpuMeter
 
 
 def ctx(ongoing: float, reports: dict[str, float], target: float = 2.0) -> SimpleNamespace:

@@ -10,7 +10,7 @@ import pytest
 
 from serve_app.config import AppArgs
 from serve_app.router.background import ROUTER_COUNT_POLL_S, BackgroundLoops
-from serve_app.router.dispatchers import DispatcherPool
+from serve_app.router.routing.dispatchers import DispatcherPool
 from tests.conftest import tiny_args
 from tests.unit.fakes import virtual_time
 
@@ -54,7 +54,7 @@ async def test_a_loop_that_dies_fails_the_health_check():
 def test_the_router_count_is_the_controllers_running_replicas_not_the_configured_count():
     """An autoscaled router's replica context knows only its configured count; the controller
     knows how many run."""
-    from serve_app.router.replicas import ROUTER_DEPLOYMENT, DeploymentState, DeploymentStates
+    from serve_app.router.routing.replicas import ROUTER_DEPLOYMENT, DeploymentState, DeploymentStates
 
     answers = [{ROUTER_DEPLOYMENT: DeploymentState("HEALTHY", 3)}, {}, {ROUTER_DEPLOYMENT: DeploymentState("UPSCALING", 0)}]
 

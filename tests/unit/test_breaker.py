@@ -1,6 +1,6 @@
 import pytest
 
-from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
+from serve_app.scheduling.protection.breaker import BreakerState, CircuitBreaker
 from tests.unit.fakes import Clock
 
 

@@ -152,8 +152,8 @@ def test_a_slow_redis_call_counts_as_a_miss():
 
 
 def test_only_repeatable_generations_and_requests_that_allow_it_are_cached():
-    from serve_app.models.sampling import GenerationParams
-    from serve_app.router.infer_v2 import InferHeaders, _opted_out, repeatable
+    from serve_app.models.generation.sampling import GenerationParams
+    from serve_app.router.endpoints.infer_v2 import InferHeaders, _opted_out, repeatable
 
     def params(**raw: object) -> GenerationParams:
         return GenerationParams.from_raw(dict(raw), 8, 32)

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from serve_app.router.calibrate import calibrate_threshold, score
-from serve_app.router.cascade import CascadePolicy, confidence
+from serve_app.router.routing.cascade import CascadePolicy, confidence
+from serve_app.tools.calibrate import calibrate_threshold, score
 
 
 def synthetic(n: int = 4000, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

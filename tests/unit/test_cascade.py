@@ -7,7 +7,7 @@ from serve_app.config import RouteConfig
 from serve_app.contract import Priority
 from serve_app.errors import DeadlineExceeded, InvalidInput, ModelFailure, Overloaded, Unavailable
 from serve_app.manifest import Manifest
-from serve_app.router.cascade import Cascade, CascadePolicy, ClassifierResult, confidence, route_policy, softmax
+from serve_app.router.routing.cascade import Cascade, CascadePolicy, ClassifierResult, confidence, route_policy, softmax
 
 
 def test_softmax_rows_sum_to_one():

@@ -12,8 +12,8 @@ import pytest
 
 from serve_app.config import AppArgs
 from serve_app.errors import NotFound
-from serve_app.router.catalog import ModelCatalog
-from serve_app.router.replicas import DeploymentState, DeploymentStates, parse_status
+from serve_app.router.routing.catalog import ModelCatalog
+from serve_app.router.routing.replicas import DeploymentState, DeploymentStates, parse_status
 from tests.conftest import tiny_args
 
 
@@ -166,7 +166,7 @@ def test_readiness_answers_are_reused_for_a_second_and_a_burst_of_probes_asks_ea
 
 def test_a_model_that_cannot_load_is_refused_here_never_ready_and_left_out_of_server_readiness():
     from serve_app.errors import Unavailable
-    from serve_app.router.dispatchers import DispatcherPool
+    from serve_app.router.routing.dispatchers import DispatcherPool
 
     replicas = Replicas()
     args = AppArgs.model_validate(tiny_args(Path("/nonexistent"))).model_copy(

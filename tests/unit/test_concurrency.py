@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from serve_app.contract import Priority
-from serve_app.scheduling.concurrency import ClassConcurrency
+from serve_app.scheduling.protection.concurrency import ClassConcurrency
 
 
 def test_each_class_fills_the_router_up_to_its_share_and_no_further():

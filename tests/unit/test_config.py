@@ -7,8 +7,8 @@ from pydantic import ValidationError
 from ray.serve.schema import ServeDeploySchema
 
 from serve_app.app import build_app
-from serve_app.catalog_build import load_app_args
 from serve_app.config import MODEL_DIR_ENV, AppArgs
+from serve_app.tools.catalog_build import load_app_args
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = [ROOT / "configs" / "local.yaml", ROOT / "configs" / "gpu.yaml"]

@@ -15,10 +15,10 @@ import pytest
 
 from serve_app.contract import Priority
 from serve_app.errors import ModelFailure
-from serve_app.models.continuous import ContinuousScheduler, QueueFull, SchedulerConfig, StepOutcome
-from serve_app.models.kv_cache import CacheShape, KVCache, past_names, present_names
-from serve_app.models.sampling import GenerationParams
-from serve_app.models.sequence import Sequence, TokenEvent
+from serve_app.models.generation.continuous import ContinuousScheduler, QueueFull, SchedulerConfig, StepOutcome
+from serve_app.models.generation.kv_cache import CacheShape, KVCache, past_names, present_names
+from serve_app.models.generation.sampling import GenerationParams
+from serve_app.models.generation.sequence import Sequence, TokenEvent
 from serve_app.tokenization import TextTokenizer
 from tests.integration.reference import greedy_tokens, session
 

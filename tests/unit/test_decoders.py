@@ -23,17 +23,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from serve_app import cpu_priority
 from serve_app.contract import Priority
-from serve_app.cpu_priority import BusyFlag, Pacer
 from serve_app.errors import InvalidInput, ModelFailure
 from serve_app.link.client import LinkedSender
 from serve_app.manifest import Manifest
+from serve_app.process import cpu_priority
+from serve_app.process.cpu_priority import BusyFlag, Pacer
 from serve_app.protocols import decoders, images, v2
 from serve_app.protocols.decoders import DecoderPool
-from serve_app.router import classify
-from serve_app.router.dispatchers import MarkedSender
-from serve_app.router.endpoints_status import _transport
+from serve_app.router.endpoints import classify
+from serve_app.router.endpoints.endpoints_status import _transport
+from serve_app.router.routing.dispatchers import MarkedSender
 
 LINUX = sys.platform.startswith("linux")
 ROOT = Path(__file__).resolve().parents[2]
@@ -393,7 +393,7 @@ def test_busy_flag_is_seen_by_a_child_while_any_batch_is_out() -> None:
 
 CHILD = """
 import sys
-from serve_app.cpu_priority import busy_reader
+from serve_app.process.cpu_priority import busy_reader
 busy = busy_reader(int(sys.argv[1]))
 for _ in range(3):
     print(busy(), flush=True)

@@ -1,4 +1,4 @@
-"""The router's direct v2 infer path (serve_app.router.direct) in a real uvicorn server: which
+"""The router's direct v2 infer path (serve_app.router.edge.direct) in a real uvicorn server: which
 calls take it, the request id, a client that leaves, and the install through Serve's hook."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from starlette.types import Receive, Scope, Send
 
-from serve_app.router import callwatch, direct
-from serve_app.router.shedgate import Receive, Scope, Send
+from serve_app.router.edge import callwatch, direct
 from tests.unit.fakes import VirtualTimeLoop
 from tests.unit.uvicorn_server import exchange, free_port, serve_and
 
@@ -208,7 +208,7 @@ def test_install_takes_the_hook_from_the_environment_and_leaves_an_operators_own
 
 
 def test_every_way_the_app_starts_sets_the_hook() -> None:
-    from serve_app.ingress_env import INGRESS_ENV
+    from serve_app.tools.ingress_env import INGRESS_ENV
 
     assert INGRESS_ENV[direct.HOOK_ENV] == direct.HOOK
 

@@ -10,7 +10,7 @@ from serve_app.contract import BatchReply, Priority
 from serve_app.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
 from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, RequestTiming
 from serve_app.scheduling.estimate import DrainRate
-from serve_app.scheduling.limit import AdaptiveLimit
+from serve_app.scheduling.protection.limit import AdaptiveLimit
 from tests.unit.fakes import virtual_time
 
 
@@ -603,14 +603,14 @@ async def test_only_a_dead_replica_is_retried_and_only_once():
 def test_the_router_retries_on_rays_replica_death_errors_only():
     from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-    from serve_app.router.dispatchers import replica_died
+    from serve_app.router.routing.dispatchers import replica_died
 
     assert replica_died(ActorDiedError()) and replica_died(ActorUnavailableError("gone", None))
     assert not replica_died(InvalidInput("bad")) and not replica_died(TimeoutError())
 
 
 def test_a_batch_heavier_than_serves_grpc_message_limit_goes_by_reference():
-    from serve_app.router.dispatchers import BY_REFERENCE_BYTES, handle_sender, payload_bytes
+    from serve_app.router.routing.dispatchers import BY_REFERENCE_BYTES, handle_sender, payload_bytes
 
     class Handle:
         def __init__(self, name: str, calls: list[str]) -> None:

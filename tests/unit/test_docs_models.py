@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from serve_app.app import load_problem
-from serve_app.catalog_build import load_app_args
+from serve_app.tools.catalog_build import load_app_args
 from serve_app.zoo import hub
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"

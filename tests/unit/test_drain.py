@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import yaml
 
-from serve_app.drain import drain, request_drain, wait_until
-from serve_app.kuberay import DRAIN_DEADLINE_S, render
+from serve_app.tools.drain import drain, request_drain, wait_until
+from serve_app.tools.kuberay import DRAIN_DEADLINE_S, render
 from tests.unit.fakes import Clock
 from tests.unit.test_kuberay import GPU_CONFIG
 
@@ -96,6 +96,6 @@ def test_worker_pods_drain_before_they_stop_and_get_the_time_for_it():
     for group in cluster["workerGroupSpecs"]:
         pod = group["template"]["spec"]
         (container,) = pod["containers"]
-        assert container["lifecycle"]["preStop"]["exec"]["command"][:3] == ["python", "-m", "serve_app.drain"]
+        assert container["lifecycle"]["preStop"]["exec"]["command"][:3] == ["python", "-m", "serve_app.tools.drain"]
         assert pod["terminationGracePeriodSeconds"] > DRAIN_DEADLINE_S
     assert "lifecycle" not in cluster["headGroupSpec"]["template"]["spec"]["containers"][0]  # the head is not drained

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
 from serve_app.errors import Unauthorized
-from serve_app.router.edge import BodyLimit, InflightBytes, KeyGate
+from serve_app.router.edge.checks import BodyLimit, InflightBytes, KeyGate
 from serve_app.router.http import add_error_handlers
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,7 @@ import pytest
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
-from serve_app.router import endpoints_openai, endpoints_status, endpoints_v2
+from serve_app.router.endpoints import endpoints_openai, endpoints_status, endpoints_v2
 
 
 def _calls(d: Dependant) -> list:

@@ -15,8 +15,8 @@ from serve_app.config import AppArgs
 from serve_app.contract import Priority
 from serve_app.errors import InvalidInput, RateLimited
 from serve_app.protocols.openai import SamplingFields
-from serve_app.router import endpoints_openai
-from serve_app.router.endpoints_openai import CallerHeaders
+from serve_app.router.endpoints import endpoints_openai
+from serve_app.router.endpoints.endpoints_openai import CallerHeaders
 from serve_app.router.parts import RouterParts, build_parts
 from serve_app.scheduling.tenants import Tenant, TokenBucket
 from tests.conftest import tiny_args
@@ -71,8 +71,8 @@ def test_a_refused_request_costs_its_caller_only_the_arrival_token(
 
 def test_on_the_v2_path_too_a_refused_generation_costs_only_the_arrival_token(parts: RouterParts):
     from serve_app.protocols import v2
-    from serve_app.router import infer_v2
-    from serve_app.router.qos import QoS
+    from serve_app.router.admission.qos import QoS
+    from serve_app.router.endpoints import infer_v2
 
     now = [0.0]
     tenant = Tenant("t", bucket=TokenBucket(rate_per_s=1, burst=10, clock=lambda: now[0]))
@@ -101,9 +101,9 @@ def test_on_the_v2_path_too_a_refused_generation_costs_only_the_arrival_token(pa
 def test_v2_infer_marks_a_classification_as_work_the_image_decoders_yield_to(
     parts: RouterParts, monkeypatch: pytest.MonkeyPatch, model: str, tensor: dict[str, Any], priority: str, held: int
 ):
-    from serve_app import cpu_priority
+    from serve_app.process import cpu_priority
     from serve_app.protocols import v2
-    from serve_app.router import infer_v2
+    from serve_app.router.endpoints import infer_v2
     from serve_app.scheduling.dispatcher import RequestTiming
 
     seen: list[int] = []

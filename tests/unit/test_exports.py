@@ -14,11 +14,11 @@ import torch
 from serve_app.exports import Declared, ExportProblems, discover
 from serve_app.manifest import Manifest
 from serve_app.models.classifier import Normalize, image_feed
-from serve_app.models.continuous import ContinuousScheduler
-from serve_app.models.decoder_graph import DecoderGraph
-from serve_app.models.kv_cache import KVCache
-from serve_app.models.sampling import GenerationParams
-from serve_app.models.sequence import Sequence
+from serve_app.models.generation.continuous import ContinuousScheduler
+from serve_app.models.generation.decoder_graph import DecoderGraph
+from serve_app.models.generation.kv_cache import KVCache
+from serve_app.models.generation.sampling import GenerationParams
+from serve_app.models.generation.sequence import Sequence
 from serve_app.padding import pad_right
 from serve_app.tokenization import TextTokenizer
 from serve_app.zoo.hub import TorchvisionResNet

@@ -1,6 +1,6 @@
 import gc
 
-from serve_app.router.gcwatch import FullCollectionSchedule, GcPauses, freeze_startup_heap
+from serve_app.process.gcwatch import FullCollectionSchedule, GcPauses, freeze_startup_heap
 
 
 class Clock:

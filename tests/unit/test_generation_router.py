@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from serve_app.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
-from serve_app.router import generation
-from serve_app.router.generation import Generated
-from serve_app.scheduling.breaker import BreakerState, CircuitBreaker
+from serve_app.router.endpoints import generation
+from serve_app.router.endpoints.generation import Generated
+from serve_app.scheduling.protection.breaker import BreakerState, CircuitBreaker
 from tests.unit.fakes import VirtualTimeLoop
 
 

@@ -113,7 +113,7 @@ def test_the_triton_config_http_shows_is_the_model_config_message_tritonclient_r
     from google.protobuf import json_format
 
     from serve_app.manifest import Manifest
-    from serve_app.router.catalog import triton_config
+    from serve_app.router.routing.catalog import triton_config
 
     manifest = Manifest.model_validate(
         {"name": "m", "family": "resnet", "inputs": [], "outputs": [], "version": "1", "labels": ["a", "b"], "image_size": 8}
@@ -134,8 +134,8 @@ def test_grpc_requests_share_the_routers_in_flight_byte_budget_with_http_bodies(
     import asyncio
 
     from serve_app.config import AppArgs
-    from serve_app.router.grpc_service import GrpcInference
-    from serve_app.router.infer_v2 import InferHeaders
+    from serve_app.router.endpoints.grpc_service import GrpcInference
+    from serve_app.router.endpoints.infer_v2 import InferHeaders
     from serve_app.router.parts import build_parts
     from tests.conftest import tiny_args
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from serve_app.process.heaptrim import HeapTrim
 from serve_app.router.background import BackgroundLoops
-from serve_app.router.heaptrim import HeapTrim
 from tests.unit.test_background import pool
 
 

@@ -95,7 +95,7 @@ def test_a_series_is_set_largest_bucket_first() -> None:
 def test_the_decode_loop_bins_token_latencies_and_sets_its_series_every_export_s() -> None:
     from types import SimpleNamespace
 
-    from serve_app.models.generator import GenerationMetrics
+    from serve_app.models.generation.generator import GenerationMetrics
 
     now = [100.0]
     m = GenerationMetrics("gpt", clock=lambda: now[0])

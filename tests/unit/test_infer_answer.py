@@ -1,4 +1,4 @@
-"""How the router's edge answers one v2 infer call (serve_app.router.infer_edge.answer) and matches
+"""How the router's edge answers one v2 infer call (serve_app.router.edge.infer_edge.answer) and matches
 its path, as plain ASGI, without Ray or FastAPI."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from starlette.responses import Response
 
 from serve_app.errors import InvalidInput
-from serve_app.router import direct, infer_edge
+from serve_app.router.edge import direct, infer_edge
 
 
 @pytest.mark.parametrize(
@@ -145,7 +145,7 @@ def test_a_client_that_left_gets_no_answer() -> None:
 def test_the_edges_refusals_in_a_chunked_body_read_keep_their_status(max_bytes, inflight, status, retry_after) -> None:  # type: ignore[no-untyped-def]
     """The body limit and the in-flight bytes are enforced as a chunked body arrives, by raising into
     the read: answered 413, and 503 + Retry-After."""
-    from serve_app.router.edge import BodyLimit, InflightBytes
+    from serve_app.router.edge.checks import BodyLimit, InflightBytes
 
     async def answer(parts: Any, name: str, version: Any, read_body: Any, *rest: Any) -> Response:
         await read_body()

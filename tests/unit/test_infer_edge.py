@@ -1,4 +1,4 @@
-"""v2 infer's one way in (serve_app/router/infer_edge.py), on a router without Ray: each kind of
+"""v2 infer's one way in (serve_app/router/edge/infer_edge.py), on a router without Ray: each kind of
 request answered at the app's root and under a route prefix alike, traced or not, and no other
 path left to a v2 infer call."""
 
@@ -18,9 +18,10 @@ import pytest
 
 from serve_app.config import AppArgs
 from serve_app.contract import BatchReply
-from serve_app.router import endpoints_v2, infer_edge
+from serve_app.router.edge import infer_edge
+from serve_app.router.edge.infer_edge import InferEdge
+from serve_app.router.endpoints import endpoints_v2
 from serve_app.router.http import RouterApp, build_http_app
-from serve_app.router.infer_edge import InferEdge
 from serve_app.router.parts import build_parts
 from tests.conftest import tiny_args
 
@@ -160,7 +161,7 @@ def test_no_other_function_answers_v2_infer() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "answer_infer":
                 calls.append(str(path.relative_to(ROOT)))
-    assert calls == ["serve_app/router/infer_edge.py"]
+    assert calls == ["serve_app/router/edge/infer_edge.py"]
     assert importlib.util.find_spec("serve_app.router.fastpath") is None
     source = inspect.getsource(endpoints_v2.infer)
     assert "answer_infer" not in source and "raise RuntimeError" in source

@@ -11,8 +11,8 @@ import yaml
 
 from benchmarks.cluster import base_env
 from benchmarks.scenarios import DEFAULT_INGRESS
-from serve_app.ingress_env import DIRECT_INFER_ENV, INGRESS_ENV, with_ingress_env
-from serve_app.kuberay import render
+from serve_app.tools.ingress_env import DIRECT_INFER_ENV, INGRESS_ENV, with_ingress_env
+from serve_app.tools.kuberay import render
 
 ROOT = Path(__file__).resolve().parents[2]
 

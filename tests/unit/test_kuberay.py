@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 import yaml
 
-from serve_app.kuberay import INGRESS_RESOURCE, render, serve_config_of
+from serve_app.tools.kuberay import INGRESS_RESOURCE, render, serve_config_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "k8s" / "crds" / "ray.io_rayservices.yaml"  # KubeRay v1.7.0's, kept in the repository

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from serve_app.models.kv_cache import CacheShape, KVCache
+from serve_app.models.generation.kv_cache import CacheShape, KVCache
 
 SHAPE = CacheShape(n_layers=2, n_heads=2, head_dim=3, width=8)
 

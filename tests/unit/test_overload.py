@@ -12,9 +12,9 @@ import pytest
 from serve_app.config import AppArgs
 from serve_app.contract import Priority
 from serve_app.router.background import BackgroundLoops
+from serve_app.router.edge.shedgate import HeaderCheck, ShedGate
 from serve_app.router.parts import RouterParts, build_parts
-from serve_app.router.shedgate import HeaderCheck, ShedGate
-from serve_app.scheduling.overload import ClassShedding, LoopLag
+from serve_app.scheduling.protection.overload import ClassShedding, LoopLag
 from tests.conftest import tiny_args
 
 

@@ -2,7 +2,7 @@ import pytest
 
 from serve_app.contract import Priority
 from serve_app.errors import InvalidInput
-from serve_app.router.qos import parse_qos
+from serve_app.router.admission.qos import parse_qos
 
 
 def test_headers_set_priority_and_deadline():

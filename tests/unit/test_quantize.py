@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pytest
 
-from serve_app import catalog_build
 from serve_app.config import AppArgs
 from serve_app.manifest import Manifest
+from serve_app.tools import catalog_build
 from serve_app.zoo import quantize
 from serve_app.zoo.data import TEST_SEED
 from serve_app.zoo.evaluate import classifier_logits
@@ -100,7 +100,7 @@ def test_models_build_adds_the_variant_a_config_asks_for_without_retraining(mode
 
 
 def test_a_route_with_a_quantized_light_tier_is_calibrated_as_served(models: Path):
-    from serve_app.catalog_calibrate import calibrate_route, needs_calibration
+    from serve_app.tools.catalog_calibrate import calibrate_route, needs_calibration
 
     shutil.copytree(models / "bert-light", models / "bert-heavy")
     catalog = {

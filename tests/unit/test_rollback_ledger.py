@@ -1,4 +1,4 @@
-"""Rollbacks shared between an application's routers (serve_app/router/rollback_ledger.py): the
+"""Rollbacks shared between an application's routers (serve_app/router/routing/rollback_ledger.py): the
 ledger's merging, a router's exchange with it, and a router that goes on alone when the ledger
 cannot be reached. The Ray actor itself, with a router replaced under a rolled-back canary: the
 last test of tests/integration/test_scheduling.py."""
@@ -13,8 +13,8 @@ import pytest
 from ray.exceptions import RayActorError
 
 from serve_app.config import TrafficConfig
-from serve_app.router import rollback_ledger
-from serve_app.router.rollback_ledger import RollbackLedger, SharedRollbacks
+from serve_app.router.routing import rollback_ledger
+from serve_app.router.routing.rollback_ledger import RollbackLedger, SharedRollbacks
 from serve_app.scheduling.traffic import TrafficPolicy
 
 RULE = {"window_s": 30, "min_requests": 20, "max_error_rate_increase": 0.05}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
 from serve_app.router.http import RouterApp, add_error_handlers
-from serve_app.router.shedgate import Message, Receive, Scope, Send
 
 pytestmark = pytest.mark.anyio
 

@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from serve_app.cpu_priority import is_background, lower_thread_priority
 from serve_app.models.runtime import create_session
+from serve_app.process.cpu_priority import is_background, lower_thread_priority
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
 
@@ -45,7 +45,7 @@ def test_lower_thread_priority_changes_only_the_calling_thread():
 
 RENICE_PROBE = """
 import json, os, threading
-from serve_app.cpu_priority import renice_process
+from serve_app.process.cpu_priority import renice_process
 
 def ask(out):
     out["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

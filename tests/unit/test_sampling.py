@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from serve_app.errors import InvalidInput
-from serve_app.models.sampling import GenerationParams, StreamingText, sample
+from serve_app.models.generation.sampling import GenerationParams, StreamingText, sample
 
 LOGITS = np.array([0.1, 3.0, 2.5, -1.0, 0.0])
 

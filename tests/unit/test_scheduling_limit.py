@@ -1,7 +1,7 @@
 import pytest
 
 from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
-from serve_app.scheduling.limit import AdaptiveLimit
+from serve_app.scheduling.protection.limit import AdaptiveLimit
 
 
 def run(limit: AdaptiveLimit, replicas: int, batches: int, exec_s: float = 0.01) -> None:

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serve_app.router.shedgate import Check, ShedGate, infer_target
+from serve_app.router.edge.shedgate import Check, ShedGate, infer_target
 
 pytestmark = pytest.mark.anyio
 

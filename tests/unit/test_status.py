@@ -10,8 +10,8 @@ import pytest
 from serve_app.config import TenantConfig
 from serve_app.contract import Priority
 from serve_app.errors import Forbidden, Unauthorized
-from serve_app.router.callers import Callers, build_registry
-from serve_app.router.catalog import RecentAnswers
+from serve_app.router.admission.callers import Callers, build_registry
+from serve_app.router.routing.catalog import RecentAnswers
 
 
 class Generator:

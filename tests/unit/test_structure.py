@@ -13,14 +13,13 @@ from setuptools import find_packages
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "serve_app"
-# Build time only: the demo model zoo (torch) and the commands that build and calibrate it.
-BUILD_TIME = (
-    "serve_app.zoo",
-    "serve_app.cli",
-    "serve_app.catalog_build",
-    "serve_app.catalog_calibrate",
-    "serve_app.catalog_import",
-)
+# Build time only, never imported by what runs in a replica: the demo model zoo (torch), and the
+# tools (the CLI and the commands that build, calibrate and import models and render the KubeRay
+# manifest, the ingress settings they start Ray with, a worker pod's drain hook).
+BUILD_TIME = ("serve_app.zoo", "serve_app.tools")
+# The most Python modules one folder of the package holds (its `__init__.py` counted): past it, a
+# folder is split by concern into sub-packages a newcomer can find their way in.
+MAX_MODULES_PER_FOLDER = 12
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -85,15 +84,16 @@ def test_policies_import_no_ray():
     policies = [
         m for m in MODULES if within(m, "serve_app.scheduling", "serve_app.contract", "serve_app.cache", "serve_app.link")
     ]
-    policies += ["serve_app.router.cascade", "serve_app.router.callers", "serve_app.router.catalog", "serve_app.router.versions"]
+    policies += [m for m in MODULES if within(m, "serve_app.router.admission", "serve_app.process")]
+    policies += ["serve_app.router.routing.cascade", "serve_app.router.routing.catalog", "serve_app.router.routing.versions"]
     assert offenders(policies, ("ray",)) == {}
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="subprocess import check")
-def test_loading_the_application_loads_no_zoo_and_no_torch():
+def test_loading_the_application_loads_no_zoo_no_tools_and_no_torch():
     code = (
         "import sys, serve_app.app; "
-        "bad = [m for m in sys.modules if m.startswith(('serve_app.zoo', 'torch', 'benchmarks'))]; "
+        "bad = [m for m in sys.modules if m.startswith(('serve_app.zoo', 'serve_app.tools', 'torch', 'benchmarks'))]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -105,6 +105,33 @@ def test_the_installed_distribution_holds_only_serve_app():
     packages = find_packages(str(ROOT), include=config["include"])
     assert "serve_app" in packages and "serve_app.router" in packages
     assert [p for p in packages if not within(p, "serve_app")] == []
+    # Every folder of modules is a package (has its `__init__.py`), so none is left out of the wheel.
+    assert {module_name(folder / "__init__.py") for folder in module_counts(PACKAGE)} <= set(packages)
+
+
+def module_counts(package: Path) -> dict[Path, int]:
+    """Each folder under `package` (itself included) that holds Python modules, and how many it
+    holds directly, its `__init__.py` included."""
+    folders = [package, *(d for d in sorted(package.rglob("*")) if d.is_dir())]
+    counts = {d: len(list(d.glob("*.py"))) for d in folders}
+    return {d: n for d, n in counts.items() if n}
+
+
+def crowded(package: Path, limit: int = MAX_MODULES_PER_FOLDER) -> dict[str, int]:
+    return {d.relative_to(package.parent).as_posix(): n for d, n in module_counts(package).items() if n > limit}
+
+
+def test_no_folder_holds_more_than_twelve_modules(tmp_path: Path):
+    assert crowded(PACKAGE) == {}, "split the folder by concern into sub-packages"
+    # The count is of the folder's own modules, `__init__.py` included, not of its sub-packages'.
+    folder = tmp_path / "serve_app" / "router"
+    (folder / "edge").mkdir(parents=True)
+    for i in range(12):
+        (folder / f"m{i}.py").write_text("")
+        (folder / "edge" / f"m{i}.py").write_text("")
+    assert crowded(tmp_path / "serve_app") == {}
+    (folder / "__init__.py").write_text("")
+    assert crowded(tmp_path / "serve_app") == {"serve_app/router": 13}
 
 
 def private_imports(found: set[str]) -> list[str]:

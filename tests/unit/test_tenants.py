@@ -61,7 +61,7 @@ def test_keys_come_hashed_from_config_env_or_file(tmp_path, monkeypatch):
 
 
 def test_without_keys_anonymous_callers_are_capped_at_normal_unless_configured():
-    from serve_app.router.callers import build_registry
+    from serve_app.router.admission.callers import build_registry
 
     capped = build_registry([]).authenticate(None)
     assert capped.cap(Priority.HIGH) == Priority.NORMAL and capped.cap(Priority.LOW) == Priority.LOW

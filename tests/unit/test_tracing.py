@@ -14,9 +14,9 @@ from serve_app.config import TracingConfig
 from serve_app.contract import BatchReply
 from serve_app.errors import ModelFailure
 from serve_app.observability import tracing
-from serve_app.router.traced import route_of
+from serve_app.router.edge.traced import route_of
 from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings
-from serve_app.scheduling.limit import AdaptiveLimit
+from serve_app.scheduling.protection.limit import AdaptiveLimit
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, running_receiver, traceparent
 from tests.unit.test_continuous import Harness
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from serve_app.config import AppArgs, TrafficConfig
 from serve_app.contract import Priority
 from serve_app.errors import InvalidInput, ModelFailure, NotFound
-from serve_app.router.versions import VersionedModels
+from serve_app.router.routing.versions import VersionedModels
 from tests.unit.fakes import virtual_time
 
 

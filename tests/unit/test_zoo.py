@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from serve_app.manifest import Manifest
-from serve_app.models.kv_cache import past_names, present_names
+from serve_app.models.generation.kv_cache import past_names, present_names
 from serve_app.presets import PRESETS, BertConfig, GPTConfig, ResNetConfig, get_preset
 from serve_app.zoo import export
 from serve_app.zoo.bert import BertClassifier

@@ -36,7 +36,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from serve_app.router.catalog import STATS_TTL_S
+from serve_app.router.routing.catalog import STATS_TTL_S
 from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args
 from tests.integration.reference import greedy_text, session

@@ -1,0 +1,124 @@
+"""One dispatcher per model, made from the config on first use; making one starts nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator
+from typing import Any
+
+from serve_app.config import AppArgs
+from serve_app.contract import BatchReply, Priority
+from serve_app.errors import cannot_load
+from serve_app.link.client import LinkedSender
+from serve_app.process.cpu_priority import MODEL_WORK
+from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, RequestTiming, SendBatch
+
+# (model) -> how to send that model a batch (a deployment handle call, in the router)
+SenderFor = Callable[[str], SendBatch]
+
+
+def replica_died(error: Exception) -> bool:
+    """The replica (its actor or its node) went away under the call: the work may run elsewhere.
+    (A batch whose same-node link breaks goes through Serve at once, in `LinkedSender`.)"""
+    from ray.exceptions import RayActorError  # ActorDiedError and ActorUnavailableError among them
+
+    return isinstance(error, RayActorError)
+
+
+class DispatcherPool:
+    """The router's per-model queues. `send_for(model)` returns the coroutine that runs a batch."""
+
+    def __init__(self, args: AppArgs, send_for: SenderFor, retryable: Callable[[Exception], bool] = replica_died) -> None:
+        self.args = args
+        self.send_for = send_for
+        self.retryable = retryable
+        self.by_model: dict[str, Dispatcher] = {}
+
+    def get(self, model: str) -> Dispatcher:
+        if (reason := self.args.unavailable.get(model)) is not None:
+            # A cascade's tier, a policy's version or a shadow whose model cannot load: the 503
+            # with the reason, which a cascade answers around and a canary's rollback counts.
+            raise cannot_load(model, reason)
+        if model not in self.by_model:
+            self.by_model[model] = Dispatcher(model, self.send_for(model), self.settings(model), retryable=self.retryable)
+        return self.by_model[model]
+
+    async def submit(
+        self, deployment: str, payload: Any, items: int, priority: Priority, deadline: float | None, timing: RequestTiming | None
+    ) -> Any:
+        """One request's rows through a deployment's queue; its result, or its error."""
+        return await self.get(deployment).submit(payload, items, priority, deadline, timing)
+
+    def existing(self, model: str) -> Dispatcher | None:
+        """The model's dispatcher if it has seen a request, without making one."""
+        return self.by_model.get(model)
+
+    def settings(self, model: str) -> DispatchSettings:
+        config, sched = self.args.deployment_config(model), self.args.scheduling
+        return DispatchSettings(
+            policy=sched.policy,
+            max_queue_items=sched.max_queue_items,
+            max_queue_delay_s=sched.max_queue_delay_s,
+            max_queued_s=sched.max_queued_s,
+            queue_delay_target_s=sched.queue_delay_target_ms / 1e3,
+            max_batch_size=config.batching.max_batch_size,
+            batch_wait_timeout_s=config.batching.batch_wait_timeout_s,
+            batch_timeout_s=sched.batch_timeout_s,
+            breaker_failures=sched.breaker_failures,
+            breaker_open_s=sched.breaker_open_s,
+            urgent_lane=config.urgent_lane,
+        )
+
+    def busy(self, ignored: Collection[str] = ()) -> bool:
+        """Any work queued or in flight for a deployment not in `ignored`: what the full-collection
+        schedule avoids, and what shadows wait out."""
+        return any((d.queued_items or d.inflight) and name not in ignored for name, d in self.by_model.items())
+
+    def __iter__(self) -> Iterator[Dispatcher]:
+        return iter(self.by_model.values())
+
+
+# Serve's calls between deployments travel over gRPC (RAY_SERVE_THROUGHPUT_OPTIMIZED), whose
+# replicas refuse a message over 4 MiB (RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH): a batch of
+# encoded images or large tensors past this goes by reference, through Ray's object store.
+BY_REFERENCE_BYTES = 3 * 2**20
+
+
+def payload_bytes(payloads: list[Any]) -> int:
+    """About what a batch's payloads weigh on the wire: tensors' bytes, texts' and images' lengths."""
+    total = 0
+    for p in payloads:
+        if hasattr(p, "nbytes"):
+            total += int(p.nbytes)
+        elif isinstance(p, list):  # texts count at UTF-8's widest, so as not to undercount
+            total += sum(len(item) if isinstance(item, bytes) else 4 * len(item) for item in p)
+    return total
+
+
+def handle_sender(handle: Any, router_id: str, node_id: str | None = None) -> SendBatch:
+    """A batch as one call to a classifier deployment (`serve_app.models.classifier.Classifier.run`);
+    a heavy one by reference (see BY_REFERENCE_BYTES). With `node_id` (this router's Ray node),
+    batches go over the link of a replica on that node where one is known (serve_app.link)."""
+    # Bound once: each `handle.run` would build a new handle, per batch.
+    by_value, by_reference = handle.run, handle.options(_by_reference=True).run
+
+    def heavy(payloads: list[Any]) -> bool:
+        return payload_bytes(payloads) > BY_REFERENCE_BYTES
+
+    async def send(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
+        target = by_reference if heavy(payloads) else by_value
+        reply: BatchReply = await target.remote(payloads, router_id, queued, lane, traces)
+        return reply
+
+    return MarkedSender(send if node_id is None else LinkedSender(send, router_id, node_id, handle_only=heavy))
+
+
+class MarkedSender:
+    """`inner`, counted in MODEL_WORK while its batch is out: the router's image decoders wait
+    for it when no core is free (serve_app.protocols.decoders)."""
+
+    def __init__(self, inner: SendBatch) -> None:
+        self.inner = inner
+
+    async def __call__(self, payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
+        with MODEL_WORK.held():
+            return await self.inner(payloads, queued, lane, traces)

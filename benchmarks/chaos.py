@@ -61,6 +61,7 @@ RECOVERED_SHARE = 0.8  # goodput back to this share of the pre-fault mean counts
 class ChaosSettings:
     seconds: float = 40.0  # measured window of each phase
     fault_at_s: float = 10.0  # when in the window the fault strikes
+    warmup_s: float = 2.0  # load before each measured window
     concurrency: int = 16
     streams: int = 4  # SSE streams running through the decode-loop stall and the node's loss
     head_cpus: int = 4
@@ -74,7 +75,7 @@ class ChaosSettings:
         # phase of their own; both must still cost the good requests nothing.
         phases = ("replica", "router", "stall", "node")
         malformed = ("replica", "malformed")  # `--phases malformed` still runs a phase of its own
-        return cls(seconds=12.0, fault_at_s=4.0, concurrency=8, streams=2, phases=phases, malformed_during=malformed)
+        return cls(seconds=9.0, fault_at_s=3.0, warmup_s=1.0, concurrency=8, streams=2, phases=phases, malformed_during=malformed)
 
 
 class MultiNodeCluster(RayCluster):
@@ -342,7 +343,7 @@ def _phase(
 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     streams: list[dict[str, Any]] = []
-    warmup = 2.0
+    warmup = s.warmup_s
 
     def strike() -> None:
         time.sleep(warmup + s.fault_at_s)

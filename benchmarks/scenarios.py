@@ -93,7 +93,7 @@ class Settings:
     def smoke(cls, models: list[str], model_dir: Path, config: Path) -> Settings:
         """A few seconds per step: checks the harness end to end, not the numbers."""
         return cls(
-            models=models, model_dir=model_dir, config=config, seconds=1.5, warmup=0.5, concurrencies=[4],
+            models=models, model_dir=model_dir, config=config, seconds=1.0, warmup=0.3, concurrencies=[4],
             headline_concurrency=4, limit_batch_sizes=[1, 4], limit_seconds=0.3, sweep_batch_sizes=[4],
             sweep_concurrency=4, ingress_concurrencies=[4], profile_seconds=3.0, priority_seconds=1.5, idle_seconds=0.5,
             smoke_ingress=True, measured_models_only=True,

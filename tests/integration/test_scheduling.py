@@ -392,12 +392,12 @@ async def _versions_of(requests: list[tuple[str, dict[str, str]]], model: str = 
 
 
 def test_unversioned_requests_split_by_weight_versioned_paths_are_exact_and_sticky_keys_stick(app):
-    answers = asyncio.run(_versions_of([(f"request number {i}", {}) for i in range(1000)]))
+    answers = asyncio.run(_versions_of([(f"request number {i}", {}) for i in range(500)]))
     assert {r.status_code for r in answers} == {200}, [r.text for r in answers if r.status_code != 200][:3]
     versions = [r.json()["model_version"] for r in answers]
     share = versions.count("2") / len(versions)
-    # 10% of 1000 unkeyed requests drawn at random: outside 5-15% about once in ten million runs.
-    assert 0.05 <= share <= 0.15 and versions.count("1") + versions.count("2") == 1000, share
+    # 10% of 500 unkeyed requests drawn at random: outside 5-15% about once in five thousand runs.
+    assert 0.05 <= share <= 0.15 and versions.count("1") + versions.count("2") == 500, share
     assert all(
         r.headers["X-Served-By"] == ("canaried" if v == "1" else "canaried-v2") for r, v in zip(answers, versions, strict=True)
     )

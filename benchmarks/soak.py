@@ -41,7 +41,7 @@ class SoakSettings:
 
     @classmethod
     def smoke(cls) -> SoakSettings:
-        return cls(seconds=6.0, warmup_s=2.0, sample_every_s=1.0, capacity_seconds=3.0)
+        return cls(seconds=5.0, warmup_s=1.0, sample_every_s=1.0, capacity_seconds=2.0)
 
 
 def mixed_streams(model_dir: Path) -> list[workloads.StreamSpec]:

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from serve_app.presets import Family, get_preset
+from serve_app.families import FAMILIES, Family, FamilyName, family
+from serve_app.presets import get_preset
 
 MODEL_DIR_ENV = "SERVE_APP_MODEL_DIR"
 
@@ -115,7 +116,7 @@ class ModelConfig(ConfigModel):
     """One model of the catalog. `preset` builds a demo model; `path` points at any model directory."""
 
     preset: str | None = None
-    family: Family | None = None
+    family: FamilyName | None = None
     path: str | None = Field(
         None,
         description="model directory, ONNX file, or object-store URI (s3://bucket/prefix, fetched once per node into "
@@ -179,7 +180,7 @@ class ModelConfig(ConfigModel):
                 raise ValueError(f"preset {self.preset!r} is a {preset_family} model, not {self.family}")
             self.family = preset_family
         if self.family is None:
-            raise ValueError("a model needs either a `preset` or an explicit `family` (bert, gpt or resnet)")
+            raise ValueError(f"a model needs either a `preset` or an explicit `family` ({', '.join(sorted(FAMILIES))})")
         return self
 
 
@@ -493,7 +494,7 @@ class AppArgs(ConfigModel):
                 if tier not in self.models:
                     raise ValueError(f"route {name!r} names unknown model {tier!r}; known: {sorted(self.models)}")
             families = {self.models[route.light].family, self.models[route.heavy].family}
-            if len(families) != 1 or families & {"gpt"}:
+            if len(families) != 1 or not self.family_of(route.light).cascades:
                 raise ValueError(f"route {name!r} must join two classifiers of one family, got {sorted(map(str, families))}")
         return self
 
@@ -502,7 +503,7 @@ class AppArgs(ConfigModel):
         # every batch sent to it fails: Serve would replace it only after more batches were lost.
         limit = self.scheduling.batch_timeout_s
         for name, s in list(self._served.items()):
-            if s.config.family == "gpt" or s.config.stall_timeout_s <= limit:
+            if self.family_of(s.deployment).generates or s.config.stall_timeout_s <= limit:
                 continue
             if "stall_timeout_s" not in s.config.model_fields_set:
                 # The default follows a lowered batch timeout; in a copy, as the caller may hold this config.
@@ -535,6 +536,12 @@ class AppArgs(ConfigModel):
 
     def deployment_config(self, deployment: str) -> ModelConfig:
         return self.served[deployment].config
+
+    def family_of(self, deployment: str) -> Family:
+        """A deployment's family (a model's, by its name: its entry's own deployment)."""
+        config = self.served[deployment].config
+        assert config.family is not None, "validated config always has a family"
+        return family(config.family)
 
     def model_path(self, deployment: str) -> Path:
         """Absolute model directory of a deployment; resolved where the app is built, not in each replica."""

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from serve_app.config import ModelConfig
+from serve_app.families import FAMILIES
 from serve_app.manifest import MANIFEST_FILE, Datatype, GenerationSpec, ImageSpec, Manifest, TensorSpec
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -62,6 +64,21 @@ class Declared:
     def of(cls, name: str, config: ModelConfig) -> Declared:
         image = config.image.model_dump(exclude_none=True) if config.image else None
         return cls(name, None if config.preset else config.family, image)
+
+
+# (model directory, what the config declares, the graph's inputs, its outputs, config.json) ->
+# (the manifest's fields beyond name, family, graph and tensors; one line per problem)
+ReadExport = Callable[[Path, Declared, list[TensorSpec], list[TensorSpec], dict[str, Any]], tuple[dict[str, Any], list[str]]]
+
+
+@dataclass(frozen=True)
+class ExportReader:
+    """How one family's export is read (a family's `export`, serve_app.families): whether a graph
+    is of the family, from its inputs, and the manifest from the exporter's files."""
+
+    expects: str  # the inputs it recognizes, for the message when no family's reader does
+    recognizes: Callable[[list[TensorSpec]], bool]
+    read: ReadExport
 
 
 def locate(path: str | Path) -> tuple[Path, str | None]:
@@ -148,40 +165,42 @@ def read_export(model_dir: Path, declared: Declared, graph: str | None = None) -
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise ExportProblems(model_dir, [f"{onnx_file} cannot be loaded by ONNX Runtime ({first}): re-export it"]) from None
     names = [t.name for t in inputs]
-    family = _family(names, inputs)
+    # The families that read exports (serve_app.families); at most one recognizes a graph.
+    readers = {f.name: r for f in FAMILIES.values() if (r := f.export_reader) is not None}
+    family = next((name for name, reader in readers.items() if reader.recognizes(inputs)), None)
     if declared.family is not None and family is not None and declared.family != family:
         problem = f"the graph looks like a {family} model (inputs {names}) but the config says family {declared.family}"
         raise ExportProblems(model_dir, [problem])
     family = declared.family or family
     if family is None:
-        raise ExportProblems(model_dir, [f"cannot tell what the graph is from its inputs {names}: " + _EXPECTED])
+        raise ExportProblems(model_dir, [f"cannot tell what the graph is from its inputs {names}: " + _expected(readers)])
+    if (reader := readers.get(family)) is None:
+        raise ExportProblems(model_dir, [f"the {family} family reads no export: give {model_dir} a {MANIFEST_FILE}"])
     config = _json(model_dir / "config.json")
     base = {"name": declared.name, "family": family, "onnx_file": onnx_file, "inputs": inputs, "outputs": outputs}
     source = {"imported_from": str(model_dir), "model_type": config.get("model_type")}
-    if family == "resnet":
-        fields, more = _image(model_dir, declared, inputs, outputs, config)
-    else:
-        fields, more = _text(model_dir, family, inputs, outputs, config)
+    fields, more = reader.read(model_dir, declared, inputs, outputs, config)
     problems += more
     if problems:
         raise ExportProblems(model_dir, problems)
     return Manifest.model_validate({**base, **fields, "source": source})
 
 
-_EXPECTED = (
-    "expected input_ids and attention_mask (text classifier), past_key_values.{i}.key/value with position_ids "
-    "(decoder, optimum's text-generation-with-past), or one (N, 3, H, W) float input (image classifier)"
-)
+def _expected(readers: dict[str, ExportReader]) -> str:
+    said = [r.expects for r in readers.values()]
+    return "expected " + ", ".join([*said[:-1], f"or {said[-1]}"] if len(said) > 1 else said)
 
 
-def _family(names: list[str], inputs: list[TensorSpec]) -> str | None:
-    if any(PAST_KEY.match(n) for n in names):
-        return "gpt"
-    if "input_ids" in names:
-        return "bert"
-    if len(inputs) == 1 and len(inputs[0].shape) == 4 and inputs[0].datatype in ("FP32", "FP16"):
-        return "resnet"
-    return None
+def _is_decoder(inputs: list[TensorSpec]) -> bool:
+    return any(PAST_KEY.match(t.name) for t in inputs)
+
+
+def _is_text_classifier(inputs: list[TensorSpec]) -> bool:
+    return any(t.name == "input_ids" for t in inputs) and not _is_decoder(inputs)
+
+
+def _is_image_classifier(inputs: list[TensorSpec]) -> bool:
+    return len(inputs) == 1 and len(inputs[0].shape) == 4 and inputs[0].datatype in ("FP32", "FP16")
 
 
 def _labels(config: dict[str, Any], classes: int | None) -> tuple[list[str], list[str]]:
@@ -240,26 +259,42 @@ def special_tokens(model_dir: Path, config: dict[str, Any]) -> tuple[str | None,
     return pad, eos, max_length if isinstance(max_length, int) and 0 < max_length < UNSET_MAX_LENGTH else None
 
 
-def _text(
-    model_dir: Path, family: str, inputs: list[TensorSpec], outputs: list[TensorSpec], config: dict[str, Any]
-) -> tuple[dict[str, Any], list[str]]:
+def _tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[dict[str, Any], int | None, list[str]]:
+    """The manifest's tokenizer fields (its file, pad and end-of-sequence tokens) and the context
+    length, or the problems in the way."""
     if not (model_dir / TOKENIZER_FILE).is_file():
-        return {}, [
+        missing = (
             f"no {TOKENIZER_FILE} in {model_dir}: save the model's fast tokenizer beside the graph "
             "(`AutoTokenizer.from_pretrained(...).save_pretrained(DIR)`; optimum's export copies it)"
-        ]
+        )
+        return {}, None, [missing]
     try:
         pad, eos, max_length = special_tokens(model_dir, config)
     except Exception as e:
-        return {}, [f"{TOKENIZER_FILE} cannot be read by the tokenizers library ({str(e)[:160]}): save it again"]
+        return {}, None, [f"{TOKENIZER_FILE} cannot be read by the tokenizers library ({str(e)[:160]}): save it again"]
     positions = config.get("max_position_embeddings") or config.get("n_positions")
     limits = [n for n in (max_length, positions) if isinstance(n, int) and n > 0]
     length = min(limits) if limits else None
-    fields: dict[str, Any] = {"tokenizer_file": TOKENIZER_FILE, "pad_token": pad, "eos_token": eos}
-    if family == "bert":
-        more, problems = _classifier(inputs, outputs, config, pad, length)
-    else:
-        more, problems = _decoder(inputs, outputs, config, pad, eos, length)
+    return {"tokenizer_file": TOKENIZER_FILE, "pad_token": pad, "eos_token": eos}, length, []
+
+
+def _read_text_classifier(
+    model_dir: Path, declared: Declared, inputs: list[TensorSpec], outputs: list[TensorSpec], config: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    fields, length, problems = _tokenizer(model_dir, config)
+    if problems:
+        return {}, problems
+    more, problems = _classifier(inputs, outputs, config, fields["pad_token"], length)
+    return {**fields, **more}, problems
+
+
+def _read_decoder(
+    model_dir: Path, declared: Declared, inputs: list[TensorSpec], outputs: list[TensorSpec], config: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    fields, length, problems = _tokenizer(model_dir, config)
+    if problems:
+        return {}, problems
+    more, problems = _decoder(inputs, outputs, config, fields["pad_token"], fields["eos_token"], length)
     return {**fields, **more}, problems
 
 
@@ -387,3 +422,11 @@ def _image(
         return {}, problems
     spec = ImageSpec(mean=mean, std=std, resize=resize if resize and resize != size else None)  # type: ignore[arg-type]
     return {"image_size": size, "image": spec, "labels": labels, "pad_token": None, "eos_token": None}, problems
+
+
+# The built-in families' readers (serve_app.families.BUILT_IN names them).
+TEXT_CLASSIFIER = ExportReader("input_ids and attention_mask (text classifier)", _is_text_classifier, _read_text_classifier)
+DECODER = ExportReader(
+    "past_key_values.{i}.key/value with position_ids (decoder, optimum's text-generation-with-past)", _is_decoder, _read_decoder
+)
+IMAGE_CLASSIFIER = ExportReader("one (N, 3, H, W) float input (image classifier)", _is_image_classifier, _image)

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from serve_app.families import FamilyName
+
 MANIFEST_FILE = "manifest.json"
 
 Datatype = Literal["BOOL", "UINT8", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"]
@@ -51,7 +53,7 @@ class ImageSpec(BaseModel):
 
 class Manifest(BaseModel):
     name: str
-    family: Literal["bert", "gpt", "resnet"]
+    family: FamilyName
     version: str = "1"
     onnx_file: str = "model.onnx"
     tokenizer_file: str | None = None

@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Family = Literal["bert", "gpt", "resnet"]
-
 
 @dataclass(frozen=True)
 class BertConfig:
@@ -65,7 +63,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class Preset:
     name: str
-    family: Family
+    family: str  # a registered family (serve_app.families)
     model: BertConfig | GPTConfig | ResNetConfig | ExportConfig
     train: TrainConfig = field(default_factory=TrainConfig)
 

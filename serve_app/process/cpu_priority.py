@@ -265,6 +265,6 @@ def when_contended(busy: Callable[[], bool], taken: Callable[[], bool]) -> Calla
 
 
 # The router's latency-sensitive work in flight (its model batches out, and classifications other
-# than encoded images' or low priority's, serve_app.router.endpoints.classify.urgent): its image decoders
+# than encoded images' or low priority's, serve_app.router.endpoints.codecs.urgent): its image decoders
 # yield to it while no core is left free (serve_app.protocols.decoders).
 MODEL_WORK = BusyFlag()

@@ -10,6 +10,7 @@ import yaml
 
 from serve_app.config import AppArgs
 from serve_app.exports import Declared, ExportProblems, discover
+from serve_app.families import family
 from serve_app.manifest import Manifest
 from serve_app.sources import SourceError, local_path
 
@@ -32,17 +33,7 @@ def check(source: str, declared: Declared) -> Checked:
 
 
 def summary(m: Manifest) -> str:
-    if m.family == "gpt":
-        assert m.generation is not None
-        g = m.generation
-        what = f"decoder: {g.n_layers} layers, {g.n_heads} key/value heads of {g.head_dim}, context {g.block_size}"
-        what += f", end {m.eos_token!r}"
-    elif m.family == "bert":
-        what = f"text classifier: {len(m.labels)} labels {m.labels[:4]}, up to {m.max_sequence_length} tokens"
-    else:
-        norm = f"mean {m.image.mean} std {m.image.std}" if m.image.normalizes else "no normalization"
-        what = f"image classifier: input {m.inputs[0].name!r} {m.image_size}x{m.image_size}, {len(m.labels)} labels, {norm}"
-    return f"{m.name}: {m.family} ({what}), graph {m.onnx_file}"
+    return f"{m.name}: {m.family} ({family(m.family).describe(m)}), graph {m.onnx_file}"
 
 
 def config_entry(name: str, source: str, m: Manifest, image: dict[str, object] | None) -> str:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from serve_app.config import MODEL_DIR_ENV
+from serve_app.families import FAMILIES
 from serve_app.tools.ingress_env import with_ingress_env
 
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     imp = models.add_parser("import", help="check an export (a directory, an .onnx file or s3://...) and print its config entry")
     imp.add_argument("source")
     imp.add_argument("--name", required=True, help="the model's name in the config")
-    imp.add_argument("--family", choices=["bert", "gpt", "resnet"], help="default: read from the graph")
+    imp.add_argument("--family", choices=sorted(FAMILIES), help="default: read from the graph")
     imp.add_argument("--mean", type=float, nargs=3, help="image models: per-channel mean on [0, 1] pixels")
     imp.add_argument("--std", type=float, nargs=3, help="image models: per-channel std on [0, 1] pixels")
     imp.add_argument("--size", type=int, help="image models: input size when the graph leaves it open")

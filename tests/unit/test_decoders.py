@@ -26,12 +26,11 @@ from PIL import Image
 from serve_app.contract import Priority
 from serve_app.errors import InvalidInput, ModelFailure
 from serve_app.link.client import LinkedSender
-from serve_app.manifest import Manifest
 from serve_app.process import cpu_priority
 from serve_app.process.cpu_priority import BusyFlag, Pacer
 from serve_app.protocols import decoders, images, v2
 from serve_app.protocols.decoders import DecoderPool
-from serve_app.router.endpoints import classify
+from serve_app.router.endpoints import codecs
 from serve_app.router.endpoints.endpoints_status import _transport
 from serve_app.router.routing.dispatchers import MarkedSender
 
@@ -414,8 +413,7 @@ def test_batches_out_mark_the_routers_model_work() -> None:
 
 
 def test_classifications_but_encoded_images_mark_the_routers_model_work() -> None:
-    text = Manifest(name="t", family="bert", inputs=[], outputs=[])
-    image = Manifest(name="i", family="resnet", inputs=[], outputs=[], image_size=2)
+    text, image = codecs.TEXT_CLASSIFIER, codecs.IMAGE_CLASSIFIER
 
     def body(name: str, shape: list[int], datatype: str, data: list[Any]) -> v2.InferRequest:
         return v2.InferRequest.model_validate({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]})
@@ -425,8 +423,8 @@ def test_classifications_but_encoded_images_mark_the_routers_model_work() -> Non
     pngs = body("image", [1], "BYTES", ["not decoded here"])
     cases = [(text, texts, Priority.NORMAL, 1), (image, pixels, Priority.HIGH, 1), (image, pngs, Priority.HIGH, 0)]
     cases.append((text, texts, Priority.LOW, 0))  # low priority's text yields to images of any class
-    for manifest, request, priority, held in cases:
-        with classify.urgent(manifest, request, priority):
+    for codec, request, priority, held in cases:
+        with codecs.urgent(codec, request, priority):
             assert cpu_priority.MODEL_WORK.count == held
         assert cpu_priority.MODEL_WORK.count == 0
 

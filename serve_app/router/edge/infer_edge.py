@@ -30,8 +30,9 @@ from serve_app.router.edge.direct import infer_route
 from serve_app.router.edge.failures import served_error
 from serve_app.router.edge.shedgate import Check
 from serve_app.router.edge.traced import TraceContext
-from serve_app.router.endpoints.infer_v2 import InferHeaders, answer_infer
+from serve_app.router.endpoints.infer_v2 import answer_infer
 from serve_app.router.parts import RouterParts
+from serve_app.router.request_context import InferHeaders
 
 logger = logging.getLogger("ray.serve")
 

@@ -13,11 +13,11 @@ from serve_app.errors import InvalidInput, NotFound
 from serve_app.models.generation.sampling import GenerationParams
 from serve_app.protocols import openai
 from serve_app.router.endpoints import generation
-from serve_app.router.endpoints.classify import check_count
+from serve_app.router.endpoints.codecs import check_count
 from serve_app.router.endpoints.docs import OPENAI_ERRORS, PRIORITY_DOC, TIMEOUT_DOC
 from serve_app.router.endpoints.generation import Generated
 from serve_app.router.parts import RouterParts, router_parts
-from serve_app.scheduling.tenants import Tenant
+from serve_app.router.request_context import RequestContext
 from serve_app.tokenization import not_unicode
 
 api = APIRouter()
@@ -44,16 +44,16 @@ async def caller_headers(
 CALLER = Depends(caller_headers)
 
 
-def _admit(parts: RouterParts, headers: CallerHeaders) -> tuple[Tenant, str, float]:
+def _admit(parts: RouterParts, headers: CallerHeaders, model: str) -> RequestContext:
     """The caller (401, and 429 for its first token), the priority its tenant allows, and the
     deadline: the request's own, or the configured generation timeout."""
     tenant = parts.callers.admit(headers.authorization)
     qos = parts.callers.qos(tenant, headers.priority, headers.timeout_ms, None)
     deadline = qos.deadline if qos.deadline is not None else time.monotonic() + parts.args.limits.generation_timeout_s
-    return tenant, qos.priority.name.lower(), deadline
+    return RequestContext(model, None, tenant, qos.priority, deadline)
 
 
-def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFields, prompts: list[str]) -> Any:
+def _generator_for(parts: RouterParts, ctx: RequestContext, body: openai.SamplingFields, prompts: list[str]) -> Any:
     generators = parts.catalog.generators()
     if body.model not in generators:
         raise NotFound(f"model {body.model!r} does not generate text; available: {generators}")
@@ -73,7 +73,7 @@ def _generator_for(parts: RouterParts, tenant: Tenant, body: openai.SamplingFiel
     parts.catalog.available(body.model)  # a model that cannot load: 503 before the tenant is charged
     # Charged after every check of the request itself, so that a refused request costs its
     # caller only the arrival token, as on the v2 path.
-    tenant.admit(len(prompts) * body.n, charged=1)  # one token per generation: the first was charged on arrival
+    ctx.tenant.admit(len(prompts) * body.n, charged=1)  # one token per generation: the first was charged on arrival
     generation.check_breaker(body.model, parts.breakers[body.model])
     return parts.handles[body.model]
 
@@ -96,7 +96,7 @@ async def completions(
     headers: CallerHeaders = CALLER,
     parts: RouterParts = PARTS,
 ) -> Response:
-    tenant, priority, deadline = _admit(parts, headers)
+    ctx = _admit(parts, headers, body.model)
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
 
     def chunk(cid: str, created: int, event: Any, is_first: bool, use: openai.Usage | None) -> dict[str, Any]:
@@ -108,9 +108,8 @@ async def completions(
         usage = generation.usage(results, body.n)
         return openai.CompletionResponse(model=body.model, choices=choices, usage=usage).model_dump()
 
-    handle = _generator_for(parts, tenant, body, prompts)
-    breaker = parts.breakers[body.model]
-    return await generation.stream_or_collect(handle, prompts, body, priority, "cmpl", chunk, whole, deadline, breaker)
+    handle = _generator_for(parts, ctx, body, prompts)
+    return await generation.stream_or_collect(handle, parts.breakers[body.model], ctx, prompts, body, "cmpl", chunk, whole)
 
 
 @api.post(
@@ -123,7 +122,7 @@ async def chat_completions(
     headers: CallerHeaders = CALLER,
     parts: RouterParts = PARTS,
 ) -> Response:
-    tenant, priority, deadline = _admit(parts, headers)
+    ctx = _admit(parts, headers, body.model)
     prompts = [body.prompt()]
 
     def chunk(cid: str, created: int, event: Any, is_first: bool, use: openai.Usage | None) -> dict[str, Any]:
@@ -143,6 +142,5 @@ async def chat_completions(
         usage = generation.usage(results, body.n)
         return openai.ChatCompletionResponse(model=body.model, choices=choices, usage=usage).model_dump()
 
-    handle = _generator_for(parts, tenant, body, prompts)
-    breaker = parts.breakers[body.model]
-    return await generation.stream_or_collect(handle, prompts, body, priority, "chatcmpl", chunk, whole, deadline, breaker)
+    handle = _generator_for(parts, ctx, body, prompts)
+    return await generation.stream_or_collect(handle, parts.breakers[body.model], ctx, prompts, body, "chatcmpl", chunk, whole)

@@ -1,4 +1,5 @@
-"""Generation through the `gpt` deployment's token stream: whole texts, and SSE streams in OpenAI's shapes.
+"""Generation through a generating family's token stream (`generate`, serve_app.families): whole
+texts, and SSE streams in OpenAI's shapes.
 
 The router keeps no generation state: it reads TokenEvents from a streaming
 handle call and reshapes them. Closing a stream (the client went away)
@@ -25,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from serve_app.errors import DeadlineExceeded, ModelFailure, Overloaded, ServeAppError, Unavailable
 from serve_app.observability import tracing
 from serve_app.protocols import openai
+from serve_app.router.request_context import RequestContext
 from serve_app.router.routing.dispatchers import replica_died
 from serve_app.scheduling.protection.breaker import CircuitBreaker
 
@@ -228,16 +230,18 @@ RenderWhole = Callable[[list[Generated]], dict[str, Any]]
 
 async def stream_or_collect(
     handle: DeploymentHandle,
+    breaker: CircuitBreaker,
+    ctx: RequestContext,
     prompts: list[str],
     body: openai.SamplingFields,
-    priority: str,
     id_prefix: str,
     chunk: RenderChunk,
     whole: RenderWhole,
-    deadline: float,
-    breaker: CircuitBreaker,
 ) -> Response:
-    """One OpenAI generation request, either protocol: SSE chunks when `body.stream`, else one JSON answer."""
+    """One OpenAI generation request, either protocol: SSE chunks when `body.stream`, else one JSON
+    answer. `ctx.deadline` is set (the request's own, or the generation timeout)."""
+    assert ctx.deadline is not None, "a generation always has a deadline"
+    priority, deadline = ctx.priority.name.lower(), ctx.deadline
     headers = {"X-Served-By": body.model}
     if not body.stream:
         results = await generate_all(handle, prompts, body, priority, deadline, breaker)

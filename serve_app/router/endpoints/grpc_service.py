@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,18 +26,17 @@ from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.grpc_util import RayServegRPCContext
 from tritonclient.grpc import service_pb2 as pb
 
-from serve_app import __version__
+from serve_app import __version__, families
 from serve_app.errors import InvalidInput, NotFound, Overloaded, PayloadTooLarge, ServeAppError
 from serve_app.models.generation.sampling import GenerationParams
 from serve_app.observability import tracing
 from serve_app.protocols import grpc_v2, v2
 from serve_app.router.edge.failures import served_error
-from serve_app.router.endpoints import classify, generation
+from serve_app.router.endpoints import codecs, generation
 from serve_app.router.endpoints.endpoints_v2 import config, metadata, ready_members
-from serve_app.router.endpoints.infer_v2 import SAMPLING_PARAMS, InferHeaders, infer
+from serve_app.router.endpoints.infer_v2 import SAMPLING_PARAMS, admitted, infer
 from serve_app.router.parts import RouterParts
-from serve_app.router.routing import catalog
-from serve_app.scheduling.dispatcher import RequestTiming
+from serve_app.router.request_context import InferHeaders
 
 logger = logging.getLogger("ray.serve")
 FINAL = "triton_final_response"
@@ -156,8 +154,8 @@ class GrpcInference:
             tenant = self.parts.callers.admit(headers.authorization)
             self.parts.catalog.known(request.model_name)
             body = grpc_v2.request_from_proto(request)
-            version = request.model_version or None
-            response, _ = await infer(self.parts, request.model_name, version, body, headers, tenant, RequestTiming())
+            ctx = admitted(self.parts, request.model_name, request.model_version or None, body, headers, tenant)
+            response, _ = await infer(self.parts, ctx, body)
             return grpc_v2.response_to_proto(response)
 
     async def model_stream_infer(
@@ -204,7 +202,7 @@ class GrpcInference:
         deployment = self.parts.catalog.deployment(name, request.model_version or None)
         manifest = await self.parts.catalog.manifest(deployment)
         wants_final = WANTS_FINAL in request.parameters and bool(grpc_v2.parameter_value(request.parameters[WANTS_FINAL]))
-        if manifest.family != "gpt":
+        if not families.family(manifest.family).generates:
             answered = await self.model_infer(request, headers)
             if wants_final:
                 grpc_v2.set_parameter(answered.parameters[FINAL], True)
@@ -223,20 +221,20 @@ class GrpcInference:
         parts, name = self.parts, request.model_name
         tenant = parts.callers.admit(headers.authorization)
         body = grpc_v2.request_from_proto(request)
-        params = body.parameters or {}
-        qos = parts.callers.qos(tenant, headers.priority, headers.timeout_ms, params)
-        deployment = parts.versions.deployment(name, request.model_version or None, headers.session_key, tenant.name)
-        prompts = v2.decode_bytes(classify.single_input(body, catalog.PROMPT_INPUT), parts.args.limits.max_text_chars)
+        ctx = admitted(parts, name, request.model_version or None, body, headers, tenant)
+        deployment = parts.versions.deployment(name, ctx.version, ctx.session_key, tenant.name)
+        prompts = v2.decode_bytes(codecs.single_input(body, codecs.PROMPT_INPUT), parts.args.limits.max_text_chars)
         if len(prompts) != 1:
             raise InvalidInput(f"a streamed generation takes one prompt, got {len(prompts)}")
+        params = body.parameters or {}
         sampling: dict[str, Any] = {k: params[k] for k in SAMPLING_PARAMS if k in params}
         gen = parts.args.deployment_config(deployment).generation
         GenerationParams.from_raw(sampling, gen.default_max_tokens, gen.max_tokens_limit)  # 400 before any replica
-        sampling["priority"] = qos.priority.name.lower()
+        sampling["priority"] = ctx.priority.name.lower()
         parts.catalog.available(deployment)
         handle, breaker = parts.handles[deployment], parts.breakers[deployment]
         generation.check_breaker(deployment, breaker)
-        deadline = qos.deadline if qos.deadline is not None else time.monotonic() + parts.args.limits.generation_timeout_s
+        deadline = ctx.deadline_or(parts.args.limits.generation_timeout_s)
         stream, event = await generation.first_event(handle, prompts[0], sampling, deadline, breaker)
         version = parts.versions.version_of(deployment)
         finished = False
@@ -261,7 +259,7 @@ class GrpcInference:
 
 def _text_response(name: str, version: str, request_id: str, text: str, finish: str | None) -> pb.ModelInferResponse:
     response = pb.ModelInferResponse(model_name=name, model_version=version, id=request_id)
-    response.outputs.add(name=catalog.GENERATED_OUTPUT, datatype="BYTES", shape=[1])
+    response.outputs.add(name=codecs.GENERATED_OUTPUT, datatype="BYTES", shape=[1])
     data = text.encode()
     response.raw_output_contents.append(struct.pack("<I", len(data)) + data)
     if finish is not None:

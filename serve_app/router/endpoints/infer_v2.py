@@ -1,5 +1,7 @@
-"""One v2 infer request, from its path parameters, headers and body to its response: the version
-that answers (traffic policy), the response cache, then a classifier's queue or a generator."""
+"""One v2 infer request, from its path parameters, headers and body to its response: its context
+(serve_app.router.request_context), the version that answers (traffic policy), the response cache,
+then, as its family says (serve_app.families), the queue of a batched model (a route's cascade) or
+a generator."""
 
 from __future__ import annotations
 
@@ -11,44 +13,24 @@ from typing import Any
 
 from fastapi.responses import Response
 
+from serve_app import families
 from serve_app.cache import tiered
 from serve_app.cache.keys import cache_key
 from serve_app.errors import InvalidInput
+from serve_app.families import Codec
 from serve_app.manifest import Manifest
 from serve_app.models.generation.sampling import GenerationParams
 from serve_app.protocols import v2, v2_render
-from serve_app.router.admission.qos import QoS
-from serve_app.router.endpoints import classify, generation
+from serve_app.router.endpoints import codecs, generation
 from serve_app.router.parts import RouterParts
+from serve_app.router.request_context import InferHeaders, RequestContext
 from serve_app.router.routing import catalog
+from serve_app.router.routing.cascade import ClassifierResult
 from serve_app.scheduling.dispatcher import RequestTiming
 from serve_app.scheduling.tenants import Tenant
 
 # Triton-style request parameters a v2 generation request may carry.
 SAMPLING_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
-
-
-@dataclass(frozen=True)
-class InferHeaders:
-    """The request headers the infer endpoint reads."""
-
-    priority: str | None = None  # X-Priority
-    timeout_ms: str | None = None  # X-Request-Timeout-Ms
-    authorization: str | None = None
-    header_length: str | None = None  # Inference-Header-Content-Length (binary tensor extension)
-    session_key: str | None = None  # X-Session-Key: sticky version assignment
-    cache_control: str | None = None  # no-cache / no-store: skip the response cache
-    traceparent: str | None = None  # W3C trace context (gRPC metadata; HTTP's is the middleware's)
-    tracestate: str | None = None
-
-    def as_metadata(self) -> dict[str, str]:
-        """The headers the router's gate reads, by their lower-cased names, as HTTP gives them."""
-        named = {"x-priority": self.priority, "x-request-timeout-ms": self.timeout_ms, "authorization": self.authorization}
-        return {k: v for k, v in named.items() if v is not None}
-
-    def trace_context(self) -> dict[str, str]:
-        carried = {"traceparent": self.traceparent, "tracestate": self.tracestate}
-        return {k: v for k, v in carried.items() if v}
 
 
 class ReadyResponse(Response):
@@ -81,38 +63,49 @@ async def answer_infer(
     headers: InferHeaders,
 ) -> Response:
     started = time.perf_counter()
-    timing = RequestTiming()
     tenant = parts.callers.admit(headers.authorization)
     parts.catalog.known(name)
     # Read after the key and rate checks; the edge (serve_app.router.edge.checks) holds it to the body limit.
     body = v2.parse_request(await read_body(), headers.header_length)
-    response, out_headers = await infer(parts, name, version, body, headers, tenant, timing)
+    ctx = admitted(parts, name, version, body, headers, tenant, started)
+    response, out_headers = await infer(parts, ctx, body)
     content, extra = v2_render.render_response(response, v2.binary_outputs(body, [o.name for o in response.outputs]))
-    # Where the time went inside the server, so a client can tell it from the network's share.
-    out_headers["Server-Timing"] = timing.header(time.perf_counter() - started)
+    out_headers["Server-Timing"] = ctx.server_timing()
     return ReadyResponse(content, {**out_headers, **extra})
 
 
-async def infer(
+def admitted(
     parts: RouterParts,
     name: str,
     version: str | None,
     body: v2.InferRequest,
     headers: InferHeaders,
     tenant: Tenant,
-    timing: RequestTiming,
-) -> tuple[v2.InferResponse, dict[str, str]]:
-    """A parsed request from an admitted caller, whichever wire it came on (HTTP or gRPC): the
-    response and the headers that describe it (who answered, cache, degradation)."""
+    started: float | None = None,
+) -> RequestContext:
+    """The context of a parsed request from an admitted caller: its class and deadline (headers
+    win over Triton's parameters, the tenant caps the class) and whether the cache may answer it.
+    With `started` (HTTP), its time is kept for Server-Timing."""
     params = body.parameters or {}
     qos = parts.callers.qos(tenant, headers.priority, headers.timeout_ms, params)
-    manifest = await parts.catalog.manifest(parts.catalog.deployment(name, version))
     use_cache = parts.cache.covers(name) and not _opted_out(headers, params)
-    if manifest.family == "gpt":
-        answer = await _generate(parts, name, version, body, params, qos, tenant, headers, use_cache)
+    timing = RequestTiming() if started is not None else None
+    return RequestContext(
+        name, version, tenant, qos.priority, qos.deadline, headers.session_key, use_cache, started or 0.0, timing
+    )
+
+
+async def infer(parts: RouterParts, ctx: RequestContext, body: v2.InferRequest) -> tuple[v2.InferResponse, dict[str, str]]:
+    """A parsed request from an admitted caller, whichever wire it came on (HTTP or gRPC): the
+    response and the headers that describe it (who answered, cache, degradation)."""
+    manifest = await parts.catalog.manifest(parts.catalog.deployment(ctx.name, ctx.version))
+    family = families.family(manifest.family)
+    codec = family.v2_codec
+    if family.generates:
+        answer = await _generate(parts, ctx, codec, manifest, body)
     else:
-        with classify.urgent(manifest, body, qos.priority):
-            answer = await _classify(parts, name, version, manifest, body, qos, timing, tenant, headers, use_cache)
+        with codecs.urgent(codec, body, ctx.priority):
+            answer = await _batched(parts, ctx, codec, manifest, body)
     outputs = _requested(body, answer.outputs)
     parameters: dict[str, Any] = {"served_by": answer.served_by}
     out_headers = {"X-Served-By": ",".join(dict.fromkeys(answer.served_by))}
@@ -120,7 +113,7 @@ async def infer(
         parameters["degraded"] = out_headers["X-Degraded"] = answer.degraded
     if answer.cache:
         out_headers["X-Cache"] = answer.cache
-    response = v2.made_response(name, answer.version, body.id, parameters, outputs)
+    response = v2.made_response(ctx.name, answer.version, body.id, parameters, outputs)
     return response, out_headers
 
 
@@ -147,98 +140,76 @@ def _requested(body: v2.InferRequest, outputs: list[v2.ResponseOutput]) -> list[
 
 
 def _key(
-    parts: RouterParts, name: str, deployments: list[str], input_name: str, payload: Any, body: v2.InferRequest,
-    tenant: Tenant, extra: str = "",
-) -> str:  # fmt: skip
+    parts: RouterParts, ctx: RequestContext, deployments: list[str], payload: Any, body: v2.InferRequest, extra: str = ""
+) -> str:
     requested = sorted(o.name for o in body.outputs) if body.outputs is not None else None
-    per_tenant = tenant.name if parts.cache.config.per_tenant else None
+    per_tenant = ctx.tenant.name if parts.cache.config.per_tenant else None
     answering = [parts.answer_ids.of(d) for d in deployments]
-    return cache_key(name, answering, input_name, payload, requested, per_tenant, extra)
+    return cache_key(ctx.name, answering, body.inputs[0].name, payload, requested, per_tenant, extra)
 
 
-async def _classify(
-    parts: RouterParts,
-    name: str,
-    version: str | None,
-    manifest: Manifest,
-    body: v2.InferRequest,
-    qos: QoS,
-    timing: RequestTiming,
-    tenant: Tenant,
-    headers: InferHeaders,
-    use_cache: bool,
-) -> Answer:
-    cascade = parts.cascades.get(name)
+async def _batched(parts: RouterParts, ctx: RequestContext, codec: Codec, manifest: Manifest, body: v2.InferRequest) -> Answer:
+    """A family whose deployment answers batches: the request's payload through its queue (a
+    route's through its cascade), one answer per payload."""
+    cascade = parts.cascades.get(ctx.name)
     if cascade is not None:
         # A route has one version of its own; each tier's version is its model's policy's choice.
-        tiers = [parts.versions.deployment(m, None, headers.session_key, tenant.name) for m in (cascade.light, cascade.heavy)]
+        tiers = [parts.versions.deployment(m, None, ctx.session_key, ctx.tenant.name) for m in (cascade.light, cascade.heavy)]
         answered_version = catalog.ROUTE_VERSION
     else:
-        tiers = [parts.versions.deployment(name, version, headers.session_key, tenant.name)]
+        tiers = [parts.versions.deployment(ctx.name, ctx.version, ctx.session_key, ctx.tenant.name)]
         answered_version = parts.versions.version_of(tiers[0])
         manifest = await parts.catalog.manifest(tiers[0])  # the chosen version's labels and shapes
-    payload = await classify.decode_input(parts.args, tiers[0], manifest, body)
-    tenant.admit(len(payload), charged=1)  # one token per item: the first was charged on arrival
+    payload = await codec.decode(body, manifest, parts.args, tiers[0])
+    ctx.tenant.admit(len(payload), charged=1)  # one token per item: the first was charged on arrival
     # A route's answers also depend on when it escalates (its threshold and signal).
     policy = "" if cascade is None else f"{cascade.policy.threshold!r}:{cascade.policy.signal}"
-    key = _key(parts, name, tiers, body.inputs[0].name, payload, body, tenant, policy) if use_cache else None
+    key = _key(parts, ctx, tiers, payload, body, policy) if ctx.use_cache else None
     if key is not None and (hit := await parts.cache.get(key)) is not None:
         logits, served_by = tiered.decode_logits(hit[0])
-        result = classify.ClassifierResult(logits, served_by)
-        return Answer(classify.outputs(result, manifest.labels), served_by, answered_version, cache=f"hit-{hit[1]}")
+        return Answer(codec.outputs(logits, manifest), served_by, answered_version, cache=f"hit-{hit[1]}")
     if cascade is not None:
-        result = await cascade.classify(payload, qos.priority, qos.deadline, timing, (tiers[0], tiers[1]))
+        result = await cascade.classify(payload, ctx.priority, ctx.deadline, ctx.timing, (tiers[0], tiers[1]))
     else:
         n = len(payload)
-        logits = await parts.versions.submit(tiers[0], payload, n, qos.priority, qos.deadline, timing)
-        result = classify.ClassifierResult(logits, [tiers[0]] * n)
+        logits = await parts.versions.submit(tiers[0], payload, n, ctx.priority, ctx.deadline, ctx.timing)
+        result = ClassifierResult(logits, [tiers[0]] * n)
     if key is not None and result.degraded is None:  # a fallback answer is not the route's answer to keep
         parts.cache.put(key, tiered.encode_logits(result.logits, result.served_by))
     return Answer(
-        classify.outputs(result, manifest.labels), result.served_by, answered_version, result.degraded,
+        codec.outputs(result.logits, manifest), result.served_by, answered_version, result.degraded,
         "miss" if key is not None else None,
     )  # fmt: skip
 
 
-async def _generate(
-    parts: RouterParts,
-    name: str,
-    version: str | None,
-    body: v2.InferRequest,
-    params: dict[str, Any],
-    qos: QoS,
-    tenant: Tenant,
-    headers: InferHeaders,
-    use_cache: bool,
-) -> Answer:
-    deployment = parts.versions.deployment(name, version, headers.session_key, tenant.name)
-    prompts = v2.decode_bytes(classify.single_input(body, catalog.PROMPT_INPUT), parts.args.limits.max_text_chars)
-    classify.check_count(parts.args, deployment, len(prompts))
+async def _generate(parts: RouterParts, ctx: RequestContext, codec: Codec, manifest: Manifest, body: v2.InferRequest) -> Answer:
+    """A family whose deployment streams tokens: each prompt's whole text, generated side by side."""
+    deployment = parts.versions.deployment(ctx.name, ctx.version, ctx.session_key, ctx.tenant.name)
+    prompts = await codec.decode(body, manifest, parts.args, deployment)
+    params = body.parameters or {}
     sampling = {k: params[k] for k in SAMPLING_PARAMS if k in params}
     # Checked here too, so that a bad value is refused before any replica sees it.
     gen = parts.args.deployment_config(deployment).generation
     checked = GenerationParams.from_raw(sampling, gen.default_max_tokens, gen.max_tokens_limit)
-    tenant.admit(len(prompts), charged=1)  # after the request's own checks: a refusal costs the arrival token only
+    ctx.tenant.admit(len(prompts), charged=1)  # after the request's own checks: a refusal costs the arrival token only
     answered_version = parts.versions.version_of(deployment)
     key = None
-    if use_cache and repeatable(checked):
-        extra = json.dumps(sampling, sort_keys=True)
-        key = _key(parts, name, [deployment], catalog.PROMPT_INPUT, prompts, body, tenant, extra)
+    if ctx.use_cache and repeatable(checked):
+        key = _key(parts, ctx, [deployment], prompts, body, json.dumps(sampling, sort_keys=True))
         if (hit := await parts.cache.get(key)) is not None:
             texts, served_by = tiered.decode_texts(hit[0])
-            outputs = [v2.encode(catalog.GENERATED_OUTPUT, texts)]
-            return Answer(outputs, served_by, answered_version, cache=f"hit-{hit[1]}")
-    sampling["priority"] = qos.priority.name.lower()  # the replica admits higher priorities to its batch first
+            return Answer(codec.outputs(texts, manifest), served_by, answered_version, cache=f"hit-{hit[1]}")
+    sampling["priority"] = ctx.priority.name.lower()  # the replica admits higher priorities to its batch first
     parts.catalog.available(deployment)
     handle, breaker = parts.handles[deployment], parts.breakers[deployment]
     generation.check_breaker(deployment, breaker)
-    deadline = qos.deadline if qos.deadline is not None else time.monotonic() + parts.args.limits.generation_timeout_s
+    deadline = ctx.deadline_or(parts.args.limits.generation_timeout_s)
     calls = [generation.generate_text(handle, p, sampling, breaker) for p in prompts]
     results = await generation.all_or_none(calls, deadline)
     texts = [r.text for r in results]
     if key is not None:
         parts.cache.put(key, tiered.encode_texts(texts, [deployment] * len(prompts)))
     return Answer(
-        [v2.encode(catalog.GENERATED_OUTPUT, texts)], [deployment] * len(prompts), answered_version,
+        codec.outputs(texts, manifest), [deployment] * len(prompts), answered_version,
         cache="miss" if key is not None else None,
     )  # fmt: skip

@@ -1,5 +1,5 @@
 """What the router serves: the names it knows (models and routes), each model's manifest as
-its replicas report it, and how each family looks on the wire (inputs/outputs, Triton config)."""
+its replicas report it, and its metadata on the wire (inputs/outputs as its family's codec says, Triton config)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from serve_app.config import AppArgs
 from serve_app.errors import NotFound, cannot_load
+from serve_app.families import family
 from serve_app.manifest import Manifest
 from serve_app.process.gcwatch import freeze_startup_heap
 from serve_app.protocols.v2 import ModelMetadata, TensorMetadata
@@ -24,31 +25,11 @@ STATS_TTL_S = 1.0  # how long /router/status reuses a generator's stats
 FetchMetadata = Callable[[str], Awaitable[dict[str, Any]]]
 
 ROUTE_VERSION = "1"
-TEXT_INPUT = "text"
-IMAGE_INPUT = "image"
-PROMPT_INPUT = "text_input"
-GENERATED_OUTPUT = "text_output"
-CLASSIFIER_OUTPUTS = ("logits", "probabilities", "label")
 
 
 def served_io(manifest: Manifest) -> tuple[list[TensorMetadata], list[TensorMetadata]]:
-    """The tensors clients send and get, which differ from the ONNX graph's:
-    text models tokenize server-side, classifiers add probabilities and labels."""
-    n = len(manifest.labels)
-    if manifest.family == "gpt":
-        return (
-            [TensorMetadata(name=PROMPT_INPUT, datatype="BYTES", shape=[-1])],
-            [TensorMetadata(name=GENERATED_OUTPUT, datatype="BYTES", shape=[-1])],
-        )
-    outputs = [
-        TensorMetadata(name="logits", datatype="FP32", shape=[-1, n]),
-        TensorMetadata(name="probabilities", datatype="FP32", shape=[-1, n]),
-        TensorMetadata(name="label", datatype="BYTES", shape=[-1]),
-    ]
-    if manifest.family == "bert":
-        return [TensorMetadata(name=TEXT_INPUT, datatype="BYTES", shape=[-1])], outputs
-    s = manifest.image_size or 0
-    return [TensorMetadata(name=IMAGE_INPUT, datatype="FP32", shape=[-1, 3, s, s])], outputs
+    """The tensors clients send and get, as the model's family says (its codec, serve_app.families)."""
+    return family(manifest.family).v2_codec.served_io(manifest)
 
 
 def model_metadata(
@@ -117,7 +98,7 @@ class ModelCatalog:
 
     @staticmethod
     def generator_names(args: AppArgs) -> list[str]:
-        return [d for d, s in args.served.items() if s.config.family == "gpt"]
+        return [d for d in args.served if args.family_of(d).generates]
 
     def is_known(self, name: str) -> bool:
         return name in self.args.models or name in self.args.routes

@@ -129,7 +129,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--mixes", nargs="+", help="goodput: priority mixes, by name: no-high trickle 10/30/60 mostly-high (default: all)"
     )
     p.add_argument(
-        "--rounds", type=int, default=2, help="generation: phases of each setup per concurrency (default: %(default)s)"
+        "--rounds",
+        type=int,
+        default=2,
+        help="generation: phases of each setup per concurrency; goodput --degrade and cascade: alternated rounds "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--degrade",
+        nargs="+",
+        choices=["on", "off"],
+        help="goodput on a tiered route: run each point with the route as configured (on) and with a copy that never "
+        "degrades (off), alternated --rounds times",
     )
 
 
@@ -193,6 +204,9 @@ def _goodput(settings: Any, ns: argparse.Namespace) -> None:
         settings.loads = tuple(ns.loads)
     if ns.mixes:
         settings.mixes = tuple(ns.mixes)
+    if ns.degrade:
+        settings.degrade = tuple(ns.degrade)
+        settings.rounds = ns.rounds
 
 
 def _generation(inv: Invocation) -> Any:
@@ -301,7 +315,8 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         "command": "python -m benchmarks " + shlex.join(argv),
         "machine": report.machine_info(),
         "settings": s.to_json(),
-        "model_sizes": {m: report.model_size(model_dir / m) for m in s.models},
+        # The models measured that this config has (a route's scenario measures its tiers, whatever --models says).
+        "model_sizes": {m: report.model_size(model_dir / m) for m in s.models if (model_dir / m).is_dir()},
         "result": result,
     }
     res["loadgen_cpu"] = report.loadgen_cost(result)

@@ -252,14 +252,17 @@ def wait_all_models(base_url: str, timeout_s: float) -> None:
     proves one model only: the others may still be loading and warming up, which took 0.27
     cores from a sweep point (measured)."""
     deadline = time.monotonic() + timeout_s
+    last = "no answer"
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{base_url}/v2/health/ready", timeout=10).status_code != 503:
+            r = httpx.get(f"{base_url}/v2/health/ready", timeout=10)
+            if r.status_code != 503:
                 return
-        except httpx.HTTPError:
-            pass
+            last = f"503 {r.text[:500]}"
+        except httpx.HTTPError as e:
+            last = repr(e)
         time.sleep(0.25)
-    raise TimeoutError(f"{base_url}: not every model ready in {timeout_s}s")
+    raise TimeoutError(f"{base_url}: not every model ready in {timeout_s}s; last answer: {last}")
 
 
 def stop_ray() -> None:

@@ -13,10 +13,17 @@ a tenth of capacity. Then every (mix, offered load) point, each on the same depl
 - the load generator's own CPU, so that it is known not to be the bottleneck, and the cores of
   every process role;
 - the router's overload control after the point (its shed level and refusals by class).
+
+On a tiered route (`--models text-classify`) the answers are scored against the inputs' true
+labels, and `--degrade on off` runs every point on the route as configured and on a copy of it
+that never degrades (`degrade: {priorities: []}`), in alternated rounds: goodput, accuracy, and
+how many answers came degraded (X-Degraded) and how accurate they were.
 """
 
 from __future__ import annotations
 
+import copy
+import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,6 +58,10 @@ class GoodputSettings:
     capacity_clients: int = 32
     capacity_seconds: float = 10.0
     max_in_flight: int = 4096  # per class: far above what a server answering in time holds
+    # On a route: "on" (the route as configured) and "off" (never degrades), each point run for
+    # both, alternated, `rounds` times.
+    degrade: tuple[str, ...] = ()
+    rounds: int = 1
 
     @classmethod
     def smoke(cls) -> GoodputSettings:
@@ -65,11 +76,30 @@ class Point:
     load: float
     offered_rps: float
     result: dict[str, Any] = field(default_factory=dict)
+    degrade: str | None = None  # the arm on a route: "on" or "off"
+    round: int = 0
 
 
-def streams(model: str, model_dir: Path, mix: tuple[int, int, int]) -> list[workloads.StreamSpec]:
+STRICT_SUFFIX = "-no-degrade"
+
+
+def target_dir(config: dict[str, Any], model_dir: Path, name: str) -> Path:
+    """Where a model's inputs come from: its own directory, or a route's heavy tier's."""
+    route = config["applications"][0]["args"].get("routes", {}).get(name)
+    return model_dir / (route["heavy"] if route else name)
+
+
+def with_strict_route(config: dict[str, Any], route: str) -> dict[str, Any]:
+    """The config plus a copy of `route` that never degrades: the "off" arm, on the same tiers."""
+    config = copy.deepcopy(config)
+    routes = config["applications"][0]["args"]["routes"]
+    routes[route + STRICT_SUFFIX] = {**routes[route], "degrade": {"priorities": []}}
+    return config
+
+
+def streams(model: str, inputs: Path, mix: tuple[int, int, int], scored: bool = False) -> list[workloads.StreamSpec]:
     return [
-        workloads.v2_infer(model, model_dir / model, name, weight=share)
+        workloads.v2_infer(model, inputs, name, weight=share, scored=scored)
         for name, share in zip(CLASSES, mix, strict=True)
         if share > 0
     ]
@@ -93,6 +123,7 @@ def per_class(stream: dict[str, Any]) -> dict[str, Any]:
         "timeouts": stream.get("timeouts", 0),
         "client_dropped": stream.get("client_dropped", 0),
         "statuses": statuses,
+        **({"scored": stream["scored"]} if "scored" in stream else {}),
     }
 
 
@@ -111,40 +142,105 @@ def summary(load: dict[str, Any], capacity_rps: float) -> dict[str, Any]:
         "loadgen_cpu": load.get("loadgen_cpu"),
         "cpu_cores_by_role": load.get("cpu_cores_by_role"),
         "classes": {name.rsplit("/", 1)[-1]: per_class(stream) for name, stream in load["streams"].items()},
+        **({"scored": load["scored"]} if "scored" in load else {}),
     }
 
 
 def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
     base = yaml.safe_load(config_path.read_text())
     config = flood_config(base, model_dir, s.model)
+    is_route = s.model in config["applications"][0]["args"].get("routes", {})
+    if s.degrade and not is_route:
+        raise ValueError(f"--degrade compares a tiered route with and without degrading; {s.model} is not a route")
+    if s.degrade:
+        config = with_strict_route(config, s.model)
+    arms = {"on": s.model, "off": s.model + STRICT_SUFFIX}
+    inputs = target_dir(config, model_dir, s.model)
     out: dict[str, Any] = {"settings": asdict(s), "scheduling": config["applications"][0]["args"]["scheduling"]}
     points: list[Point] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         with RayCluster(DEFAULT_INGRESS, tmp, model_dir) as cluster:
-            body = workloads.bodies_for(model_dir / s.model, 1)[0]
+            body = workloads.bodies_for(inputs, 1)[0]
             out["deploy_s"] = round(cluster.deploy(config, Probe(f"/v2/models/{s.model}/infer", body)), 1)
-            normal = workloads.write([workloads.v2_infer(s.model, model_dir / s.model, "normal")], tmp / "normal.json")
+            # A route's capacity is the strict copy's: its escalations all go to the heavy tier.
+            measured = arms["off"] if s.degrade else s.model
+            normal = workloads.write([workloads.v2_infer(measured, inputs, "normal", scored=is_route)], tmp / "normal.json")
             cap = run_loadgen(BASE_URL, normal, {"concurrency": s.capacity_clients}, s.capacity_seconds, s.warmup)
             capacity = float(cap["goodput_rps"])
-            out["capacity"] = {"goodput_rps": capacity, "p99_ms": cap["p99_ms"], "statuses": cap["statuses"]}
-            high = workloads.write(streams(s.model, model_dir, (1, 0, 0)), tmp / "high.json")
+            out["capacity"] = {"goodput_rps": capacity, "p99_ms": cap["p99_ms"], "statuses": cap["statuses"],
+                               **({"scored": cap["scored"]} if "scored" in cap else {})}  # fmt: skip
+            high = workloads.write(streams(measured, inputs, (1, 0, 0)), tmp / "high.json")
             unloaded = run_loadgen(BASE_URL, high, {"rate": max(1.0, capacity / 10)}, s.seconds, s.warmup, timeout_s=s.timeout_s)
             out["unloaded_high"] = {"p50_ms": unloaded["p50_ms"], "p99_ms": unloaded["p99_ms"], "statuses": unloaded["statuses"]}
             for mix in s.mixes:
-                workload = workloads.write(streams(s.model, model_dir, MIXES[mix]), tmp / "mix.json")
                 for load in s.loads:
-                    point = Point(mix, load, round(load * capacity, 1))
-                    got = run_loadgen(
-                        BASE_URL, workload, {"rate": point.offered_rps}, s.seconds, s.warmup,
-                        max_in_flight=s.max_in_flight, timeout_s=s.timeout_s,
-                    )  # fmt: skip
-                    point.result = {**summary(got, capacity), "router_delay_after": shedding()}
-                    points.append(point)
-                    print(f"goodput {mix} at {load}x: {point.result['goodput_over_capacity']}x of capacity", flush=True)
+                    for rnd in range(s.rounds):
+                        # Alternated: each round starts with the arm the last one ended with.
+                        order: list[str | None] = list(s.degrade if rnd % 2 == 0 else reversed(s.degrade)) or [None]
+                        for arm in order:
+                            name = arms[arm] if arm else s.model
+                            workload = workloads.write(streams(name, inputs, MIXES[mix], scored=is_route), tmp / "mix.json")
+                            point = Point(mix, load, round(load * capacity, 1), degrade=arm, round=rnd)
+                            got = run_loadgen(
+                                BASE_URL, workload, {"rate": point.offered_rps}, s.seconds, s.warmup,
+                                max_in_flight=s.max_in_flight, timeout_s=s.timeout_s,
+                            )  # fmt: skip
+                            point.result = {**summary(got, capacity), "router_delay_after": shedding()}
+                            points.append(point)
+                            label = f" degrade {arm} round {rnd + 1}" if arm else ""
+                            print(
+                                f"goodput {mix} at {load}x{label}: {point.result['goodput_over_capacity']}x of capacity",
+                                flush=True,
+                            )
     out["points"] = [asdict(p) for p in points]
     out["checks"] = checks(out)
+    if s.degrade:
+        out["degrade"] = degrade_table(out["points"])
     return out
+
+
+def degrade_table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (mix, load): each arm's median goodput over capacity across rounds with its range,
+    the on/off ratio of the medians, accuracy, and the degraded answers with their accuracy."""
+    rows = []
+    keys = sorted({(p["mix"], p["load"]) for p in points}, key=lambda k: (k[0], k[1]))
+    for mix, load in keys:
+        row: dict[str, Any] = {"mix": mix, "load": load}
+        for arm in ("on", "off"):
+            mine = [p["result"] for p in points if (p["mix"], p["load"], p["degrade"]) == (mix, load, arm)]
+            if not mine:
+                continue
+            goodput = [r["goodput_over_capacity"] for r in mine]
+            scored = [r.get("scored") or {} for r in mine]
+            answers = sum(x.get("answers", 0) for x in scored)
+            degraded = sum(x.get("degraded", 0) for x in scored)
+            row[arm] = {
+                "goodput_over_capacity": statistics.median(goodput),
+                "range": [min(goodput), max(goodput)],
+                "accuracy": _weighted(scored, "accuracy", "answers"),
+                "degraded_share": round(degraded / answers, 4) if answers else None,
+                "degraded_accuracy": _weighted(scored, "degraded_accuracy", "degraded"),
+                "unmarked_accuracy": _weighted(scored, "unmarked_accuracy", None),
+                "timeouts": sum(r["timeouts"] for r in mine),
+                "server_errors_5xx": sum(r["server_errors_5xx"] for r in mine),
+            }
+        if "on" in row and "off" in row and row["off"]["goodput_over_capacity"]:
+            row["on_over_off"] = round(row["on"]["goodput_over_capacity"] / row["off"]["goodput_over_capacity"], 3)
+        rows.append(row)
+    return rows
+
+
+def _weighted(scored: list[dict[str, Any]], key: str, weight: str | None) -> float | None:
+    """The mean of `key` over rounds, weighted by each round's `weight` count (its unmarked answers when None)."""
+    pairs = []
+    for x in scored:
+        if x.get(key) is None:
+            continue
+        n = x[weight] if weight else x["answers"] - x["degraded"]
+        pairs.append((x[key], n))
+    total = sum(n for _, n in pairs)
+    return round(sum(v * n for v, n in pairs) / total, 4) if total else None
 
 
 def checks(out: dict[str, Any]) -> dict[str, Any]:
@@ -197,8 +293,9 @@ def markdown(res: dict[str, Any]) -> str:
                 f"({c['refused_p99_ms']}) · {c['timeouts']}"
             )
         cpu = (x.get("loadgen_cpu") or {}).get("core_share")
+        arm = f" (degrade {p['degrade']}, round {p['round'] + 1})" if p.get("degrade") else ""
         rows.append(
-            f"| {p['mix']} | {p['load']}x | {p['offered_rps']} | **{x['goodput_over_capacity']}x** | {' | '.join(cells)} "
+            f"| {p['mix']}{arm} | {p['load']}x | {p['offered_rps']} | **{x['goodput_over_capacity']}x** | {' | '.join(cells)} "
             f"| {x['timeouts']} | {x['server_errors_5xx']} | {cpu} |"
         )
     u = r["unloaded_high"]
@@ -218,5 +315,32 @@ def markdown(res: dict[str, Any]) -> str:
             "",
             f"Checks: `{r['checks']}`",
             "",
+            *degrade_markdown(r.get("degrade")),
         ]
     )
+
+
+def degrade_markdown(rows: list[dict[str, Any]] | None) -> list[str]:
+    if not rows:
+        return []
+
+    def arm(a: dict[str, Any] | None) -> str:
+        if a is None:
+            return "- | - | - | -"
+        lo, hi = a["range"]
+        return (
+            f"{a['goodput_over_capacity']}x ({lo}-{hi}) | {a['accuracy']} | {a['degraded_share']} "
+            f"| {a['degraded_accuracy']} / {a['unmarked_accuracy']}"
+        )
+
+    return [
+        "Degrading before refusing, on the route and on its copy that never degrades, median of the alternated "
+        "rounds (range): goodput over capacity, accuracy of every 200 against the true labels, the share of 200s "
+        "marked X-Degraded, the accuracy of the marked / unmarked 200s.",
+        "",
+        "| mix | load | on: goodput | accuracy | degraded share | marked / unmarked accuracy "
+        "| off: goodput | accuracy | degraded share | marked / unmarked accuracy | on / off |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *(f"| {r['mix']} | {r['load']}x | {arm(r.get('on'))} | {arm(r.get('off'))} | {r.get('on_over_off')} |" for r in rows),
+        "",
+    ]

@@ -57,11 +57,26 @@ def _generation(result: dict[str, Any]) -> list[str]:
 
 
 def _goodput(result: dict[str, Any]) -> list[str]:
+    if result.get("degrade"):  # a route with and without degrading: the arms' medians
+        return [
+            f"{r['mix']} {r['load']}x: degrade on {r['on']['goodput_over_capacity']} / off {r['off']['goodput_over_capacity']}"
+            for r in result["degrade"]
+            if "on" in r and "off" in r
+        ]
     return [
         f"{p['mix']} {p['load']}x: {p['result'].get('goodput_over_capacity')}"
         for p in result.get("points", [])
         if p.get("mix") == "10/30/60"
     ]
+
+
+def _cascade(result: dict[str, Any]) -> list[str]:
+    out = []
+    for name, e in result.get("routes", {}).items():
+        ratio = e.get("ratio")
+        if ratio:
+            out.append(f"{name} route/heavy-only {ratio['median']}x ({ratio['min']}-{ratio['max']}, {len(e['rounds'])} rounds)")
+    return out
 
 
 def _soak(result: dict[str, Any]) -> list[str]:
@@ -70,7 +85,7 @@ def _soak(result: dict[str, Any]) -> list[str]:
     return [f"goodput/capacity per minute {min(minutes)}-{max(minutes)}"] if minutes else []
 
 
-HEADLINES = {"compare": _compare, "generation": _generation, "goodput": _goodput, "soak": _soak}
+HEADLINES = {"cascade": _cascade, "compare": _compare, "generation": _generation, "goodput": _goodput, "soak": _soak}
 
 
 def row(saved: dict[str, Any], folder: str) -> dict[str, str]:

@@ -72,12 +72,15 @@ class Stream:
     raw: list[bytes]  # complete pre-encoded HTTP requests, cycled
     next_index: int = 0
     order: list[int] | None = None  # indices into `raw` to cycle instead (a skewed draw, for caches)
+    # The true label of each body: its 2xx answers' bodies are kept and scored after the run.
+    labels: list[str] | None = None
+    last_body: int = 0  # the index of the body `next_request` gave last
 
     def next_request(self) -> bytes:
         i = self.next_index if self.order is None else self.order[self.next_index % len(self.order)]
-        req = self.raw[i % len(self.raw)]
+        self.last_body = i % len(self.raw)
         self.next_index += 1
-        return req
+        return self.raw[self.last_body]
 
 
 @dataclass
@@ -91,6 +94,8 @@ class Record:
     # Server-Timing as sent, when sent: read after the run, so that the client spends no time on
     # it while it loads the server (the server under test shares the client's cores).
     timing_header: str | None = None
+    body: int = 0  # which of the stream's bodies was sent
+    answer: bytes | None = None  # a 2xx answer's body, kept when the stream knows its labels
 
     @cached_property
     def server_parts(self) -> dict[str, float] | None:
@@ -133,7 +138,9 @@ def load_streams(workload: dict[str, Any], host: str) -> list[Stream]:
             else:
                 headers, body = {"Content-Type": "application/json", **s.get("headers", {})}, b.encode()
             raw.append(encode_request(host, s.get("method", "POST"), s["path"], headers, body))
-        streams.append(Stream(name=s["name"], weight=float(s.get("weight", 1.0)), raw=raw, order=s.get("order")))
+        streams.append(
+            Stream(name=s["name"], weight=float(s.get("weight", 1.0)), raw=raw, order=s.get("order"), labels=s.get("labels"))
+        )
     return streams
 
 
@@ -156,11 +163,13 @@ def server_timing(value: str) -> dict[str, float]:
 class Connection:
     """One keep-alive HTTP/1.1 connection; reconnects after errors."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, keep_answers: bool = False) -> None:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.answered = 0  # answers on the current connection
+        self.keep_answers = keep_answers
+        self.last_answer: bytes | None = None
 
     async def _ensure(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         # A connection the server already closed (HAProxy ends idle ones after its keep-alive
@@ -178,7 +187,10 @@ class Connection:
     async def request(self, raw: bytes) -> tuple[int, str, str | None, float | None]:
         """Send one request; return (status, X-Served-By, the Server-Timing header or None when
         none came, Retry-After's seconds or None when none came).
-        A response cache's X-Cache joins X-Served-By after a "|" (`bert-heavy|hit-local`)."""
+        A response cache's X-Cache joins X-Served-By after a "|" (`bert-heavy|hit-local`), and so
+        does a degraded answer's mark (`bert-light|degraded`). With `keep_answers`, the body of a
+        Content-Length answer is left in `last_answer`."""
+        self.last_answer = None
         reader, writer = await self._ensure()
         try:
             writer.write(raw)
@@ -213,6 +225,8 @@ class Connection:
                 retry_after = retry_after_s(value)
             elif name == "x-cache":
                 cache = value.strip()
+            elif name == "x-degraded":
+                cache = "degraded"  # a tiered route's light answer standing in for its heavy tier's
         try:
             if chunked:
                 while True:
@@ -221,7 +235,8 @@ class Connection:
                     if size == 0:
                         break
             elif length:
-                await reader.readexactly(length)
+                body = await reader.readexactly(length)
+                self.last_answer = body if self.keep_answers else None
         except (asyncio.IncompleteReadError, ConnectionResetError) as e:
             raise TruncatedBody(f"status {status}") from e
         self.answered += 1
@@ -250,6 +265,7 @@ class LoadGenerator:
         # before its next request, as well-behaved clients do; off, it sends again at once.
         self.honor_retry_after = honor_retry_after
         self.run = Run()
+        self.keep_answers = any(s.labels for s in streams)
         self.measure_from = 0.0
         self.stop_at = 0.0
 
@@ -259,6 +275,7 @@ class LoadGenerator:
     async def _one(self, conn: Connection, stream: Stream, scheduled: float) -> float:
         """One request and its record; returns the seconds the server asked the client to wait."""
         raw = stream.next_request()
+        body = stream.last_body
         try:
             try:
                 answer = await asyncio.wait_for(conn.request(raw), self.timeout_s)
@@ -289,6 +306,8 @@ class LoadGenerator:
                     served_by,
                     retry_after is not None,
                     timing,
+                    body,
+                    conn.last_answer if stream.labels and 200 <= status < 300 else None,
                 )
             )
         return retry_after if retry_after is not None and status in (429, 503) else 0.0
@@ -299,7 +318,7 @@ class LoadGenerator:
         self.run.window_start_unix = time.time() + warmup_s
 
         async def client() -> None:
-            conn = Connection(self.host, self.port)
+            conn = Connection(self.host, self.port, self.keep_answers)
             while (t := time.perf_counter()) < self.stop_at:
                 wait = await self._one(conn, self._pick(), t)
                 if wait and self.honor_retry_after:
@@ -319,7 +338,7 @@ class LoadGenerator:
         in_flight: dict[str, set[asyncio.Task[None]]] = {st.name: set() for st in self.streams}
 
         async def fire(stream: Stream, scheduled: float) -> None:
-            conn = idle.pop() if idle else Connection(self.host, self.port)
+            conn = idle.pop() if idle else Connection(self.host, self.port, self.keep_answers)
             try:
                 await self._one(conn, stream, scheduled)
             finally:
@@ -375,8 +394,38 @@ def server_split(records: list[Record]) -> dict[str, Any]:
     }
 
 
-def summarize(run: Run, seconds: float) -> dict[str, Any]:
-    """Figures over the measured window: throughput counts answers of any status, goodput only 2xx."""
+def answered_label(answer: bytes) -> str | None:
+    """The first item's `label` output of a v2 JSON answer."""
+    try:
+        outputs = json.loads(answer)["outputs"]
+        return next(str(o["data"][0]) for o in outputs if o["name"] == "label")
+    except (ValueError, KeyError, IndexError, TypeError, StopIteration):
+        return None
+
+
+def scored(records: list[Record], labels: dict[str, list[str]]) -> dict[str, Any] | None:
+    """Accuracy of the 2xx answers whose bodies were kept, all of them and the degraded ones
+    (a tiered route's light answer standing in for its heavy tier's); None when none were."""
+    kept = [r for r in records if r.answer is not None and r.stream in labels]
+    if not kept:
+        return None
+    right = [answered_label(r.answer) == labels[r.stream][r.body] for r in kept]  # type: ignore[arg-type]
+    marks = [r.served_by.endswith("|degraded") for r in kept]
+    degraded = [ok for ok, marked in zip(right, marks, strict=True) if marked]
+    full = [ok for ok, marked in zip(right, marks, strict=True) if not marked]
+    return {
+        "answers": len(kept),
+        "accuracy": round(sum(right) / len(right), 4),
+        "degraded": len(degraded),
+        "degraded_accuracy": round(sum(degraded) / len(degraded), 4) if degraded else None,
+        # Were a degraded answer ever unmarked, this would fall from the route's own accuracy.
+        "unmarked_accuracy": round(sum(full) / len(full), 4) if full else None,
+    }
+
+
+def summarize(run: Run, seconds: float, labels: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """Figures over the measured window: throughput counts answers of any status, goodput only 2xx.
+    `labels`: each stream's true labels, to score the answers kept."""
 
     def block(records: list[Record], carried_in: int) -> dict[str, Any]:
         ok = [r.latency_ms for r in records if 200 <= r.status < 300]
@@ -410,6 +459,7 @@ def summarize(run: Run, seconds: float) -> dict[str, Any]:
             "served_by": served,
             "connection_errors": errors,
             **server_split(records),
+            **({"scored": scored(records, labels)} if labels else {}),
         }
 
     # A stream the client only dropped in the window still gets its line.
@@ -484,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": ns.seconds,
         "warmup_s": ns.warmup,
         "window_start_unix": round(run.window_start_unix, 3),
-        **summarize(run, ns.seconds),
+        **summarize(run, ns.seconds, {s.name: s.labels for s in streams if s.labels}),
         # What the client itself cost: share of one core over the whole run, and per request.
         "loadgen_cpu": {"core_share": round(cpu / wall, 3), "cpu_us_per_request": round(cpu / sent * 1e6 * ns.seconds / wall, 1)},
     }

@@ -431,27 +431,61 @@ def _priority_notes(m: str, e: dict[str, Any]) -> list[str]:
 
 def cascade_markdown(res: dict[str, Any]) -> str:
     r = res["result"]
+    rounds = r.get("rounds", 1)
     lines = [
-        f"Ours ({r['ingress']}), closed loop at concurrency {r['concurrency']}, held-out inputs. Accuracy figures are "
-        "`serve-app calibrate`'s on the test split (threshold fitted on the validation split).",
+        f"Ours ({r['ingress']}), closed loop at concurrency {r['concurrency']}, held-out inputs, route and heavy-only "
+        f"alternated over {rounds} round(s): the ratio is the median of the rounds' (range in brackets), the req/s "
+        "and p50 columns are the median round's. Accuracy: every answer of this run scored against its input's true "
+        "label (pooled over the rounds), beside `serve-app calibrate`'s on the test split (threshold fitted on the "
+        "validation split).",
         "",
-        "| route | signal >= threshold | light answers (calibration) | light answered (this run) | cascade acc | "
-        "heavy-only acc | light-only acc | route req/s | heavy-only req/s | route / heavy-only | route p50 ms | heavy p50 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| route | signal >= threshold | light answers (calibration) | light answered (this run) | cascade acc (this run) "
+        "| heavy-only acc (this run) | cascade acc (calibration) | heavy-only acc (calibration) | light-only acc "
+        "| route req/s | heavy-only req/s | route / heavy-only | route p50 ms | heavy p50 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    pct = lambda v: f"{v:.2%}" if isinstance(v, float) else "-"  # noqa: E731
     for name, e in r["routes"].items():
         cal, run, heavy = e["calibration"] or {}, e["route"], e["heavy_only"]
         test = cal.get("test", {})
         served = run.get("served_by", {})
         light_share = served.get(e["light"], 0) / max(1, sum(served.values()))
-        pct = lambda v: f"{v:.2%}" if isinstance(v, float) else "-"  # noqa: E731
         rule = f"{cal['signal']} >= {cal['threshold']:.3f}" if cal else "pinned"
+        acc = e.get("accuracy", {})
+        ratio = e.get("ratio")
+        single = _ratio(run["goodput_rps"], heavy["goodput_rps"])
+        spread = f"**{ratio['median']}x** ({ratio['min']}-{ratio['max']})" if ratio else single
         lines.append(
-            f"| {name} | {rule} | {pct(test.get('light_share'))} | {light_share:.1%} | {pct(test.get('cascade_acc'))} | "
-            f"{pct(test.get('heavy_acc'))} | {pct(test.get('light_acc'))} | {run['goodput_rps']} | {heavy['goodput_rps']} | "
-            f"{_ratio(run['goodput_rps'], heavy['goodput_rps'])} | {_fmt(run['p50_ms'])} | {_fmt(heavy['p50_ms'])} |"
+            f"| {name} | {rule} | {pct(test.get('light_share'))} | {light_share:.1%} | {pct(acc.get('route'))} "
+            f"| {pct(acc.get('heavy_only'))} | {pct(test.get('cascade_acc'))} | {pct(test.get('heavy_acc'))} "
+            f"| {pct(test.get('light_acc'))} | {run['goodput_rps']} | {heavy['goodput_rps']} | {spread} "
+            f"| {_fmt(run['p50_ms'])} | {_fmt(heavy['p50_ms'])} |"
         )
+    lines += ["", "CPU per answered request by process role, in core-milliseconds (the median round's cores over its req/s):", ""]
+    lines += ["| route | setup | " + " | ".join(CASCADE_ROLES) + " | all |", "|---|---|" + "---|" * (len(CASCADE_ROLES) + 1)]
+    for name, e in r["routes"].items():
+        for setup in ("route", "heavy_only"):
+            run = e[setup]
+            cores = run.get("cpu_cores_by_role", {})
+            rps = run["goodput_rps"] or 1.0
+            per = {role: cores.get(_role_key(role, e), 0.0) / rps * 1e3 for role in CASCADE_ROLES}
+            total = sum(cores.values()) / rps * 1e3
+            lines.append(f"| {name} | {setup} | " + " | ".join(f"{v:.2f}" for v in per.values()) + f" | {total:.2f} |")
     return "\n".join(lines)
+
+
+CASCADE_ROLES = ("router", "light replica", "heavy replica", "proxy", "load generator")
+
+
+def _role_key(role: str, entry: dict[str, Any]) -> str:
+    """The `cpu_cores_by_role` key of a role of the cascade's table."""
+    return {
+        "light replica": f"replica:{entry['light']}",
+        "heavy replica": f"replica:{entry['heavy']}",
+        "router": "replica:router",
+        "proxy": "haproxy",
+        "load generator": "loadgen",
+    }[role]
 
 
 def profile_markdown(res: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -508,32 +509,65 @@ def priority(s: Settings) -> dict[str, Any]:
 
 
 def cascade(s: Settings) -> dict[str, Any]:
-    """Throughput of each route against its heavy tier alone, on one deployment of ours.
-    The accuracy side comes from `serve-app calibrate` (stored in the light model's manifest)."""
+    """Throughput of each route against its heavy tier alone, on one deployment of ours, in
+    alternated rounds (`--pairs`, at least one): the route's ratio is the median of the rounds'.
+    Every answer is scored against its input's true label, so the accuracy is this run's own; the
+    calibration's (on the test split, from `serve-app calibrate`) stands beside it."""
     from serve_app.config import AppArgs
     from serve_app.manifest import Manifest
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
     config = ours_config(s, routes=True)
     args = AppArgs.model_validate(config["applications"][0]["args"])
-    out: dict[str, Any] = {"routes": {}, "ingress": DEFAULT_INGRESS.label, "concurrency": s.headline_concurrency}
+    if s.measured_models_only:  # CI: the routes' tiers only, not the rest of the catalog
+        config = only_models(config, sorted({m for r in args.routes.values() for m in (r.light, r.heavy)}))
+    rounds = max(1, s.pairs)
+    out: dict[str, Any] = {"routes": {}, "ingress": DEFAULT_INGRESS.label, "concurrency": s.headline_concurrency,
+                           "rounds": rounds}  # fmt: skip
     url = f"http://127.0.0.1:{HTTP_PORT}"
     with RayCluster(DEFAULT_INGRESS, tmp, s.model_dir) as cluster:
         cluster.deploy(config, probe(s, next(iter(args.routes.values())).heavy))
         for name, route in args.routes.items():
             heavy_dir = s.model_dir / route.heavy
             load = {"concurrency": s.headline_concurrency}
-            via_route = workloads.write([workloads.v2_infer(name, heavy_dir)], tmp / f"{name}.json")
-            heavy_only = workloads.write([workloads.v2_infer(route.heavy, heavy_dir)], tmp / f"{route.heavy}.json")
+            setups = {
+                "route": (workloads.v2_infer(name, heavy_dir, scored=True), (route.light, route.heavy, "router")),
+                "heavy_only": (workloads.v2_infer(route.heavy, heavy_dir, scored=True), (route.heavy, "router")),
+            }
+            runs: dict[str, list[dict[str, Any]]] = {k: [] for k in setups}
+            for rnd in range(rounds):
+                for setup in list(setups) if rnd % 2 == 0 else reversed(list(setups)):
+                    spec, roles = setups[setup]
+                    path = workloads.write([spec], tmp / f"{setup}.json")
+                    runs[setup].append(run_loadgen(url, path, load, s.seconds, s.warmup, roles))
+            ratios = [r["goodput_rps"] / h["goodput_rps"] for r, h in zip(runs["route"], runs["heavy_only"], strict=True)]
+            median = statistics.median(ratios)
             out["routes"][name] = {
                 "light": route.light,
                 "heavy": route.heavy,
                 "calibration": Manifest.load(s.model_dir / route.light).calibrations.get(route.heavy),
-                "route": run_loadgen(url, via_route, load, s.seconds, s.warmup, (route.light, route.heavy, "router")),
-                "heavy_only": run_loadgen(url, heavy_only, load, s.seconds, s.warmup, (route.heavy, "router")),
+                # The round whose ratio is the median's (the middle one of an odd count) stands for the rest.
+                **{k: v[_median_index(ratios)] for k, v in runs.items()},
+                "ratio": {"median": round(median, 3), "min": round(min(ratios), 3), "max": round(max(ratios), 3)},
+                "rounds": [
+                    {"route_rps": r["goodput_rps"], "heavy_only_rps": h["goodput_rps"], "ratio": round(x, 3)}
+                    for r, h, x in zip(runs["route"], runs["heavy_only"], ratios, strict=True)
+                ],
+                "accuracy": {k: _pooled_accuracy(v) for k, v in runs.items()},
             }
     shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _median_index(values: list[float]) -> int:
+    return sorted(range(len(values)), key=values.__getitem__)[(len(values) - 1) // 2]
+
+
+def _pooled_accuracy(runs: list[dict[str, Any]]) -> float | None:
+    """The share of correct answers over every round's scored answers."""
+    scored = [r["scored"] for r in runs if r.get("scored")]
+    answers = sum(x["answers"] for x in scored)
+    return round(sum(x["accuracy"] * x["answers"] for x in scored) / answers, 4) if answers else None
 
 
 SCENARIOS = {"compare": compare, "sweep": sweep, "ingress": ingress, "priority": priority, "cascade": cascade}

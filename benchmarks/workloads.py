@@ -53,6 +53,18 @@ def bodies_for(model_dir: Path, n: int = 64) -> list[dict[str, Any]]:
     raise ValueError(f"{model_dir}: no classifier workload for family {manifest.family!r}")
 
 
+def labels_for(model_dir: Path, n: int = 64) -> list[str]:
+    """The true label of each of `bodies_for`'s inputs (one item a request), by the model's label names."""
+    manifest = Manifest.load(model_dir)
+    if manifest.family == "resnet":
+        _, truth = shapes_dataset(n, TEST_SEED, manifest.image_size or 32)
+    elif manifest.family == "bert":
+        _, truth = sentiment_dataset(n, TEST_SEED)
+    else:
+        raise ValueError(f"{model_dir}: no labels for family {manifest.family!r}")
+    return [manifest.labels[int(i)] for i in truth]
+
+
 def binary_body(body: dict[str, Any]) -> tuple[bytes, int]:
     """A JSON v2 infer body in the binary tensor extension, as tritonclient sends it: the JSON
     header (every input's `data` replaced by `parameters.binary_data_size`, outputs asked for
@@ -82,6 +94,7 @@ class StreamSpec:
     headers: dict[str, str] = field(default_factory=dict)
     binary: bool = False  # send the bodies in the binary tensor extension
     order: list[int] | None = None  # the order to send bodies in (indices, cycled); None: as listed
+    labels: list[str] | None = None  # each body's true label: the load generator scores the answers
 
     def to_json(self) -> dict[str, Any]:
         if self.binary:
@@ -91,17 +104,29 @@ class StreamSpec:
                 encoded.append({"base64": base64.b64encode(raw).decode(), "header_length": header_length})
         else:
             encoded = [json.dumps(b, separators=(",", ":")) for b in self.bodies]
-        spec = {"name": self.name, "path": self.path, "weight": self.weight, "headers": self.headers, "bodies": encoded}
+        spec: dict[str, Any] = {
+            "name": self.name, "path": self.path, "weight": self.weight, "headers": self.headers, "bodies": encoded,
+        }  # fmt: skip
+        if self.labels is not None:
+            spec["labels"] = self.labels
         return spec if self.order is None else {**spec, "order": self.order}
 
 
 def v2_infer(
-    model: str, model_dir: Path, priority: str | None = None, weight: float = 1.0, n: int = 64, binary: bool = False
+    model: str,
+    model_dir: Path,
+    priority: str | None = None,
+    weight: float = 1.0,
+    n: int = 64,
+    binary: bool = False,
+    scored: bool = False,
 ) -> StreamSpec:
-    """Inference on `model` (a model or a route) with inputs for the model in `model_dir`."""
+    """Inference on `model` (a model or a route) with inputs for the model in `model_dir`.
+    `scored`: with the inputs' true labels, so that the load generator scores the answers."""
     headers = {"X-Priority": priority} if priority else {}
     name = f"{model}/{priority}" if priority else model
-    return StreamSpec(name, f"/v2/models/{model}/infer", bodies_for(model_dir, n), weight, headers, binary)
+    labels = labels_for(model_dir, n) if scored else None
+    return StreamSpec(name, f"/v2/models/{model}/infer", bodies_for(model_dir, n), weight, headers, binary, labels=labels)
 
 
 def write(streams: list[StreamSpec], path: Path) -> Path:

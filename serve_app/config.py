@@ -301,6 +301,25 @@ class CacheConfig(ConfigModel):
         return self.redis_url
 
 
+class DegradeConfig(ConfigModel):
+    """When a route's light tier answers alone, marked degraded (X-Degraded), instead of the heavy
+    tier answering or refusing (serve_app/scheduling/protection/degrade.py)."""
+
+    priorities: list[Literal["high", "normal", "low"]] = Field(
+        ["low", "normal", "high"],
+        description="the classes the light tier may answer alone: while the heavy tier's queue stands over "
+        "`delay_target_ms`, a share of low, then of normal, skips it; and when the heavy tier refuses (overloaded, or "
+        "too slow for the deadline) a listed class gets the light answer instead of the 503. High never skips the "
+        "heavy tier ahead of a refusal. An empty list: escalations always go to the heavy tier and take its refusal",
+    )
+    delay_target_ms: float | None = Field(
+        None,
+        gt=0,
+        description="the heavy queue's standing delay over which degrading starts; default half of "
+        "scheduling.queue_delay_target_ms, so that degrading comes before the heavy tier refuses",
+    )
+
+
 class RouteConfig(ConfigModel):
     """Tiered route: the light model answers unless its confidence is below `threshold`.
 
@@ -312,6 +331,7 @@ class RouteConfig(ConfigModel):
     heavy: str
     threshold: float | None = Field(None, ge=0.0, le=1.0)
     signal: Literal["max_prob", "margin", "entropy"] = "max_prob"
+    degrade: DegradeConfig = Field(default_factory=DegradeConfig)
 
 
 class SchedulingConfig(ConfigModel):

@@ -83,6 +83,9 @@ PRESETS: dict[str, Preset] = {
         Preset("bert-heavy", "bert", BertConfig(DEMO_VOCAB, 64, 96, 3, 4, 192), TrainConfig(700, 64, 2e-3, 12000)),
         # A second version of bert-heavy for canaries and shadows: wider, shallower, another seed.
         Preset("bert-heavy-v2", "bert", BertConfig(DEMO_VOCAB, 64, 128, 2, 4, 256), TrainConfig(600, 64, 2e-3, 12000, 1)),
+        # BERT-Medium's shape (8 layers, 512 wide; Turc et al.) on the demo tokenizer, trained: the
+        # heavy tier of configs/bench-cascade.yaml, where the heavy model dominates a route's cost.
+        Preset("bert-medium", "bert", BertConfig(DEMO_VOCAB, 64, 512, 8, 8, 2048), TrainConfig(400, 64, 1e-3, 12000)),
         Preset("bert-base", "bert", BertConfig(30522, 512, 768, 12, 12, 3072, 2)),
         Preset("gpt-tiny", "gpt", GPTConfig(DEMO_VOCAB, 64, 16, 1, 2), TrainConfig(40, 32, 3e-3, 500)),
         Preset("gpt-light", "gpt", GPTConfig(DEMO_VOCAB, 128, 96, 3, 4), TrainConfig(500, 32, 2e-3, 6000)),

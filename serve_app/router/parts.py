@@ -25,6 +25,7 @@ from serve_app.router.routing.replicas import DeploymentStates
 from serve_app.router.routing.versions import VersionedModels
 from serve_app.scheduling.protection.breaker import CircuitBreaker
 from serve_app.scheduling.protection.concurrency import ClassConcurrency
+from serve_app.scheduling.protection.degrade import Degrading
 from serve_app.scheduling.protection.overload import ClassShedding, LoopLag
 from serve_app.scheduling.traffic import TrafficPolicy
 
@@ -110,13 +111,18 @@ def build_parts(
             for g in ModelCatalog.generator_names(args)
         },
     )
-    parts.cascades.update(_cascades(args, versions))
+    parts.cascades.update(_cascades(args, versions, dispatchers))
     parts.loops.cascades = parts.cascades
     return parts
 
 
-def _cascades(args: AppArgs, versions: VersionedModels) -> dict[str, Cascade]:
+def _cascades(args: AppArgs, versions: VersionedModels, dispatchers: DispatcherPool) -> dict[str, Cascade]:
     """Each route's cascade, its threshold read from its light model's manifest."""
+
+    def standing(deployment: str) -> float:
+        dispatcher = dispatchers.existing(deployment)
+        return dispatcher.standing_s() if dispatcher is not None else 0.0
+
     cascades = {}
     for name, route in args.routes.items():
         if route.light in args.unavailable and route.threshold is None:
@@ -125,7 +131,10 @@ def _cascades(args: AppArgs, versions: VersionedModels) -> dict[str, Cascade]:
             policy = CascadePolicy(1.0, route.signal)
         else:
             policy = route_policy(name, route, Manifest.load(args.model_path(route.light)))
-        cascades[name] = Cascade(name, route.light, route.heavy, policy, versions.submit)
+        degrade = route.degrade
+        target_ms = degrade.delay_target_ms or args.scheduling.queue_delay_target_ms / 2
+        degrading = Degrading((Priority.parse(p) for p in degrade.priorities), target_ms / 1e3)
+        cascades[name] = Cascade(name, route.light, route.heavy, policy, versions.submit, degrading, standing)
     return cascades
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from benchmarks.goodput import MIXES, checks, summary
 
 
@@ -68,3 +70,32 @@ def test_the_checks_read_the_acceptance_rows():
 def test_the_mixes_are_shares_of_a_hundred_and_leave_classes_out_where_named():
     assert all(sum(mix) == 100 for mix in MIXES.values())
     assert MIXES["no-high"][0] == 0 and MIXES["trickle"][2] == 0 and MIXES["10/30/60"] == (10, 30, 60)
+
+
+def test_the_degrade_table_takes_each_arm_s_median_over_rounds_and_pools_accuracy():
+    from benchmarks.goodput import degrade_table
+
+    def point(arm: str, rnd: int, goodput: float, scored: dict[str, Any]) -> dict[str, Any]:
+        result = {"goodput_over_capacity": goodput, "scored": scored, "timeouts": 0, "server_errors_5xx": 0}
+        return {"mix": "10/30/60", "load": 3.0, "degrade": arm, "round": rnd, "result": result}
+
+    on = {"answers": 100, "accuracy": 0.9, "degraded": 40, "degraded_accuracy": 0.8, "unmarked_accuracy": 0.967}
+    off = {"answers": 50, "accuracy": 0.99, "degraded": 0, "degraded_accuracy": None, "unmarked_accuracy": 0.99}
+    points = [point("on", 0, 0.9, on), point("off", 0, 0.5, off), point("off", 1, 0.4, off), point("on", 1, 1.1, on),
+              point("on", 2, 1.0, on), point("off", 2, 0.6, off)]  # fmt: skip
+    (row,) = degrade_table(points)
+    assert row["on"]["goodput_over_capacity"] == 1.0 and row["on"]["range"] == [0.9, 1.1]
+    assert row["off"]["goodput_over_capacity"] == 0.5 and row["on_over_off"] == 2.0
+    assert row["on"]["degraded_share"] == 0.4 and row["on"]["degraded_accuracy"] == 0.8
+    assert row["off"]["degraded_share"] == 0.0 and row["off"]["degraded_accuracy"] is None
+
+
+def test_a_strict_copy_of_the_route_never_degrades_and_inputs_come_from_the_heavy_tier(tmp_path):
+    from benchmarks.goodput import STRICT_SUFFIX, target_dir, with_strict_route
+
+    config = {"applications": [{"args": {"routes": {"r": {"light": "l", "heavy": "h"}}}}]}
+    strict = with_strict_route(config, "r")
+    routes = strict["applications"][0]["args"]["routes"]
+    assert routes["r" + STRICT_SUFFIX] == {"light": "l", "heavy": "h", "degrade": {"priorities": []}}
+    assert "degrade" not in routes["r"] and len(config["applications"][0]["args"]["routes"]) == 1
+    assert target_dir(config, tmp_path, "r") == tmp_path / "h" and target_dir(config, tmp_path, "m") == tmp_path / "m"

@@ -237,3 +237,36 @@ def test_chaos_counts_lost_requests_from_raw_records_of_either_length() -> None:
     counts = lost(new, {"good"})
     assert counts["refused_without_retry_after"] == 1 and counts["no_answer"] == 1
     assert [r["status"] for r in lost_requests(new, {"good"})] == [503, 0]
+
+
+def test_kept_answers_are_scored_against_the_true_labels_degraded_ones_apart() -> None:
+    from benchmarks.loadgen import Record, Run, summarize
+
+    def answer(label: str) -> bytes:
+        return json.dumps({"outputs": [{"name": "logits", "data": [0.1, 0.9]}, {"name": "label", "data": [label]}]}).encode()
+
+    run = Run(
+        records=[
+            Record("r", 0.1, 5, 200, "light", body=0, answer=answer("positive")),  # right
+            Record("r", 0.2, 5, 200, "heavy", body=1, answer=answer("negative")),  # right
+            Record("r", 0.3, 5, 200, "light|degraded", body=2, answer=answer("positive")),  # wrong, marked
+            Record("r", 0.4, 5, 200, "light|degraded", body=1, answer=answer("negative")),  # right, marked
+            Record("r", 0.5, 5, 503, "", body=0),  # refused: not scored
+        ]
+    )
+    out = summarize(run, seconds=1.0, labels={"r": ["positive", "negative", "negative"]})
+    assert out["scored"] == {
+        "answers": 4, "accuracy": 0.75, "degraded": 2, "degraded_accuracy": 0.5, "unmarked_accuracy": 1.0,
+    }  # fmt: skip
+    assert out["streams"]["r"]["scored"]["degraded"] == 2
+    assert "scored" not in summarize(run, seconds=1.0)  # no labels, no scoring
+
+
+def test_a_stream_with_labels_keeps_its_answers_and_records_which_body_went(server_url: str, tmp_path: Path) -> None:
+    spec = workloads.StreamSpec("ok", "/ok", [{"x": 1}, {"x": 2}], labels=["a", "b"])
+    (stream,) = loadgen.load_streams(json.loads(workloads.write([spec], tmp_path / "w.json").read_text()), "h")
+    assert stream.labels == ["a", "b"]
+    stream.next_request()
+    assert stream.last_body == 0
+    stream.next_request()
+    assert stream.last_body == 1

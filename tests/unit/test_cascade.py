@@ -175,3 +175,53 @@ def test_a_route_takes_its_pinned_threshold_or_the_calibrated_one():
     assert route_policy("r", RouteConfig(light="light", heavy="heavy"), light) == CascadePolicy(0.8, "margin")
     with pytest.raises(ValueError, match="never calibrated"):
         route_policy("r", RouteConfig(light="light", heavy="other"), light)
+
+
+# -- degrading before refusing (the route's Degrading policy) ------------------------------
+
+
+def degrading_run(tiers: Tiers, priority: Priority, degrading, standing_s: float = 0.0) -> ClassifierResult:
+    cascade = Cascade("route", "light", "heavy", CascadePolicy(0.9), tiers.submit, degrading, lambda d: standing_s)
+    result = asyncio.run(cascade.classify(["a", "b"], priority, None))
+    degrading_run.counts = dict(cascade.counts)  # type: ignore[attr-defined]
+    return result
+
+
+def test_a_standing_heavy_queue_answers_low_escalations_from_the_light_tier_without_asking_it():
+    from serve_app.scheduling.protection.degrade import Degrading
+
+    from .fakes import Clock
+
+    clock = Clock()
+    degrading = Degrading([Priority.LOW, Priority.NORMAL], 0.1, clock=clock, draw=lambda: 0.0)
+    for _ in range(100):  # the heavy queue's oldest request 1 s old for a second
+        clock.now += 0.01
+        degrading.follow(1.0)
+    tiers = Tiers([SURE, UNSURE])
+    result = degrading_run(tiers, Priority.LOW, degrading, standing_s=1.0)
+    assert [m for m, _ in tiers.calls] == ["light"]  # the heavy tier never saw it
+    assert result.served_by == ["light", "light"] and "low priority answered by light" in (result.degraded or "")
+    assert degrading_run.counts == {"light": 1, "degraded": 1}  # type: ignore[attr-defined]
+    tiers = Tiers([SURE, UNSURE])
+    high = degrading_run(tiers, Priority.HIGH, degrading, standing_s=1.0)  # high still escalates
+    assert [m for m, _ in tiers.calls] == ["light", "heavy"] and high.degraded is None
+
+
+@pytest.mark.parametrize("error", [Overloaded("busy"), DeadlineExceeded("late")])
+def test_a_heavy_refusal_is_the_answer_for_a_class_the_route_does_not_let_degrade(error):
+    from serve_app.scheduling.protection.degrade import Degrading
+
+    listed = Degrading([Priority.LOW], 0.1)
+    result = degrading_run(Tiers([SURE, UNSURE], heavy=error), Priority.LOW, listed)
+    assert result.degraded and degrading_run.counts["degraded"] == 1  # type: ignore[attr-defined]
+    with pytest.raises(type(error)):
+        degrading_run(Tiers([SURE, UNSURE], heavy=error), Priority.NORMAL, listed)
+    with pytest.raises(type(error)):
+        degrading_run(Tiers([SURE, UNSURE], heavy=error), Priority.LOW, Degrading([], 0.1))
+
+
+def test_a_failing_heavy_tier_degrades_any_class_even_with_degrading_off():
+    from serve_app.scheduling.protection.degrade import Degrading
+
+    result = degrading_run(Tiers([SURE, UNSURE], heavy=ModelFailure("boom")), Priority.HIGH, Degrading([], 0.1))
+    assert result.degraded and result.served_by == ["light", "light"]

@@ -15,6 +15,7 @@ from serve_app.contract import Priority
 from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError
 from serve_app.manifest import Manifest
 from serve_app.scheduling.dispatcher import RequestTiming
+from serve_app.scheduling.protection.degrade import Degrading
 
 Signal = Literal["max_prob", "margin", "entropy"]
 SIGNALS: tuple[Signal, ...] = ("max_prob", "margin", "entropy")
@@ -63,6 +64,8 @@ class ClassifierResult:
 
 # (model, payload, items, priority, deadline, timing) -> (N, C) logits, or the model's error
 Submit = Callable[[str, Payload, int, Priority, float | None, RequestTiming | None], Awaitable[np.ndarray]]
+# deployment -> the age of the oldest request in its queue now, in seconds (0 when none)
+Standing = Callable[[str], float]
 
 
 class Cascade:
@@ -74,17 +77,31 @@ class Cascade:
     - the light tier fails (circuit open, model error, timeout): the heavy tier answers every
       item, and the response says so (`degraded`). The light breaker's half-open probe comes
       through here too, so route traffic alone can close it again;
-    - the heavy tier fails in any way but a client error when items escalate (overloaded, too
-      slow for the deadline, behind an open circuit, or its replica died): the light answer in
-      hand beats an error (`degraded`);
+    - under overload, `degrading` (the route's policy) may answer a lower class's escalations from
+      the light tier without asking the heavy one, while the heavy queue stands; and when the heavy
+      tier refuses (overloaded, too slow for the deadline), a class the route lets degrade gets
+      the light answer in hand, any other class the refusal (`degraded` says which happened);
+    - the heavy tier fails (behind an open circuit, a model error, its replica died): the light
+      answer in hand beats an error (`degraded`), whatever the class;
     - a client error from the heavy tier is the answer.
     `counts` gets the items each outcome served: light, heavy, fallback, degraded.
     """
 
-    def __init__(self, route: str, light: str, heavy: str, policy: CascadePolicy, submit: Submit) -> None:
+    def __init__(
+        self,
+        route: str,
+        light: str,
+        heavy: str,
+        policy: CascadePolicy,
+        submit: Submit,
+        degrading: Degrading | None = None,
+        standing: Standing = lambda deployment: 0.0,
+    ) -> None:
         self.route, self.light, self.heavy = route, light, heavy
         self.policy = policy
         self.submit = submit
+        self.degrading = degrading
+        self.standing = standing
         self.counts: Counter[str] = Counter()
 
     async def classify(
@@ -112,12 +129,22 @@ class Cascade:
         self.counts["light"] += n - escalated
         if not escalated:
             return ClassifierResult(light, [light_tier] * n)
+        degrading = self.degrading
+        if degrading is not None and degrading.enabled:
+            degrading.follow(self.standing(heavy_tier))
+            if degrading.before_heavy(priority):
+                self.counts["degraded"] += escalated
+                why = f"{heavy_tier} overloaded; {priority.name.lower()} priority answered by {light_tier}"
+                return ClassifierResult(light, [light_tier] * n, why)
         idx = np.flatnonzero(escalate)
         subset = [payload[i] for i in idx] if isinstance(payload, list) else payload[idx]
         try:
             heavy = await self.submit(heavy_tier, subset, escalated, priority, deadline, timing)
         except Exception as e:
             if isinstance(e, ServeAppError) and e.status_code < 500:
+                raise
+            refused = isinstance(e, Overloaded | DeadlineExceeded)
+            if refused and degrading is not None and not degrading.after_refusal(priority):
                 raise
             code = e.code if isinstance(e, ServeAppError) else "model_error"
             self.counts["degraded"] += escalated

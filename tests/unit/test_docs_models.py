@@ -35,13 +35,22 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_guide_runs_as_written(workdir: Path):
     (config,) = blocks("yaml")
     (workdir / "my-models.yaml").write_text(config)
-    commands = [line for block in blocks("bash") for line in block.splitlines() if line.strip()]
+    groups = [[line for line in block.splitlines() if line.strip()] for block in blocks("bash")]
+    commands = [c for group in groups for c in group]
     assert any(c.startswith("optimum-cli export") for c in commands) and commands[-1] == "serve run my-models.yaml"
     outputs = {}
-    for command in commands[:-1]:  # all but `serve run`, which the integration tests do with these exports
-        done = subprocess.run(shlex.split(command), cwd=workdir, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr[-3000:]}"
-        outputs[command] = done.stdout
+    # Block after block, as the reader goes; the lines of one block (two exports, three imports)
+    # depend on no other line of it, so they run side by side.
+    for group in groups:
+        running = {
+            c: subprocess.Popen(shlex.split(c), cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for c in group
+            if c != commands[-1]  # all but `serve run`, which the integration tests do with these exports
+        }
+        for command, proc in running.items():
+            stdout, stderr = proc.communicate(timeout=300)
+            assert proc.returncode == 0, f"{command}\n{stdout}\n{stderr[-3000:]}"
+            outputs[command] = stdout
     imported = [c for c in commands if c.startswith("serve-app models import")]
     assert len(imported) == 3 and all("add to your config" in outputs[c] for c in imported)
     listing = outputs["serve-app models list --config my-models.yaml"].splitlines()

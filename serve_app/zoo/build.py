@@ -37,6 +37,8 @@ def fingerprint(preset: Preset) -> str:
     described = asdict(preset)
     if not preset.train.seed:  # seed 0 is what every build used before seeds were a setting: those builds stay valid
         del described["train"]["seed"]
+    if described["model"].get("zero_init_residual") is False:  # likewise for ResNets from before the option
+        del described["model"]["zero_init_residual"]
     blob = json.dumps({"v": BUILD_VERSION, "preset": described}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

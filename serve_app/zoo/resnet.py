@@ -88,6 +88,11 @@ class ResNet(nn.Module):
                 stages.append(block(c_in, width, stride))
                 c_in = width * block.expansion
         self.stages = nn.Sequential(*stages)
+        if cfg.zero_init_residual:
+            for b in stages:
+                last_norm = b.body[-1]  # type: ignore[index]
+                assert isinstance(last_norm, nn.BatchNorm2d)
+                nn.init.zeros_(last_norm.weight)
         self.head = nn.Linear(c_in, cfg.n_classes)
         self.register_buffer("mean", torch.tensor(PIXEL_MEAN).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(PIXEL_STD).view(1, 3, 1, 1))

@@ -109,3 +109,21 @@ def test_heavy_presets_are_bigger_than_light():
 
     assert params("bert-heavy") > 5 * params("bert-light")
     assert params("resnet-heavy") > 5 * params("resnet-light")
+
+
+@pytest.mark.parametrize("block", ["basic", "bottleneck"])
+def test_zero_initialised_residual_branches_make_every_block_start_as_its_shortcut(block):
+    net = ResNet(ResNetConfig(block, (2, 1), (8, 16), zero_init_residual=True))
+    identity = next(b for b in net.stages if isinstance(b.shortcut, torch.nn.Identity))
+    x = torch.rand(4, identity.body[0].in_channels, 8, 8)  # non-negative, as after a ReLU
+    torch.testing.assert_close(identity(x), x)  # the branch adds nothing yet
+
+
+def test_the_zero_init_option_leaves_every_earlier_resnet_fingerprint_as_it_was():
+    """Off, the option is left out of the fingerprint (as seed 0 is): built demo models stay valid."""
+    from dataclasses import replace
+
+    light = get_preset("resnet-light")
+    assert isinstance(light.model, ResNetConfig)
+    assert fingerprint(light) == fingerprint(replace(light, model=replace(light.model, zero_init_residual=False)))
+    assert fingerprint(light) != fingerprint(replace(light, model=replace(light.model, zero_init_residual=True)))

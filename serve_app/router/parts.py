@@ -23,6 +23,7 @@ from serve_app.router.routing.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.routing.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.routing.replicas import DeploymentStates
 from serve_app.router.routing.versions import VersionedModels
+from serve_app.scheduling.dispatcher import standing_s
 from serve_app.scheduling.protection.breaker import CircuitBreaker
 from serve_app.scheduling.protection.concurrency import ClassConcurrency
 from serve_app.scheduling.protection.degrade import Degrading
@@ -121,7 +122,7 @@ def _cascades(args: AppArgs, versions: VersionedModels, dispatchers: DispatcherP
 
     def standing(deployment: str) -> float:
         dispatcher = dispatchers.existing(deployment)
-        return dispatcher.standing_s() if dispatcher is not None else 0.0
+        return standing_s(dispatcher) if dispatcher is not None else 0.0
 
     cascades = {}
     for name, route in args.routes.items():

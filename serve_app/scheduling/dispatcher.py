@@ -247,11 +247,6 @@ class Dispatcher:
     def queued_items(self) -> int:
         return sum(lane.queue.items for lane in self.lanes)
 
-    def standing_s(self) -> float:
-        """The age of the oldest request in the bulk queue now (0 when empty): the delay a
-        route's degradation follows (serve_app/scheduling/protection/degrade.py)."""
-        return self.bulk.queue.oldest_wait(self.clock())
-
     def items_by_priority(self) -> dict[Priority, int]:
         return {p: sum(lane.queue.items_by_priority[p] for lane in self.lanes) for p in Priority}
 
@@ -451,6 +446,12 @@ class Dispatcher:
                 raise NobodyWaits(self.model) from e
         self.stats.retried_batches += 1
         return await _call(self, lane.name, spans, again), again
+
+
+def standing_s(d: Dispatcher) -> float:
+    """The age of the oldest request in a dispatcher's bulk queue now (0 when empty): the delay a
+    route's degradation follows (serve_app/scheduling/protection/degrade.py)."""
+    return d.bulk.queue.oldest_wait(d.clock())
 
 
 def _snapshot(d: Dispatcher) -> dict[str, Any]:

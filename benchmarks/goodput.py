@@ -34,6 +34,7 @@ import yaml
 from benchmarks import workloads
 from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, run_loadgen
 from benchmarks.flood import flood_config, shedding
+from benchmarks.loadgen import pooled
 from benchmarks.scenarios import DEFAULT_INGRESS
 
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
@@ -218,10 +219,10 @@ def degrade_table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row[arm] = {
                 "goodput_over_capacity": statistics.median(goodput),
                 "range": [min(goodput), max(goodput)],
-                "accuracy": _weighted(scored, "accuracy", "answers"),
+                "accuracy": pooled(scored, "accuracy", "answers"),
                 "degraded_share": round(degraded / answers, 4) if answers else None,
-                "degraded_accuracy": _weighted(scored, "degraded_accuracy", "degraded"),
-                "unmarked_accuracy": _weighted(scored, "unmarked_accuracy", None),
+                "degraded_accuracy": pooled(scored, "degraded_accuracy", "degraded"),
+                "unmarked_accuracy": pooled(scored, "unmarked_accuracy", None),
                 "timeouts": sum(r["timeouts"] for r in mine),
                 "server_errors_5xx": sum(r["server_errors_5xx"] for r in mine),
             }
@@ -229,18 +230,6 @@ def degrade_table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["on_over_off"] = round(row["on"]["goodput_over_capacity"] / row["off"]["goodput_over_capacity"], 3)
         rows.append(row)
     return rows
-
-
-def _weighted(scored: list[dict[str, Any]], key: str, weight: str | None) -> float | None:
-    """The mean of `key` over rounds, weighted by each round's `weight` count (its unmarked answers when None)."""
-    pairs = []
-    for x in scored:
-        if x.get(key) is None:
-            continue
-        n = x[weight] if weight else x["answers"] - x["degraded"]
-        pairs.append((x[key], n))
-    total = sum(n for _, n in pairs)
-    return round(sum(v * n for v, n in pairs) / total, 4) if total else None
 
 
 def checks(out: dict[str, Any]) -> dict[str, Any]:

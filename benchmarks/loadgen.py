@@ -423,6 +423,19 @@ def scored(records: list[Record], labels: dict[str, list[str]]) -> dict[str, Any
     }
 
 
+def pooled(scored: list[dict[str, Any]], key: str, weight: str | None) -> float | None:
+    """The mean of `key` over several runs' `scored` figures, each weighted by its `weight`
+    count (its unmarked answers when None)."""
+    pairs = []
+    for x in scored:
+        if x.get(key) is None:
+            continue
+        n = x[weight] if weight else x["answers"] - x["degraded"]
+        pairs.append((x[key], n))
+    total = sum(n for _, n in pairs)
+    return round(sum(v * n for v, n in pairs) / total, 4) if total else None
+
+
 def summarize(run: Run, seconds: float, labels: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Figures over the measured window: throughput counts answers of any status, goodput only 2xx.
     `labels`: each stream's true labels, to score the answers kept."""

@@ -45,6 +45,7 @@ from benchmarks.cluster import (
     replica_rss_mb,
     run_loadgen,
 )
+from benchmarks.loadgen import pooled
 
 # The ingress the default configs use (README's serve command, the KubeRay pods):
 # chosen by the `ingress` scenario, see benchmarks/results/ingress/local/ (HAProxy plus
@@ -553,7 +554,7 @@ def cascade(s: Settings) -> dict[str, Any]:
                     {"route_rps": r["goodput_rps"], "heavy_only_rps": h["goodput_rps"], "ratio": round(x, 3)}
                     for r, h, x in zip(runs["route"], runs["heavy_only"], ratios, strict=True)
                 ],
-                "accuracy": {k: _pooled_accuracy(v) for k, v in runs.items()},
+                "accuracy": {k: pooled([r.get("scored") or {} for r in v], "accuracy", "answers") for k, v in runs.items()},
             }
     shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -561,13 +562,6 @@ def cascade(s: Settings) -> dict[str, Any]:
 
 def _median_index(values: list[float]) -> int:
     return sorted(range(len(values)), key=values.__getitem__)[(len(values) - 1) // 2]
-
-
-def _pooled_accuracy(runs: list[dict[str, Any]]) -> float | None:
-    """The share of correct answers over every round's scored answers."""
-    scored = [r["scored"] for r in runs if r.get("scored")]
-    answers = sum(x["answers"] for x in scored)
-    return round(sum(x["accuracy"] * x["answers"] for x in scored) / answers, 4) if answers else None
 
 
 SCENARIOS = {"compare": compare, "sweep": sweep, "ingress": ingress, "priority": priority, "cascade": cascade}

@@ -226,15 +226,22 @@ def recovery_s(per_s: list[int], fault_at_s: float) -> float | None:
     return None
 
 
+# The load generator's mark for an answer whose status line and headers came, then its body was cut.
+CUT_MID_ANSWER = "error:TruncatedBody"
+
+
 def lost(records: list[list[Any]], good_streams: set[str]) -> dict[str, int]:
-    """Answers a client could not use: no answer, a 5xx that is not a 503 with Retry-After, a
-    refusal without Retry-After; and for the malformed corpus, anything but a 4xx."""
-    out = {"no_answer": 0, "server_error": 0, "refused_without_retry_after": 0, "malformed_not_4xx": 0}
-    for stream, _sent, _lat, status, _by, _ms, retry_after, *_ in records:
+    """Answers a client could not use: no answer, an answer cut after its head, a 5xx that is not a
+    503 with Retry-After, a refusal without Retry-After; and for the malformed corpus, anything but
+    a 4xx. An answer cut after its head counts apart from no answer: HAProxy has passed that
+    answer's head on to the client, so it cannot send the request again elsewhere (its retries end
+    where an answer begins), while a request without any answer it can."""
+    out = {"no_answer": 0, "cut_mid_answer": 0, "server_error": 0, "refused_without_retry_after": 0, "malformed_not_4xx": 0}
+    for stream, _sent, _lat, status, by, _ms, retry_after, *_ in records:
         if stream not in good_streams:
             out["malformed_not_4xx"] += not (400 <= status < 500)
         elif status <= 0:
-            out["no_answer"] += 1
+            out["cut_mid_answer" if by == CUT_MID_ANSWER else "no_answer"] += 1
         elif status in (429, 503) and not retry_after:
             out["refused_without_retry_after"] += 1
         elif status >= 500 and status != 503:
@@ -456,8 +463,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"Load: {r['settings']['concurrency']} closed-loop clients on `{CLASSIFIER}` (two replicas), "
         f"{r['settings']['seconds']:.0f} s per phase, the fault at {r['settings']['fault_at_s']:.0f} s.",
         "",
-        "| phase | requests | statuses | lost (no answer / 5xx / refused without Retry-After) | malformed not 4xx "
-        "| recovery to 80% goodput | p99 ms | sent again on a new connection |",
+        "| phase | requests | statuses | lost (no answer / cut mid-answer / 5xx / refused without Retry-After) "
+        "| malformed not 4xx | recovery to 80% goodput | p99 ms | sent again on a new connection |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, p in r["phases"].items():
@@ -468,7 +475,8 @@ def markdown(res: dict[str, Any]) -> str:
             else (f"{p['recovery_s']:.0f} s" if p["recovery_s"] is not None else "not within the window")
         )
         lines.append(
-            f"| {name} | {p['requests']} | {p['statuses']} | {lost_['no_answer']} / {lost_['server_error']} / "
+            f"| {name} | {p['requests']} | {p['statuses']} | {lost_['no_answer']} / {lost_.get('cut_mid_answer', 0)} / "
+            f"{lost_['server_error']} / "
             f"{lost_['refused_without_retry_after']} | {lost_['malformed_not_4xx']} | {rec} | {p['p99_ms']} "
             f"| {p.get('stale_connection_retries', '-')} |"
         )

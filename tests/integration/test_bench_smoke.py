@@ -217,7 +217,9 @@ def test_chaos(tiny_model_dir: Path, tmp_path: Path) -> None:
     # Serve spread the classifier over both nodes, so the node kill takes one of its replicas.
     assert sorted(x["on_worker"] for x in r["placement"]["resnet-heavy"]) == [False, True], r["placement"]
     phases = r["phases"]
-    nothing_lost = {"no_answer": 0, "server_error": 0, "refused_without_retry_after": 0, "malformed_not_4xx": 0}
+    nothing_lost = {
+        "no_answer": 0, "cut_mid_answer": 0, "server_error": 0, "refused_without_retry_after": 0, "malformed_not_4xx": 0,
+    }  # fmt: skip
     # A killed classifier replica costs no client a request: its batches run again on the other.
     # Bad requests mixed into that load (CI's smoke has no phase of their own for them) get their
     # 4xx alone; the good ones around them are all answered.
@@ -228,12 +230,16 @@ def test_chaos(tiny_model_dir: Path, tmp_path: Path) -> None:
     stall = phases["stall"]
     assert stall["fault"]["replaced_after_s"] is not None, stall["fault"]
     assert stall["streams"]["started"] > 0 and stall["streams"]["cut_without_done"] == 0, stall["streams"]
-    # A killed router replica costs no request either (HAProxy replays what it dropped), and the
-    # app goes on answering after it (back to its earlier rate is the benchmark's claim: a 9 s
-    # phase leaves its replacement too few seconds on a loaded 2-core machine to show it).
+    # A killed router replica costs no request that had no answer yet (HAProxy sends each again to
+    # the other router), and the app goes on answering after it (back to its earlier rate is the
+    # benchmark's claim: a 9 s phase leaves its replacement too few seconds on a loaded 2-core
+    # machine to show it). An answer whose head the router had written when it died is cut, and
+    # HAProxy cannot replay it: the benchmark counts those apart (`cut_mid_answer`); at most the
+    # one answer a router writes at a time is cut.
     router = phases["router"]
     after_kill = int(router["fault_in_window_s"]) + 1
-    assert router["lost"] == nothing_lost and sum(router["goodput_per_s"][after_kill:]) > 0, router
+    assert {**router["lost"], "cut_mid_answer": 0} == nothing_lost and router["lost"]["cut_mid_answer"] <= 1, router
+    assert sum(router["goodput_per_s"][after_kill:]) > 0, router
     # The worker node dies with a classifier replica and the generator, the routers (on the head,
     # the ingress node) live on: no request is lost, the app goes on answering (back to full rate
     # within 30 s is the benchmark's claim, not CI's), and every stream the node cut ends with an

@@ -239,6 +239,19 @@ def test_chaos_counts_lost_requests_from_raw_records_of_either_length() -> None:
     assert [r["status"] for r in lost_requests(new, {"good"})] == [503, 0]
 
 
+def test_chaos_counts_an_answer_cut_after_its_head_apart_from_no_answer() -> None:
+    """HAProxy can send a request again while no answer has begun, not once its head went out."""
+    from benchmarks.chaos import CUT_MID_ANSWER, lost
+
+    records = [
+        ["good", 0.1, 5.0, -1, CUT_MID_ANSWER, None, None],
+        ["good", 0.2, 5.0, -1, "error:ConnectionResetError", None, None],
+        ["good", 0.3, 5.0, 0, "", None, None],
+    ]
+    counts = lost(records, {"good"})
+    assert counts["cut_mid_answer"] == 1 and counts["no_answer"] == 2
+
+
 def test_kept_answers_are_scored_against_the_true_labels_degraded_ones_apart() -> None:
     from benchmarks.loadgen import Record, Run, summarize
 

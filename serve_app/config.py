@@ -11,6 +11,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -542,21 +543,25 @@ class AppArgs(ConfigModel):
     # model -> version -> deployment, made with `_served`: the router asks for it on every call.
     _versions: dict[str, dict[str, str]] = PrivateAttr(default_factory=dict)
 
-    # The router reaches these on every request: straight through the private dict, as pydantic's
-    # own lookup of a private attribute (`self._served`) is many times slower.
-    @property
+    # The router reaches these on every request: each is looked up once through pydantic (whose
+    # lookup of a private attribute is many times slower than a plain one) and then kept in the
+    # instance's dict. Both dicts are made whole by the validator above and then only read.
+    @cached_property
     def served(self) -> dict[str, ServedVersion]:
         """Deployment name -> the model version it serves."""
-        served: dict[str, ServedVersion] = self.__pydantic_private__["_served"]  # type: ignore[index]
-        return served
+        return self._served
+
+    @cached_property
+    def version_index(self) -> dict[str, dict[str, str]]:
+        """Model -> version -> deployment."""
+        return self._versions
 
     def is_name(self, name: str) -> bool:
         return name in self.models or name in self.routes
 
     def versions(self, model: str) -> dict[str, str]:
         """A model's versions -> their deployments, the entry's own first (a copy: callers may edit it)."""
-        versions: dict[str, dict[str, str]] = self.__pydantic_private__["_versions"]  # type: ignore[index]
-        return dict(versions.get(model, {}))
+        return dict(self.version_index.get(model, {}))
 
     def deployment_config(self, deployment: str) -> ModelConfig:
         return self.served[deployment].config

@@ -93,17 +93,17 @@ def request_from_proto(req: pb.ModelInferRequest) -> v2.InferRequest:
         raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} inputs; send one per input")
     inputs = []
     for i, t in enumerate(req.inputs):
-        tensor = v2.RequestInput(name=t.name, shape=list(t.shape), datatype=t.datatype, parameters=parameters(t.parameters))
+        tensor = v2.RequestInput(t.name, list(t.shape), t.datatype, parameters(t.parameters))
         if raw:
-            tensor._raw = raw[i]
+            tensor.raw = raw[i]
         else:
             field = CONTENTS_FIELD.get(t.datatype)
             if field is None:
                 raise InvalidInput(f"input {t.name!r}: datatype {t.datatype} cannot travel in typed contents; use raw")
             tensor.data = list(getattr(t.contents, field))
         inputs.append(tensor)
-    outputs = [v2.RequestOutput(name=o.name, parameters=parameters(o.parameters)) for o in req.outputs] or None
-    return v2.InferRequest(id=req.id or None, parameters=parameters(req.parameters), inputs=inputs, outputs=outputs)
+    outputs = [v2.RequestOutput(o.name, parameters(o.parameters)) for o in req.outputs] or None
+    return v2.InferRequest(inputs, req.id or None, parameters(req.parameters), outputs)
 
 
 def response_to_proto(resp: v2.InferResponse) -> pb.ModelInferResponse:

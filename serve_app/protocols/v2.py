@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from serve_app.errors import InvalidInput
-from serve_app.protocols import v2_json
+from serve_app.protocols import v2_json, v2_schema
 
 HEADER_LENGTH = "inference-header-content-length"
 EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration"]
@@ -46,37 +47,21 @@ MAX_DIMS = 8
 MAX_ELEMENTS = 2**40
 
 
-Model = TypeVar("Model", bound=BaseModel)
+@dataclass(slots=True, eq=False)
+class RequestInput:
+    """One input tensor of a request (its documented shape: serve_app.protocols.v2_schema)."""
 
-
-def _private(model: BaseModel, name: str) -> Any:
-    """A private attribute read straight from pydantic's private dict: pydantic's own lookup
-    (`model._name`) is many times slower, and the router reads these on every request."""
-    return model.__pydantic_private__[name]  # type: ignore[index]
-
-
-class RequestInput(BaseModel):
     name: str
     shape: list[int]
     datatype: str
     parameters: dict[str, Any] | None = None
-    data: list[Any] | None = Field(None, description="row-major values; omitted when the tensor travels as binary data")
+    data: list[Any] | None = None  # row-major values, when they came in JSON (or gRPC's typed contents)
     # The tensor's bytes when it came in the binary extension, not in `data`: a view of the
     # request's body (no copy of it).
-    _raw: bytes | memoryview | None = PrivateAttr(None)
+    raw: bytes | memoryview | None = None
     # The tensor's values, flat, when its JSON `data` was numbers decoded straight into numpy
     # (serve_app.protocols.v2_json); `data` is then None.
-    _array: np.ndarray | None = PrivateAttr(None)
-
-    @property
-    def raw(self) -> bytes | memoryview | None:
-        raw: bytes | memoryview | None = _private(self, "_raw")
-        return raw
-
-    @property
-    def array(self) -> np.ndarray | None:
-        array: np.ndarray | None = _private(self, "_array")
-        return array
+    array: np.ndarray | None = None
 
     def has_data(self) -> bool:
         return self.data is not None or self.array is not None
@@ -102,7 +87,8 @@ class RequestInput(BaseModel):
         return n
 
 
-class RequestOutput(BaseModel):
+@dataclass(slots=True)
+class RequestOutput:
     name: str
     parameters: dict[str, Any] | None = None
 
@@ -110,17 +96,19 @@ class RequestOutput(BaseModel):
         return bool((self.parameters or {}).get("binary_data", default))
 
 
-class InferRequest(BaseModel):
+@dataclass(slots=True, eq=False)
+class InferRequest:
+    """A request, once parsed and its fields' types checked: by msgspec's typed decoders, by
+    pydantic's validation (v2_schema), or by gRPC's message types."""
+
+    inputs: list[RequestInput]
     id: str | None = None
     parameters: dict[str, Any] | None = None
-    inputs: list[RequestInput] = Field(min_length=1)
     outputs: list[RequestOutput] | None = None
 
 
-class ResponseOutput(BaseModel):
-    # NaN and Infinity as JavaScript literals (as Python's json and Triton write them), not null.
-    model_config = ConfigDict(ser_json_inf_nan="constants")
-
+@dataclass(slots=True, eq=False)
+class ResponseOutput:
     name: str
     shape: list[int]
     datatype: str
@@ -128,29 +116,47 @@ class ResponseOutput(BaseModel):
     data: list[Any] | None = None
     # A numeric output's values as computed (`encode`): the binary extension and gRPC send their
     # bytes as they are, and the Python list in `data` is built only for a JSON body (`with_data`).
-    _array: np.ndarray | None = PrivateAttr(default=None)
+    array: np.ndarray | None = None
 
     def with_data(self) -> ResponseOutput:
         """This output with its values in `data`, for a JSON body."""
-        array = self.array
-        if self.data is None and array is not None:
-            self.data = array.ravel().tolist()
+        if self.data is None and self.array is not None:
+            self.data = self.array.ravel().tolist()
         return self
 
-    @property
-    def array(self) -> np.ndarray | None:
-        array: np.ndarray | None = _private(self, "_array")
-        return array
 
-
-class InferResponse(BaseModel):
-    model_config = ConfigDict(ser_json_inf_nan="constants")
-
+@dataclass(slots=True, eq=False)
+class InferResponse:
     model_name: str
+    outputs: list[ResponseOutput]
     model_version: str | None = None
     id: str | None = None
     parameters: dict[str, Any] | None = None
-    outputs: list[ResponseOutput]
+
+
+def request_from_schema(body: v2_schema.InferRequest) -> InferRequest:
+    """The request pydantic validated, as the router works on it."""
+    inputs = [RequestInput(t.name, t.shape, t.datatype, t.parameters, t.data) for t in body.inputs]
+    outputs = None if body.outputs is None else [RequestOutput(o.name, o.parameters) for o in body.outputs]
+    return InferRequest(inputs, body.id, body.parameters, outputs)
+
+
+def request_of(data: Any) -> InferRequest:
+    """A request from its JSON as Python values, validated as a body would be (tests and tools)."""
+    return request_from_schema(v2_schema.InferRequest.model_validate(data))
+
+
+def response_to_schema(response: InferResponse) -> v2_schema.InferResponse:
+    """The response as pydantic's model, to write what only pydantic writes as Triton does."""
+    # As the router made them: written as they are, not validated again.
+    made = v2_schema.ResponseOutput.model_construct
+    outputs = [
+        made(name=o.name, shape=o.shape, datatype=o.datatype, parameters=o.parameters, data=o.data) for o in response.outputs
+    ]
+    return v2_schema.InferResponse.model_construct(
+        model_name=response.model_name, model_version=response.model_version, id=response.id,
+        parameters=response.parameters, outputs=outputs,
+    )  # fmt: skip
 
 
 class TensorMetadata(BaseModel):
@@ -233,7 +239,7 @@ def parse_request(body: bytes | bytearray, header_length: str | None) -> InferRe
             raise InvalidInput(
                 f"input {tensor.name!r} declares {size} binary bytes, but only {len(rest) - offset} follow the JSON header"
             )
-        tensor._raw = rest[offset : offset + size]
+        tensor.raw = rest[offset : offset + size]
         offset += size
     if offset != len(rest):
         raise InvalidInput(f"{len(rest) - offset} bytes after the JSON header belong to no input (binary_data_size)")
@@ -246,22 +252,14 @@ FAST_JSON_BYTES = 1024
 
 
 def _decoded_small(json_part: bytes | bytearray) -> InferRequest | None:
-    """A small body through msgspec's typed decoder, into the same models pydantic's validation
-    would make, built without validating again (msgspec has checked every field's type; a
-    body it does not take whole, None, goes to pydantic, which says what is wrong with it)."""
+    """A small body through msgspec's typed decoder, which has checked every field's type; a body
+    it does not take whole, None, goes to pydantic, which says what is wrong with it."""
     small = v2_json.decode_small(json_part)
     if small is None:
         return None
-    inputs = [
-        _trusted(RequestInput, {"name": t.name, "shape": t.shape, "datatype": t.datatype, "parameters": t.parameters,
-                                "data": t.data}, {"_raw": None, "_array": None})
-        for t in small.inputs
-    ]  # fmt: skip
-    outputs = None
-    if small.outputs is not None:
-        outputs = [_trusted(RequestOutput, {"name": o.name, "parameters": o.parameters}, None) for o in small.outputs]
-    fields = {"id": small.id, "parameters": small.parameters, "inputs": inputs, "outputs": outputs}
-    return _trusted(InferRequest, fields, None)
+    inputs = [RequestInput(t.name, t.shape, t.datatype, t.parameters, t.data) for t in small.inputs]
+    outputs = None if small.outputs is None else [RequestOutput(o.name, o.parameters) for o in small.outputs]
+    return InferRequest(inputs, small.id, small.parameters, outputs)
 
 
 def _decoded_fast(json_part: bytes | bytearray) -> InferRequest | None:
@@ -272,29 +270,29 @@ def _decoded_fast(json_part: bytes | bytearray) -> InferRequest | None:
         return None
     inputs = []
     for t in fast.inputs:
-        tensor = RequestInput(name=t.name, shape=t.shape, datatype=t.datatype, parameters=t.parameters)
+        tensor = RequestInput(t.name, t.shape, t.datatype, t.parameters)
         dtype = NUMPY_DTYPES.get(t.datatype)
         try:
             count = tensor.element_count()
         except InvalidInput:  # pydantic's path gives the same refusal, in decode_numeric
             count = 0
         if dtype is not None and len(t.data) and (array := v2_json.numbers(t.data, np.dtype(dtype), count)) is not None:
-            tensor._array = array
+            tensor.array = array
         else:
             ok, data = v2_json.data_of(t.data)
             if not ok or (data is not None and not isinstance(data, list)):
                 return None
             tensor.data = data
         inputs.append(tensor)
-    outputs = None if fast.outputs is None else [RequestOutput(name=o.name, parameters=o.parameters) for o in fast.outputs]
-    return InferRequest(id=fast.id, parameters=fast.parameters, inputs=inputs, outputs=outputs)
+    outputs = None if fast.outputs is None else [RequestOutput(o.name, o.parameters) for o in fast.outputs]
+    return InferRequest(inputs, fast.id, fast.parameters, outputs)
 
 
 def _validated(json_part: bytes | bytearray) -> InferRequest:
     # One pass in pydantic-core's parser, straight into the model: no intermediate Python objects
     # from a separate json.loads.
     try:
-        return InferRequest.model_validate_json(json_part)
+        return request_from_schema(v2_schema.InferRequest.model_validate_json(json_part))
     except ValidationError as e:
         first = e.errors()[0]
         if first["type"] == "json_invalid":
@@ -380,41 +378,17 @@ def decode_numeric(tensor: RequestInput) -> np.ndarray:
 
 def encode(name: str, value: np.ndarray | list[str]) -> ResponseOutput:
     if isinstance(value, list):
-        return _made_output(name, [len(value)], "BYTES", value, None)
+        return ResponseOutput(name, [len(value)], "BYTES", data=value)
     datatype = DATATYPE_OF.get(value.dtype)
     assert datatype is not None, f"no v2 datatype for {value.dtype}"
-    return _made_output(name, list(value.shape), datatype, None, value)
-
-
-_set_attribute = object.__setattr__
-
-
-def _trusted(cls: type[Model], fields: dict[str, Any], private: dict[str, Any] | None) -> Model:
-    """An instance of `cls` from values already of its fields' types, as pydantic's `model_construct`
-    makes one (no validation) without its per-field bookkeeping: the router makes a few of these
-    for every request, and pydantic's constructors cost more than the rest of handling them.
-    `fields` names every field; those with a value count as set, as after validating a body
-    that gave just those."""
-    obj = cls.__new__(cls)
-    _set_attribute(obj, "__dict__", fields)
-    _set_attribute(obj, "__pydantic_fields_set__", {k for k, v in fields.items() if v is not None})
-    _set_attribute(obj, "__pydantic_extra__", None)
-    _set_attribute(obj, "__pydantic_private__", private)
-    return obj
-
-
-def _made_output(name: str, shape: list[int], datatype: str, data: list[Any] | None, array: np.ndarray | None) -> ResponseOutput:
-    """An output the router made itself: its values are its own, and need no validation."""
-    fields = {"name": name, "shape": shape, "datatype": datatype, "parameters": None, "data": data}
-    return _trusted(ResponseOutput, fields, {"_array": array})
+    return ResponseOutput(name, list(value.shape), datatype, array=value)
 
 
 def made_response(
     name: str, version: str | None, request_id: str | None, parameters: dict[str, Any] | None, outputs: list[ResponseOutput]
 ) -> InferResponse:
-    """A response the router made itself (see `_trusted`)."""
-    fields = {"model_name": name, "model_version": version, "id": request_id, "parameters": parameters, "outputs": outputs}
-    return _trusted(InferResponse, fields, None)
+    """A response the router made itself."""
+    return InferResponse(name, outputs, version, request_id, parameters)
 
 
 def binary_blob(output: ResponseOutput) -> bytes:

@@ -97,11 +97,13 @@ def _by_pydantic(response: v2.InferResponse, binary: set[str]) -> tuple[bytes, d
             blob = v2.binary_blob(out)
             blobs.append(blob)
             params = {**(out.parameters or {}), "binary_data_size": len(blob)}
-            out = out.model_copy(update={"data": None, "parameters": params})
+            out = v2.ResponseOutput(out.name, out.shape, out.datatype, params)
         else:
-            out = out.model_copy().with_data()
+            data = out.data if out.data is not None or out.array is None else out.array.ravel().tolist()
+            out = v2.ResponseOutput(out.name, out.shape, out.datatype, out.parameters, data)
         outputs.append(out)
-    head = response.model_copy(update={"outputs": outputs}).model_dump_json(exclude_none=True).encode()
+    shown = v2.InferResponse(response.model_name, outputs, response.model_version, response.id, response.parameters)
+    head = v2.response_to_schema(shown).model_dump_json(exclude_none=True).encode()
     if not blobs:
         return head, {"content-type": "application/json"}
     return head + b"".join(blobs), {"content-type": "application/octet-stream", v2.HEADER_LENGTH: str(len(head))}

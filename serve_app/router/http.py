@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app import __version__
 from serve_app.errors import InvalidInput, ServeAppError
-from serve_app.protocols import v2
+from serve_app.protocols import v2_schema
 from serve_app.protocols.errors import error_response, from_http_exception
 from serve_app.router.edge.checks import BodyLimit, KeyGate
 from serve_app.router.edge.failures import served_error
@@ -121,7 +121,7 @@ def build_http_app(
 def _openapi(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        defs = v2.InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+        defs = v2_schema.InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(defs.pop("$defs", {}))
         components["InferRequest"] = defs

@@ -416,7 +416,7 @@ def test_classifications_but_encoded_images_mark_the_routers_model_work() -> Non
     text, image = codecs.TEXT_CLASSIFIER, codecs.IMAGE_CLASSIFIER
 
     def body(name: str, shape: list[int], datatype: str, data: list[Any]) -> v2.InferRequest:
-        return v2.InferRequest.model_validate({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]})
+        return v2.request_of({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]})
 
     texts = body("text", [1], "BYTES", ["a review"])
     pixels = body("image", [1, 3, 2, 2], "UINT8", [0] * 12)

@@ -82,7 +82,7 @@ def test_on_the_v2_path_too_a_refused_generation_costs_only_the_arrival_token(pa
     now = [0.0]
     tenant = Tenant("t", bucket=TokenBucket(rate_per_s=1, burst=10, clock=lambda: now[0]))
     tenant.admit()  # the token every request pays on arrival
-    body = v2.InferRequest.model_validate(
+    body = v2.request_of(
         {
             "inputs": [{"name": "text_input", "shape": [4], "datatype": "BYTES", "data": ["a", "b", "c", "d"]}],
             "parameters": {"max_tokens": 10**9},
@@ -120,7 +120,7 @@ def test_v2_infer_marks_a_classification_as_work_the_image_decoders_yield_to(
         return infer_v2.Answer([], [model], "1")
 
     monkeypatch.setattr(infer_v2, "_batched", batched)
-    body = v2.InferRequest.model_validate({"inputs": [tensor]})
+    body = v2.request_of({"inputs": [tensor]})
     tenant = Tenant("t", bucket=TokenBucket(rate_per_s=1, burst=10, clock=lambda: 0.0))
     ctx = infer_v2.admitted(parts, model, None, body, InferHeaders(priority=priority), tenant)
     asyncio.run(infer_v2.infer(parts, ctx, body))

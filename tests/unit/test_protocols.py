@@ -120,7 +120,10 @@ def test_binary_sizes_and_bytes_framing_are_checked():
 
 
 def test_json_numeric_data_rejects_strings_and_overflow():
-    for data, dt in ([["1.0"], "FP32"], [[True], "FP32"], [[300], "UINT8"], [[None], "FP32"], [[{"a": 1}], "FP32"]):
+    cases: list[tuple[list[Any], str]] = [
+        (["1.0"], "FP32"), ([True], "FP32"), ([300], "UINT8"), ([None], "FP32"), ([{"a": 1}], "FP32"),
+    ]  # fmt: skip
+    for data, dt in cases:
         tensor = v2.RequestInput(name="t", shape=[1], datatype=dt, data=data)
         with pytest.raises(InvalidInput, match="data is not"):
             v2.decode_numeric(tensor)
@@ -140,7 +143,7 @@ def test_text_length_limit():
 def test_binary_response_is_what_tritonclient_decodes():
     logits = np.arange(6, dtype=np.float32).reshape(3, 2)
     response = v2.InferResponse(model_name="m", outputs=[v2.encode("logits", logits), v2.encode("label", ["a", "bé", ""])])
-    request = v2.InferRequest.model_validate(
+    request = v2.request_of(
         {
             "inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["x"]}],
             "outputs": [{"name": "logits", "parameters": {"binary_data": True}}, {"name": "label"}],
@@ -160,7 +163,7 @@ def test_binary_response_is_what_tritonclient_decodes():
 
 
 def test_json_response_unless_binary_is_asked():
-    request = v2.InferRequest.model_validate({"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["x"]}]})
+    request = v2.request_of({"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["x"]}]})
     assert v2.binary_outputs(request, ["a"]) == set()
     body, headers = v2_render.render_response(v2.InferResponse(model_name="m", outputs=[v2.encode("a", ["z"])]), set())
     assert headers["content-type"] == "application/json" and json.loads(body)["outputs"][0]["data"] == ["z"]

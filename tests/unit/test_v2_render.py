@@ -10,22 +10,30 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serve_app.protocols import v2, v2_render
+from serve_app.protocols import v2, v2_render, v2_schema
 
 
 def _pydantic_body(response: v2.InferResponse, binary: set[str]) -> tuple[bytes, dict[str, str]]:
-    """The body as pydantic writes it, built the way the router built it before v2_render."""
+    """The body as pydantic writes it, from the schema's models (serve_app.protocols.v2_schema)."""
     blobs, outputs = [], []
     for out in response.outputs:
-        copy = out.model_copy()
+        parameters, data = out.parameters, out.data
         if out.name in binary:
             blob = v2.binary_blob(out)
             blobs.append(blob)
-            copy = out.model_copy(update={"data": None, "parameters": {**(out.parameters or {}), "binary_data_size": len(blob)}})
-        else:
-            copy.with_data()
-        outputs.append(copy)
-    head = response.model_copy(update={"outputs": outputs}).model_dump_json(exclude_none=True).encode()
+            parameters, data = {**(out.parameters or {}), "binary_data_size": len(blob)}, None
+        elif data is None and out.array is not None:
+            data = out.array.ravel().tolist()
+        outputs.append(
+            v2_schema.ResponseOutput.model_construct(
+                name=out.name, shape=out.shape, datatype=out.datatype, parameters=parameters, data=data
+            )
+        )
+    whole = v2_schema.InferResponse.model_construct(
+        model_name=response.model_name, model_version=response.model_version, id=response.id,
+        parameters=response.parameters, outputs=outputs,
+    )  # fmt: skip
+    head = whole.model_dump_json(exclude_none=True).encode()
     if not blobs:
         return head, {"content-type": "application/json"}
     return head + b"".join(blobs), {"content-type": "application/octet-stream", v2.HEADER_LENGTH: str(len(head))}
@@ -128,6 +136,7 @@ def test_parameters_msgspec_would_write_otherwise_go_to_pydantic(parameters: dic
         response = _response(parameters=parameters)
     else:
         out = v2.encode("logits", np.array([[0.5, 0.25]], dtype=np.float32))
-        response = _response(outputs=[out.model_copy(update={"parameters": parameters})])
+        out.parameters = parameters
+        response = _response(outputs=[out])
     binary = {"logits"} if where == "binary output" else set()
     assert v2_render.render_response(response, binary) == _pydantic_body(response, binary)

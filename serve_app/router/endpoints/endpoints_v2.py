@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from serve_app import __version__
 from serve_app.manifest import Manifest
-from serve_app.protocols import v2
+from serve_app.protocols import v2, v2_schema
 from serve_app.router.endpoints.docs import INFER_BODY, PRIORITY_DOC, SESSION_DOC, TIMEOUT_DOC, V2_ERRORS
 from serve_app.router.parts import RouterParts, router_parts
 from serve_app.router.routing import catalog
@@ -20,11 +20,11 @@ PARTS = Depends(router_parts)
 
 
 # First: Serve names each request's route by trying the routes in order (serve_app.router.http).
-@api.post("/v2/models/{name}/infer", openapi_extra=INFER_BODY, responses={200: {"model": v2.InferResponse}, **V2_ERRORS})
+@api.post("/v2/models/{name}/infer", openapi_extra=INFER_BODY, responses={200: {"model": v2_schema.InferResponse}, **V2_ERRORS})
 @api.post(
     "/v2/models/{name}/versions/{version}/infer",
     openapi_extra=INFER_BODY,
-    responses={200: {"model": v2.InferResponse}, **V2_ERRORS},
+    responses={200: {"model": v2_schema.InferResponse}, **V2_ERRORS},
 )
 async def infer(
     request: Request,

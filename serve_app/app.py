@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any, cast
 
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Deployment
 
-from serve_app.config import AppArgs, RouterLiveConfig
+from serve_app.config import AppArgs, RouterLiveConfig, pool_deployment
 from serve_app.exports import Declared, ExportProblems, discover
 from serve_app.families import load
+from serve_app.models.pool import ModelPool
 from serve_app.models.unavailable import UnavailableModel
 from serve_app.router.ingress import Router
 from serve_app.router.parts import router_capacity
@@ -39,6 +41,27 @@ def load_problem(args: AppArgs, deployment: str) -> str | None:
     return None
 
 
+POOL_ROUTER = "serve_app.router.routing.pool_router:PoolRouter"
+
+
+def bind_pools(args: AppArgs) -> dict[str, Any]:
+    """One deployment per multiplexed entry, serving its models (serve_app.models.pool) under the
+    pool's request router (serve_app.router.routing.pool_router)."""
+    bound = {}
+    for pattern, entry in args.pools.items():
+        assert entry.multiplex is not None, "a pool entry always multiplexes (config.expand_pools)"
+        sources = {name: args.model_source(name) for name, m in args.models.items() if m.pool == pattern}
+        config = entry.model_copy(update={"tracing": args.tracing, "multiplex": None, "path": None})
+        placement = {"max_models": entry.multiplex.max_models_per_replica, "busy_batches": entry.multiplex.busy_batches}
+        router = RequestRouterConfig.model_validate({"request_router_class": POOL_ROUTER, "request_router_kwargs": placement})
+        bound[pattern] = (
+            as_deployment(ModelPool)
+            .options(name=pool_deployment(pattern), user_config=entry.tuning().model_dump(), request_router_config=router)
+            .bind(pattern, sources, config.model_dump(mode="json"), entry.multiplex.max_models_per_replica)
+        )
+    return bound
+
+
 def build_app(args: AppArgs | dict[str, Any]) -> Application:
     """Bind one deployment per model version (named like the model, `<model>-v<version>` for its
     further versions) behind the router.
@@ -50,12 +73,16 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
         args = AppArgs.model_validate(args)
     handles = {}
     unavailable: dict[str, str] = {}
+    pools = bind_pools(args)
     for name, served in args.served.items():
         model = served.config
         if (problem := load_problem(args, name)) is not None:
             # One line in the log, 503 with the reason for its requests; the other models serve.
             handles[name] = as_deployment(UnavailableModel).options(name=name).bind(name, problem)
             unavailable[name] = problem
+            continue
+        if model.pool is not None:  # one of a multiplexed pool's models: the pool's deployment serves it
+            handles[name] = pools[model.pool]
             continue
         plan = args.family_of(name).plan(model)  # its family's deployment (serve_app.families)
         handles[name] = (

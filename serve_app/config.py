@@ -7,6 +7,7 @@ schema holds what only this application knows: the catalog and its routes.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 import re
@@ -113,6 +114,21 @@ class ImagePreprocessing(ConfigModel):
     )
 
 
+class MultiplexConfig(ConfigModel):
+    """Many models of one family on one pool of replicas (serve_app.models.pool)."""
+
+    max_models_per_replica: int = Field(
+        4, ge=1, le=256, description="models one replica holds; the least recently used out first"
+    )
+    busy_batches: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="a replica with this many of one router's batches in flight is busy: a model it holds then loads "
+        "on a second replica that has room and would evict no model in use (ray-project/ray#48741)",
+    )
+
+
 class ModelConfig(ConfigModel):
     """One model of the catalog. `preset` builds a demo model; `path` points at any model directory."""
 
@@ -169,6 +185,12 @@ class ModelConfig(ConfigModel):
         description="further versions, each its own Serve deployment named <model>-v<version> with its own model "
         "directory (default <model_dir>/<model>-v<version>); each takes what it leaves out from this entry",
     )
+    multiplex: MultiplexConfig | None = Field(
+        None,
+        description="an entry whose name holds `*` (`reviews-*`): each model directory under `path` whose name matches "
+        "is a model of its own, all served by one pool of replicas that load them on demand",
+    )
+    pool: str | None = Field(None, description="set by the config: the multiplexed entry this model was found by")
 
     def tuning(self) -> ReplicaTuning:
         return ReplicaTuning(**self.batching.model_dump(), faults=self.faults)
@@ -473,9 +495,48 @@ class LimitsConfig(ConfigModel):
         return self
 
 
+def pool_deployment(pattern: str) -> str:
+    """The Serve deployment of a multiplexed entry: `reviews-*` -> `reviews-pool`."""
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", pattern.replace("*", "")).strip("-")
+    return f"{stem}-pool" if stem else "pool"
+
+
+def expand_pools(data: Any) -> Any:
+    """A raw config's multiplexed entries (`reviews-*`) as one model per matching directory under
+    their `path`, each marked with its entry (`pool`); the entries themselves move to `pools`."""
+    if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
+        return data
+    models = dict(data["models"])
+    pools = dict(data.get("pools") or {})
+    for pattern in [name for name in models if "*" in name]:
+        entry = models.pop(pattern)
+        if not isinstance(entry, dict) or entry.get("multiplex") is None or not entry.get("path"):
+            raise ValueError(
+                f"{pattern!r}: a name with `*` is a multiplexed pool; give it `multiplex` and a `path` to its models"
+            )
+        if entry.get("versions"):
+            raise ValueError(f"{pattern!r}: a multiplexed pool's models have no versions")
+        root = Path(str(entry["path"])).expanduser()
+        if "://" in str(entry["path"]) or not root.is_dir():
+            raise ValueError(f"{pattern!r}: path {entry['path']!r} is not a local directory of models")
+        found = sorted(p.name for p in root.iterdir() if p.is_dir() and fnmatch.fnmatchcase(p.name, pattern))
+        if not found:
+            raise ValueError(f"{pattern!r}: no model directory under {root} matches")
+        for name in found:
+            if name in models:
+                raise ValueError(f"{name!r} is both a model of its own and one of pool {pattern!r}")
+            member = {k: v for k, v in entry.items() if k != "multiplex"}
+            models[name] = {**member, "path": str((root / name).resolve()), "pool": pattern}
+        pools[pattern] = entry
+    return {**data, "models": models, "pools": pools}
+
+
 class AppArgs(ConfigModel):
     model_dir: str = Field("models", description=f"root of model directories; ${MODEL_DIR_ENV} overrides it")
     models: dict[str, ModelConfig]
+    pools: dict[str, ModelConfig] = Field(
+        default_factory=dict, description="set by the config: the multiplexed entries, their models listed in `models`"
+    )
     routes: dict[str, RouteConfig] = Field(default_factory=dict)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     tenants: list[TenantConfig] = Field(default_factory=list, description="API keys; none configured = open server")
@@ -492,6 +553,11 @@ class AppArgs(ConfigModel):
         description="the routers' starting traffic policy per model; the router deployment's user_config "
         "(RouterLiveConfig) replaces it live",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pools_expanded(cls, data: Any) -> Any:
+        return expand_pools(data)
 
     @model_validator(mode="after")
     def _routes_consistent(self) -> AppArgs:

@@ -38,6 +38,11 @@ class Router:
 
     def __init__(self, args: dict[str, Any], handles: dict[str, DeploymentHandle]) -> None:
         self.args = AppArgs.model_validate(args)
+        # A pool's models share its deployment: each one's calls name it, so that a replica runs them
+        # on that model (loading it first) and the pool's request router places them (models/pool.py).
+        handles = {
+            name: h.options(multiplexed_model_id=name) if self.args.served[name].config.pool else h for name, h in handles.items()
+        }
         context = serve.get_replica_context()
         router_id = context.replica_id.unique_id
         node_id = ray.get_runtime_context().get_node_id()
@@ -47,13 +52,17 @@ class Router:
             self.args,
             handles,
             router_id,
-            lambda model: handle_sender(handles[model], router_id, node_id if self.args.scheduling.local_link else None),
+            lambda model: handle_sender(handles[model], router_id, node_id if self.linked(model) else None),
             router_count=lambda: states.running(ROUTER_DEPLOYMENT),
             states=states,
             share_rollbacks=self.rollbacks.exchange,
         )
         self.grpc = GrpcInference(self.parts)
         self.cpu = CpuMeter()
+
+    def linked(self, model: str) -> bool:
+        """Whether batches for `model` may take a same-node link (never a pool's: Serve places those)."""
+        return self.args.scheduling.local_link and self.args.served[model].config.pool is None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve asks for this replica's app after the constructor (late-bound `serve.ingress()`)."""

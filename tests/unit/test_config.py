@@ -220,3 +220,55 @@ def test_every_config_is_a_valid_serve_config_whose_app_args_validate(path):
 def test_a_bad_field_in_a_version_override_names_the_version():
     with pytest.raises(ValidationError, match="version '2': max_batch_sizes: Extra inputs are not permitted"):
         AppArgs.model_validate({"models": {"b": {"preset": "bert-tiny", "versions": {"2": {"max_batch_sizes": 4}}}}})
+
+
+def _pool_dir(tmp_path: Path, names: tuple[str, ...]) -> Path:
+    for name in names:
+        (tmp_path / name).mkdir()
+    (tmp_path / "reviews-notes.txt").write_text("a file, not a model directory")
+    return tmp_path
+
+
+def test_a_multiplexed_entry_is_one_model_per_matching_directory(tmp_path: Path):
+    root = _pool_dir(tmp_path, ("reviews-en", "reviews-de", "other"))
+    entry = {"family": "bert", "path": str(root), "multiplex": {"max_models_per_replica": 3}}
+    args = AppArgs.model_validate({"models": {"reviews-*": entry, "solo": {"preset": "bert-tiny"}}})
+    assert sorted(args.models) == ["reviews-de", "reviews-en", "solo"]
+    assert args.models["reviews-en"].pool == "reviews-*" and args.models["solo"].pool is None
+    assert args.model_path("reviews-de") == (root / "reviews-de").resolve()
+    assert args.pools["reviews-*"].multiplex is not None and args.pools["reviews-*"].multiplex.max_models_per_replica == 3
+    # The router validates the dumped args again: the pool is not expanded twice.
+    again = AppArgs.model_validate(args.model_dump(mode="json"))
+    assert sorted(again.models) == sorted(args.models) and list(again.pools) == ["reviews-*"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"family": "bert", "path": "{root}"}, "give it `multiplex`"),
+        ({"family": "bert", "path": "{root}/nowhere", "multiplex": {}}, "not a local directory"),
+        ({"family": "bert", "path": "s3://bucket/pool", "multiplex": {}}, "not a local directory"),
+        ({"family": "bert", "path": "{root}", "multiplex": {}, "versions": {"2": {}}}, "no versions"),
+    ],
+)
+def test_a_multiplexed_entry_is_checked(tmp_path: Path, entry: dict[str, Any], problem: str):
+    root = _pool_dir(tmp_path, ("reviews-en",))
+    entry = {k: v.format(root=root) if isinstance(v, str) else v for k, v in entry.items()}
+    with pytest.raises(ValidationError, match=problem):
+        AppArgs.model_validate({"models": {"reviews-*": entry}})
+
+
+def test_a_pool_with_no_match_or_a_name_taken_is_refused(tmp_path: Path):
+    root = _pool_dir(tmp_path, ("reviews-en",))
+    with pytest.raises(ValidationError, match="no model directory"):
+        AppArgs.model_validate({"models": {"films-*": {"family": "bert", "path": str(root), "multiplex": {}}}})
+    entry = {"family": "bert", "path": str(root), "multiplex": {}}
+    with pytest.raises(ValidationError, match="both a model of its own"):
+        AppArgs.model_validate({"models": {"reviews-*": entry, "reviews-en": {"preset": "bert-tiny"}}})
+
+
+def test_a_pool_deployment_is_named_after_its_pattern():
+    from serve_app.config import pool_deployment
+
+    assert pool_deployment("reviews-*") == "reviews-pool" and pool_deployment("*") == "pool"
+    assert pool_deployment("bert_*_v2") == "bert-v2-pool"

@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from serve_app.config import AppArgs
+from serve_app.config import AppArgs, pool_deployment
 from serve_app.errors import NotFound, cannot_load
 from serve_app.families import family
 from serve_app.manifest import Manifest
@@ -207,6 +207,11 @@ class ModelCatalog:
     async def _ask(self, model: str) -> bool:
         if model in self.args.unavailable:  # its files cannot load: never ready until deployed again
             return False
+        pool = self.args.served[model].config.pool
+        if pool is not None and self.states is not None:
+            # A pool's model is ready while its pool takes requests: asking a replica would load it
+            # there, and a probe of every model would load them all in turn.
+            return await self.states.takes_requests(pool_deployment(pool))
         if self.states is not None and await self.states.scaled_to_zero(model):
             return True
         try:

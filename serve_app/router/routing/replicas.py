@@ -71,6 +71,15 @@ class DeploymentStates:
         state = (await self.get()).get(deployment)
         return max(1, state.running) if state is not None else 1
 
+    async def takes_requests(self, deployment: str) -> bool:
+        """Whether the controller has a replica of `deployment` running, or holds it at zero on
+        purpose (its requests start one); False when it cannot be asked."""
+        try:
+            state = (await self.get()).get(deployment)
+        except Exception:
+            return False
+        return state is not None and (state.running > 0 or state.scaled_to_zero)
+
     async def scaled_to_zero(self, deployment: str) -> bool:
         """True only when the controller says so; when it cannot be asked, the replicas are."""
         try:

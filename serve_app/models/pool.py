@@ -1,0 +1,111 @@
+"""A pool of replicas that many classifier models of one family share (Serve's model multiplexing).
+
+A config entry whose name holds `*` and that sets `multiplex` is a pool (serve_app.config): each
+model directory under its `path` whose name matches is one model, served by the pool's one
+deployment. A replica loads a model on the first batch it gets for it (the router names the
+model in the call, as Serve's multiplexed model id) and holds at most `max_models_per_replica`,
+the least recently used out first; Serve loads one model at a time per replica. Which replica
+gets a model's batch is the pool's request router's choice (serve_app.router.routing.pool_router).
+
+Each loaded model is the family's own deployment class, built as a plain object: the same
+batching, lanes, health probe and metrics as a deployment of its own, without the same-node link
+(a pool's batches go through Serve, where the placement happens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ray import serve
+
+from serve_app.contract import BULK, BatchReply
+from serve_app.families import family, load
+from serve_app.models.classifier import Classifier
+
+logger = logging.getLogger("ray.serve")
+
+
+class Loaded:
+    """A model as the pool's cache holds it. Serve calls `__del__` on what it evicts: the pool then
+    lets go of the model too, and its memory goes with the last batch that still runs on it."""
+
+    def __init__(self, model: Classifier, evicted: Callable[[], object]) -> None:
+        self.model = model
+        self.evicted = evicted
+
+    def __del__(self) -> None:
+        self.evicted()
+
+
+@serve.deployment(max_ongoing_requests=16)
+class ModelPool:
+    """The pool's replica: models loaded on demand, each answering its own batches."""
+
+    def __init__(self, pool: str, sources: dict[str, str], config: dict[str, Any], max_models: int) -> None:
+        self.pool = pool
+        self.sources = sources  # model -> its directory or object-store URI
+        self.config = config
+        self.user_config: dict[str, Any] | None = None
+        self.cls: type[Classifier] = load(family(config["family"]).deployment).func_or_class
+        self.load_s: dict[str, float] = {}  # each model's last load time, for runtime_info
+        self.instances: dict[str, Classifier] = {}  # the models loaded now, as Serve's cache holds them
+
+        async def loaded(model: str) -> Loaded:
+            instance = await asyncio.to_thread(self._build, model)
+            self.instances[model] = instance
+            return Loaded(instance, lambda: self._evicted(model, instance))
+
+        # Serve's LRU of loaded models, sized per pool (the decorator takes its size when applied).
+        self.model = serve.multiplexed(max_num_models_per_replica=max_models)(loaded)
+
+    def _build(self, model: str) -> Classifier:
+        source = self.sources.get(model)
+        if source is None:
+            raise KeyError(f"{model!r} is not a model of pool {self.pool!r}")
+        started = time.perf_counter()
+        instance = self.cls(model, source, self.config)  # loads, and warms up its sessions
+        instance.link = None  # a pool's batches come through Serve, where placement chooses the replica
+        if self.user_config is not None:
+            instance.reconfigure(self.user_config)
+        self.load_s[model] = round(time.perf_counter() - started, 3)
+        logger.info("pool %s: loaded %s in %.2f s", self.pool, model, self.load_s[model])
+        return instance
+
+    def _evicted(self, model: str, instance: Classifier) -> None:
+        """Serve evicted `instance` (or the collector found its holder): forget it, unless the model
+        has been loaded again since (a holder's collection may come after that)."""
+        if self.instances.get(model) is instance:
+            del self.instances[model]
+
+    async def _current(self) -> Classifier:
+        loaded: Loaded = await self.model(serve.get_multiplexed_model_id())
+        return loaded.model
+
+    async def run(
+        self, payloads: list[Any], router: str = "", router_queued: int = 0, lane: str = BULK,
+        traces: list[str | None] | None = None,
+    ) -> BatchReply:  # fmt: skip
+        """One batch of the call's model (Classifier.run), loading the model first if needed."""
+        return await (await self._current()).run(payloads, router, router_queued, lane, traces)
+
+    async def metadata(self) -> dict[str, Any]:
+        return await (await self._current()).metadata()
+
+    async def runtime_info(self) -> dict[str, Any]:
+        info = await (await self._current()).runtime_info()
+        return {**info, "pool": self.pool, "held": sorted(self.instances), "load_s": dict(self.load_s)}
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Batching knobs for every model of the pool: those loaded later start with them too."""
+        self.user_config = user_config
+        for instance in list(self.instances.values()):
+            instance.reconfigure(user_config)
+
+    async def check_health(self) -> None:
+        """Unhealthy while a loaded model is (a batch stuck past its stall timeout, a failed probe)."""
+        for instance in list(self.instances.values()):
+            await instance.check_health()

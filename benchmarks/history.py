@@ -22,6 +22,11 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
+def _answered_rps(point: dict[str, Any]) -> float:
+    """A load point's answers a second: its goodput, or its throughput in runs before goodput was kept."""
+    return float(point.get("goodput_rps", point.get("throughput_rps")) or 0.0)
+
+
 def _compare(result: dict[str, Any]) -> list[str]:
     out = []
     for model, m in result.get("models", {}).items():
@@ -29,10 +34,11 @@ def _compare(result: dict[str, Any]) -> list[str]:
         found = False
         for setup in ("ours", "ours-handle"):
             for suffix, label in (("", ""), ("-binary", " binary")):
+                # Answers (2xx) a second, as the run's own report divides them: refusals are not throughput.
                 ratios = [
-                    p[f"{setup}{suffix}"]["throughput_rps"] / p[f"plain{suffix}"]["throughput_rps"]
+                    _answered_rps(p[f"{setup}{suffix}"]) / _answered_rps(p[f"plain{suffix}"])
                     for p in pairs
-                    if f"{setup}{suffix}" in p and f"plain{suffix}" in p and p[f"plain{suffix}"].get("throughput_rps")
+                    if f"{setup}{suffix}" in p and f"plain{suffix}" in p and _answered_rps(p[f"plain{suffix}"])
                 ]
                 if ratios:
                     spread = f"{min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} rounds"

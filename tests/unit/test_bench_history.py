@@ -70,3 +70,13 @@ def test_a_run_written_adds_one_row_with_its_headline_and_a_rerender_adds_none(t
     )
     history.append(saved, tmp_path.parent / "elsewhere", path)  # a run written outside the tree: no row
     assert len(history.read(path)) == 1
+
+
+def test_compare_headlines_count_answers_not_refusals():
+    """A round where ours refused half its requests (503) is half as good, as the run's report says."""
+    pair = {
+        "ours": {"throughput_rps": 44.0, "goodput_rps": 22.0},
+        "plain": {"throughput_rps": 40.0, "goodput_rps": 40.0},
+    }
+    (headline,) = history._compare({"models": {"m": {"pairs": [pair]}}})
+    assert headline == "m ours/plain 0.55x (0.55-0.55, 1 rounds)"

@@ -25,6 +25,7 @@ ROUTER_COUNT_POLL_S = 5.0
 LAG_TICK_S = 0.01  # how often the loop measures its own lateness
 ROLLBACK_TICK_S = 1.0  # how often canaries are compared with their baselines
 TRIM_EVERY_S = 10.0  # how often freed heap pages go back to the OS (heaptrim.py)
+FOLLOW_REPOSITORY_S = 1.0  # how often a router asks which models stand unloaded (repository.py)
 
 
 class BackgroundLoops:
@@ -43,6 +44,7 @@ class BackgroundLoops:
         versions: VersionedModels | None = None,
         cache: ResponseCache | None = None,
         share_rollbacks: Callable[[TrafficPolicy], Awaitable[object]] | None = None,
+        follow_repository: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.dispatchers = dispatchers
         self.cascades = cascades
@@ -54,6 +56,7 @@ class BackgroundLoops:
         self.on_lag = on_lag  # told each raw lateness sample (the router's class shedding)
         self.versions, self.cache = versions, cache  # rollback checks, and their metrics
         self.share_rollbacks = share_rollbacks  # with the application's other routers (rollback_ledger.py)
+        self.follow_repository = follow_repository  # the models its operators unloaded (repository.py)
         self.heap_trim = HeapTrim()
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -69,6 +72,8 @@ class BackgroundLoops:
             self._spawn(self._lifecycle(self.versions, self.cache))
         if self.versions is not None and self.share_rollbacks is not None:
             self._spawn(self._share_rollbacks(self.versions.policy, self.share_rollbacks))
+        if self.follow_repository is not None:
+            self._spawn(self._follow(self.follow_repository, FOLLOW_REPOSITORY_S, "following the model repository"))
         if self.heap_trim.available:
             self._spawn(self._trim_heap(self.heap_trim))
         if self.full_gc_max_interval_s is not None:
@@ -131,6 +136,20 @@ class BackgroundLoops:
                     await share(policy)
             except Exception:  # advice from other routers: never a reason to stop
                 logger.exception("sharing rollbacks failed")
+
+    @staticmethod
+    async def _follow(step: Callable[[], Awaitable[None]], every_s: float, what: str) -> None:
+        """`step` every `every_s`; a failure is logged once per run of them and tried again."""
+        failing = False
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await step()
+                failing = False
+            except Exception:
+                if not failing:
+                    logger.exception("%s failed; retrying every %g s", what, every_s)
+                failing = True
 
     async def _follow_router_count(self, count: Callable[[], Awaitable[int]], follow: Callable[[int], None]) -> None:
         seen = None

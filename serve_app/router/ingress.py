@@ -25,6 +25,7 @@ from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
 from serve_app.router.routing.dispatchers import handle_sender
 from serve_app.router.routing.replicas import ROUTER_DEPLOYMENT, DeploymentStates, controller_states
+from serve_app.router.routing.repository import SharedRepository
 from serve_app.router.routing.rollback_ledger import SharedRollbacks
 from serve_app.router.startup import prepare_process
 from serve_app.scheduling.autoscale import ROUTER_CPU
@@ -48,6 +49,7 @@ class Router:
         node_id = ray.get_runtime_context().get_node_id()
         states = DeploymentStates(controller_states(context.app_name))
         self.rollbacks = SharedRollbacks(context.app_name)
+        self.repository = SharedRepository(context.app_name)
         self.parts = build_parts(
             self.args,
             handles,
@@ -56,6 +58,7 @@ class Router:
             router_count=lambda: states.running(ROUTER_DEPLOYMENT),
             states=states,
             share_rollbacks=self.rollbacks.exchange,
+            repository=self.repository,
         )
         self.grpc = GrpcInference(self.parts)
         self.cpu = CpuMeter()

@@ -22,6 +22,7 @@ from serve_app.router.routing.cascade import Cascade, CascadePolicy, route_polic
 from serve_app.router.routing.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.routing.dispatchers import DispatcherPool, SenderFor
 from serve_app.router.routing.replicas import DeploymentStates
+from serve_app.router.routing.repository import SharedRepository
 from serve_app.router.routing.versions import VersionedModels
 from serve_app.scheduling.dispatcher import standing_s
 from serve_app.scheduling.protection.breaker import CircuitBreaker
@@ -55,6 +56,8 @@ class RouterParts:
     # has its own breaker here; classifiers' are their dispatchers'.
     breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
     generator_stats: RecentAnswers = field(default_factory=RecentAnswers)  # what /router/status shows of them
+    # The application's unloaded models, shared by its routers (repository.py); None: this router's alone.
+    repository: SharedRepository | None = None
 
 
 def build_parts(
@@ -65,6 +68,7 @@ def build_parts(
     router_count: Callable[[], Awaitable[int]] | None = None,
     states: DeploymentStates | None = None,
     share_rollbacks: Callable[[TrafficPolicy], Awaitable[object]] | None = None,
+    repository: SharedRepository | None = None,
 ) -> RouterParts:
     """Wire a router's parts from its config; starts nothing (see BackgroundLoops.start)."""
 
@@ -80,6 +84,8 @@ def build_parts(
         build_registry(args.tenants, args.scheduling.anonymous_max_priority), Priority.parse(args.scheduling.default_priority)
     )
     catalog = ModelCatalog(args, fetch_metadata, states)
+    if repository is not None:
+        repository.on_change = catalog.set_unloaded
     parts = RouterParts(
         args=args,
         handles=handles,
@@ -99,6 +105,7 @@ def build_parts(
             versions=versions,
             cache=cache,
             share_rollbacks=share_rollbacks,
+            follow_repository=repository.follow if repository is not None else None,
         ),
         gc_pauses=GcPauses(),
         versions=versions,
@@ -111,6 +118,7 @@ def build_parts(
             g: CircuitBreaker(args.scheduling.breaker_failures, args.scheduling.breaker_open_s)
             for g in ModelCatalog.generator_names(args)
         },
+        repository=repository,
     )
     parts.cascades.update(_cascades(args, versions, dispatchers))
     parts.loops.cascades = parts.cascades

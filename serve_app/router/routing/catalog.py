@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from serve_app.config import AppArgs, pool_deployment
-from serve_app.errors import NotFound, cannot_load
+from serve_app.errors import UNAVAILABLE_RETRY_S, NotFound, Unavailable, cannot_load
 from serve_app.families import family
 from serve_app.manifest import Manifest
 from serve_app.process.gcwatch import freeze_startup_heap
@@ -87,6 +87,8 @@ class ModelCatalog:
         self.manifests: dict[str, Manifest] = {}
         self.batching: dict[str, dict[str, Any]] = {}
         self._answered: set[str] = set()  # deployments a replica has answered for
+        # Models an operator unloaded (the repository extension, repository.py): refused, not ready.
+        self.unloaded: frozenset[str] = frozenset()
 
     @property
     def models(self) -> list[str]:
@@ -120,12 +122,28 @@ class ModelCatalog:
     def platform(self, name: str) -> str:
         return "ensemble" if name in self.args.routes else "onnxruntime_onnx"
 
+    def unloaded_models(self) -> frozenset[str]:
+        """The models (not their versions' deployments) that stand unloaded."""
+        return frozenset(self.args.served[d].model for d in self.unloaded)
+
+    def set_unloaded(self, models: frozenset[str]) -> None:
+        """The models an operator unloaded now (every version of each); readiness is asked afresh."""
+        unloaded = frozenset(d for m in models if m in self.args.models for d in self.args.versions(m).values())
+        for changed in unloaded ^ self.unloaded:
+            self._ready.pop(changed, None)
+        self.unloaded = unloaded
+
     def available(self, model: str) -> None:
         """Raises the 503 (with the reason, and Retry-After) of a deployment whose model cannot
         load, here rather than in its stand-in replica: one line in the log at start, not a stack
         trace per request."""
         if (reason := self.args.unavailable.get(model)) is not None:
             raise cannot_load(model, reason)
+        if model in self.unloaded:
+            raise Unavailable(
+                f"model {model} is unloaded; an operator loads it with POST /v2/repository/models/{model}/load",
+                retry_after_s=UNAVAILABLE_RETRY_S,
+            )
 
     async def manifest(self, model: str) -> Manifest:
         """The model's manifest, read the first time and kept (it never changes): from its model
@@ -205,7 +223,7 @@ class ModelCatalog:
         return ready
 
     async def _ask(self, model: str) -> bool:
-        if model in self.args.unavailable:  # its files cannot load: never ready until deployed again
+        if model in self.args.unavailable or model in self.unloaded:  # not until deployed or loaded again
             return False
         pool = self.args.served[model].config.pool
         if pool is not None and self.states is not None:

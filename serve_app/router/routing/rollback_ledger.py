@@ -68,14 +68,18 @@ def ledger_name(app_name: str) -> str:
 
 
 def ledger_actor(app_name: str) -> Any:
-    """The application's ledger actor: the existing one, or a new one on the head node (soft: any
-    node if the head cannot take it). An explicit strategy also keeps it out of the creating
-    replica's placement group, which goes when the replica goes."""
+    """The application's ledger actor (`app_actor`)."""
+    return app_actor(LedgerActor, ledger_name(app_name))
+
+
+def app_actor(actor_class: Any, name: str) -> Any:
+    """An application's detached actor of that name: the existing one, or a new one on the head
+    node (soft: any node if the head cannot take it). An explicit strategy also keeps it out of
+    the creating replica's placement group, which goes when the replica goes."""
     head = next((n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]), None)
     strategy = NodeAffinitySchedulingStrategy(head, soft=True) if head else "DEFAULT"
-    return LedgerActor.options(
-        name=ledger_name(app_name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        scheduling_strategy=strategy,
+    return actor_class.options(
+        name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, scheduling_strategy=strategy,
     ).remote()  # fmt: skip
 
 

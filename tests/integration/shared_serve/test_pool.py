@@ -3,17 +3,34 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
 
-from tests.integration.serving import app_for_module, deployment_handle
+from tests.integration.serving import SHARED_PORT, app_for_module, deployment_handle
 
 MEMBERS = ("reviews-de", "reviews-en", "reviews-fr")
+OPERATOR_KEY, USER_KEY = "pool-operator-key", "pool-user-key"
+AS_USER = {"Authorization": f"Bearer {USER_KEY}"}
+AS_OPERATOR = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+
+
+def user() -> dict[str, str]:
+    """The user's headers, a copy each time: tritonclient adds its own to the dict it is given."""
+    return dict(AS_USER)
+
+
+def operator() -> dict[str, str]:
+    return dict(AS_OPERATOR)
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +55,17 @@ def app_url(pool_dir: Path, serve_url: str) -> Iterator[str]:
                 "batching": {"max_batch_size": 8, "batch_wait_timeout_s": 0.005},
             },
         },
+        "tenants": [
+            {"name": "ops", "key_sha256": hashlib.sha256(OPERATOR_KEY.encode()).hexdigest(), "operator": True},
+            {"name": "user", "key_sha256": hashlib.sha256(USER_KEY.encode()).hexdigest()},
+        ],
     }  # fmt: skip
     yield from app_for_module(args, serve_url)
 
 
 def classify(url: str, model: str, text: str = "a fine film") -> httpx.Response:
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
-    return httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=60)
+    return httpx.post(f"{url}/v2/models/{model}/infer", json=body, headers=AS_USER, timeout=60)
 
 
 def test_each_model_of_the_pool_answers_with_its_own_labels(app_url: str) -> None:
@@ -54,7 +75,7 @@ def test_each_model_of_the_pool_answers_with_its_own_labels(app_url: str) -> Non
         labels = next(o["data"] for o in r.json()["outputs"] if o["name"] == "label")
         assert labels[0].startswith(model.rsplit("-", 1)[1]), labels
         assert r.headers["x-served-by"] == model
-        assert httpx.get(f"{app_url}/v2/models/{model}/ready", timeout=10).status_code == 200
+        assert httpx.get(f"{app_url}/v2/models/{model}/ready", headers=AS_USER, timeout=10).status_code == 200
     # The directory the pattern does not match is no model.
     assert classify(app_url, "other-model").status_code == 404
 
@@ -70,3 +91,59 @@ def test_a_replica_holds_at_most_its_share_and_loads_an_evicted_model_again(app_
     info = pool.options(multiplexed_model_id=MEMBERS[0]).runtime_info.remote().result(timeout_s=60)
     assert info["pool"] == "reviews-*" and set(info["load_s"]) == set(MEMBERS)
     assert info["held"] == [MEMBERS[0], MEMBERS[1]], info
+
+
+def _states(client: triton.InferenceServerClient) -> dict[str, tuple[str, str]]:
+    index = client.get_model_repository_index(headers=operator())
+    return {m["name"]: (m["state"], m.get("reason", "")) for m in index}
+
+
+def _infer(client: triton.InferenceServerClient, model: str) -> np.ndarray:
+    text = triton.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"a fine film"], dtype=np.object_), binary_data=True)
+    return client.infer(model, [text], headers=user()).as_numpy("logits")
+
+
+def test_the_repository_extension_through_tritonclient(app_url: str) -> None:
+    """Triton's repository extension as tritonclient calls it: index, unload, load, then inference;
+    only an operator may load and unload."""
+    client = triton.InferenceServerClient(f"127.0.0.1:{SHARED_PORT}")
+    model = MEMBERS[2]
+    assert _states(client)[model] == ("READY", "")
+    with pytest.raises(InferenceServerException, match="is not an operator"):
+        client.unload_model(model, headers=user())
+    try:
+        client.unload_model(model, headers=operator())
+        assert _states(client)[model] == ("UNAVAILABLE", "unloaded")
+        assert classify(app_url, model).status_code == 503
+        assert httpx.get(f"{app_url}/v2/models/{model}/ready", headers=AS_USER, timeout=10).status_code == 503
+        assert classify(app_url, MEMBERS[0]).status_code == 200  # the pool's other models serve on
+        with pytest.raises(InferenceServerException, match="is not an operator"):
+            client.load_model(model, headers=user())
+    finally:
+        client.load_model(model, headers=operator())
+    assert _states(client)[model] == ("READY", "")
+    assert _infer(client, model).shape == (1, 2)
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        client.load_model("no-such-model", headers=operator())
+
+
+def test_an_unload_reaches_the_router_that_did_not_serve_it(app_url: str) -> None:
+    """The ledger, not the router that took the call, holds the state: a router that follows it
+    (every second) refuses the model too. With one router here, a second view is the ledger's own."""
+    import ray
+
+    from serve_app.router.routing.repository import repository_name
+    from serve_app.router.routing.rollback_ledger import NAMESPACE
+
+    client = triton.InferenceServerClient(f"127.0.0.1:{SHARED_PORT}")
+    ledger = ray.get_actor(repository_name("default"), namespace=NAMESPACE)
+    try:
+        ray.get(ledger.set.remote(MEMBERS[1], False, time.time()), timeout=30)  # as another router would
+        deadline = time.monotonic() + 10
+        while classify(app_url, MEMBERS[1]).status_code != 503 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _states(client)[MEMBERS[1]] == ("UNAVAILABLE", "unloaded")
+    finally:
+        client.load_model(MEMBERS[1], headers=operator())
+    assert classify(app_url, MEMBERS[1]).status_code == 200

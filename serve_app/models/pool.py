@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 from ray import serve
 
 from serve_app.contract import BULK, BatchReply
@@ -52,6 +54,9 @@ class ModelPool:
         self.user_config: dict[str, Any] | None = None
         self.cls: type[Classifier] = load(family(config["family"]).deployment).func_or_class
         self.load_s: dict[str, float] = {}  # each model's last load time, for runtime_info
+        self.loads: list[float] = []  # every load's seconds, in order
+        self.batches: Counter[str] = Counter()  # per model, batches run here
+        self.cold: Counter[str] = Counter()  # of those, batches that arrived with their model not loaded here
         self.instances: dict[str, Classifier] = {}  # the models loaded now, as Serve's cache holds them
 
         async def loaded(model: str) -> Loaded:
@@ -72,6 +77,7 @@ class ModelPool:
         if self.user_config is not None:
             instance.reconfigure(self.user_config)
         self.load_s[model] = round(time.perf_counter() - started, 3)
+        self.loads.append(self.load_s[model])
         logger.info("pool %s: loaded %s in %.2f s", self.pool, model, self.load_s[model])
         return instance
 
@@ -90,7 +96,22 @@ class ModelPool:
         traces: list[str | None] | None = None,
     ) -> BatchReply:  # fmt: skip
         """One batch of the call's model (Classifier.run), loading the model first if needed."""
+        model = serve.get_multiplexed_model_id()
+        self.batches[model] += 1
+        self.cold[model] += model not in self.instances
         return await (await self._current()).run(payloads, router, router_queued, lane, traces)
+
+    def stats(self) -> dict[str, Any]:
+        """This replica's share of the pool: what it holds, its loads, its batches (and how many of
+        them found their model loaded), its resident memory."""
+        return {
+            "replica": serve.get_replica_context().replica_id.unique_id,
+            "held": sorted(self.instances),
+            "loads_s": list(self.loads),
+            "batches": dict(self.batches),
+            "cold_batches": dict(self.cold),
+            "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
+        }
 
     async def metadata(self) -> dict[str, Any]:
         return await (await self._current()).metadata()

@@ -31,6 +31,11 @@ V2_ERRORS: dict[int | str, dict[str, Any]] = {
         (504, "deadline passed while queued"),
     ]
 }
+# Load and unload: operators only, and only where operator keys are configured.
+REPOSITORY_ERRORS: dict[int | str, dict[str, Any]] = {
+    **V2_ERRORS,
+    403: {"model": V2Error, "description": "not an operator, or no operator key is configured"},
+}
 OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {code: {**v, "model": openai.ErrorBody} for code, v in V2_ERRORS.items()}
 
 # /infer reads its body itself (the binary extension is not JSON), so its schema is added here.

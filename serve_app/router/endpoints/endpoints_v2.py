@@ -10,10 +10,10 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
 
 from serve_app import __version__
-from serve_app.errors import NotFound, Unavailable
+from serve_app.errors import Forbidden, NotFound, Unavailable
 from serve_app.manifest import Manifest
 from serve_app.protocols import v2, v2_schema
-from serve_app.router.endpoints.docs import INFER_BODY, PRIORITY_DOC, SESSION_DOC, TIMEOUT_DOC, V2_ERRORS
+from serve_app.router.endpoints.docs import INFER_BODY, PRIORITY_DOC, REPOSITORY_ERRORS, SESSION_DOC, TIMEOUT_DOC, V2_ERRORS
 from serve_app.router.parts import RouterParts, router_parts
 from serve_app.router.routing import catalog
 
@@ -124,20 +124,20 @@ def _indexed(parts: RouterParts, deployment: str, ready: bool) -> dict[str, str]
     return entry
 
 
-@api.post("/v2/repository/models/{name}/load", responses=V2_ERRORS)
+@api.post("/v2/repository/models/{name}/load", responses=REPOSITORY_ERRORS)
 async def repository_load(name: str, authorization: str | None = Header(None), parts: RouterParts = PARTS) -> dict[str, Any]:
     """Serve a model an operator unloaded, on every router (operators only)."""
-    parts.callers.operator(authorization)
+    _operator(parts, authorization)
     await _set_loaded(parts, name, True)
     return {}
 
 
-@api.post("/v2/repository/models/{name}/unload", responses=V2_ERRORS)
+@api.post("/v2/repository/models/{name}/unload", responses=REPOSITORY_ERRORS)
 async def repository_unload(name: str, authorization: str | None = Header(None), parts: RouterParts = PARTS) -> dict[str, Any]:
     """Refuse a model's new requests on every router, then answer once this router has no work of
     it left, queued or running (operators only). A multiplexed pool's replicas let go of it as
     they load others."""
-    parts.callers.operator(authorization)
+    _operator(parts, authorization)
     await _set_loaded(parts, name, False)
     deployments = list(parts.args.versions(name).values())
     deadline = time.monotonic() + parts.args.limits.infer_timeout_s
@@ -147,6 +147,15 @@ async def repository_unload(name: str, authorization: str | None = Header(None),
 
 
 DRAIN_POLL_S = 0.05
+
+
+def _operator(parts: RouterParts, authorization: str | None) -> None:
+    """An operator's key. An open server (no keys configured) has none, and refuses: as Triton
+    refuses load and unload unless started with explicit model control, taking a model out of
+    service is not something any caller of an open server may do."""
+    if parts.callers.tenants.open:
+        raise Forbidden("load and unload need an operator's key: configure tenants, one with `operator: true`")
+    parts.callers.operator(authorization)
 
 
 def _busy(parts: RouterParts, deployment: str) -> bool:

@@ -797,6 +797,14 @@ def test_openapi_fuzz_finds_no_server_error(app_url):
     assert not failures, "\n\n".join(failures)
 
 
+def test_an_open_server_lets_nobody_load_or_unload_a_model(app_url):
+    """With no keys configured there is no operator: taking a model out of service is refused."""
+    for action in ("unload", "load"):
+        r = httpx.post(f"{app_url}/v2/repository/models/bert-heavy/{action}", timeout=30)
+        assert r.status_code == 403 and "operator" in r.json()["error"], r.text
+    assert httpx.post(f"{app_url}/v2/models/bert-heavy/infer", json=_text(TEXTS), timeout=60).status_code == 200
+
+
 def test_after_fuzzing_every_replica_still_answers(app_url):
     with httpx.Client(base_url=app_url, timeout=60) as http:
         assert http.get("/v2/health/ready").status_code == 200

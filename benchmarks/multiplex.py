@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
-import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from benchmarks import workloads
-from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, run_loadgen
+from benchmarks.cluster import HTTP_PORT, SERVE_CONNECT, Probe, RayCluster, run_loadgen
 from benchmarks.scenarios import DEFAULT_INGRESS, single_versions
 
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
@@ -122,45 +122,80 @@ def streams(models_dir: Path, names: list[str], weights: list[float]) -> list[wo
     return [workloads.v2_infer(n, models_dir / n, weight=w, n=16) for n, w in zip(names, weights, strict=True)]
 
 
-def pool_stats(replicas: int) -> list[dict[str, Any]]:
-    """Each pool replica's `ModelPool.stats`, asked through Serve's handle until every replica answered."""
-    import ray
-    from ray import serve
+# Each pool replica's `ModelPool.stats`, asked through Serve's handle (calls without a model go to
+# any replica) until every replica answered; printed as JSON by a driver process of its own.
+STATS_SCRIPT = (
+    SERVE_CONNECT
+    + """
+import asyncio, json, sys
 
-    os.environ["RAY_AUTH_MODE"] = "token"
-    ray.init(address=f"127.0.0.1:{RAY_PORT}", log_to_driver=False, logging_level=logging.ERROR)
-    try:
-        handle = serve.get_deployment_handle(POOL, "default")
-        seen: dict[str, dict[str, Any]] = {}
-        for _ in range(20 * replicas):
-            answer = handle.stats.remote().result(timeout_s=30)
-            seen[answer["replica"]] = answer
-            if len(seen) == replicas:
-                break
-        handle.shutdown()
-        return list(seen.values())
-    finally:
-        ray.shutdown()
+async def main():  # the cluster's handles run on the caller's event loop (RAY_SERVE_THROUGHPUT_OPTIMIZED)
+    want, seen = int(sys.argv[2]), {}
+    for _ in range(600):  # every replica running first: a deploy is ready once one answers
+        states = serve.status().applications["default"].deployments[sys.argv[1]].replica_states
+        if states.get("RUNNING", 0) >= want:
+            break
+        await asyncio.sleep(0.2)
+    handle = serve.get_deployment_handle(sys.argv[1], "default")
+    for _ in range(100 * want):
+        answer = await handle.stats.remote()
+        seen[answer["replica"]] = answer
+        if len(seen) == want:
+            break
+        await asyncio.sleep(0.02)  # the handle's view of the replicas' queues moves on
+    return list(seen.values())
+
+print(json.dumps(asyncio.run(main())))
+"""
+)
 
 
-def summarize_pool(stats: list[dict[str, Any]]) -> dict[str, Any]:
-    """Hit ratio (batches that found their model loaded), cold loads, memory against models held."""
-    batches = sum(sum(r["batches"].values()) for r in stats)
-    cold = sum(sum(r["cold_batches"].values()) for r in stats)
-    loads = sorted(x for r in stats for x in r["loads_s"])
+def pool_stats(cluster: RayCluster, replicas: int) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-c", STATS_SCRIPT, POOL, str(replicas)], env=cluster.env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"pool stats: {done.stderr[-3000:]}")
+    stats: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return stats
+
+
+def summarize_pool(after: list[dict[str, Any]], before: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Over a phase (each replica's stats after it, less before it where the replica was there):
+    hit ratio (batches that found their model loaded), cold loads, memory against models held."""
+    earlier = {r["replica"]: r for r in before or []}
+
+    def less(now: dict[str, int], then: dict[str, int]) -> int:
+        return sum(now.values()) - sum(then.values())
+
+    batches = cold = 0
+    loads: list[float] = []
+    for r in after:
+        b = earlier.get(r["replica"], {"batches": {}, "cold_batches": {}, "loads_s": []})
+        batches += less(r["batches"], b["batches"])
+        cold += less(r["cold_batches"], b["cold_batches"])
+        loads += r["loads_s"][len(b["loads_s"]) :]
+    loads.sort()
     return {
         "batches": batches,
         "hit_ratio": round(1 - cold / batches, 4) if batches else None,
         "loads": len(loads),
         "load_p50_s": round(statistics.median(loads), 3) if loads else None,
         "load_p99_s": round(loads[min(len(loads) - 1, int(0.99 * len(loads)))], 3) if loads else None,
-        "per_replica": [{"held": r["held"], "rss_mb": r["rss_mb"], "loads": len(r["loads_s"])} for r in stats],
+        "per_replica": [{"held": r["held"], "rss_mb": r["rss_mb"], "loads": len(r["loads_s"])} for r in after],
     }
+
+
+def _pool_phase(cluster: RayCluster, workload: Path, s: MultiplexSettings) -> dict[str, Any]:
+    before = pool_stats(cluster, s.replicas)
+    load = _load(workload, s)
+    return {"load": load, "pool": summarize_pool(pool_stats(cluster, s.replicas), before)}
 
 
 def _load(workload: Path, s: MultiplexSettings) -> dict[str, Any]:
     out = run_loadgen(BASE_URL, workload, {"concurrency": s.concurrency}, s.seconds, s.warmup)
-    keep = ("requests", "statuses", "goodput_rps", "p50_ms", "p99_ms", "cpu_cores_by_role")
+    keep = ("requests", "statuses", "goodput_rps", "p50_ms", "p99_ms", "timeouts", "cpu_cores_by_role")
     return {k: out[k] for k in keep if k in out}
 
 
@@ -180,16 +215,16 @@ def run(s: MultiplexSettings, model_dir: Path, config_path: Path) -> dict[str, A
         with RayCluster(DEFAULT_INGRESS, tmp, model_dir, ("--num-cpus=8",)) as cluster:
             zipf = workloads.write(streams(models_dir, names, weights), tmp / "zipf.json")
             cluster.deploy(pool_config(base, s, models_dir, busy_batches=2), probe)
-            out["zipf"] = {"load": _load(zipf, s), "pool": summarize_pool(pool_stats(s.replicas))}
+            out["zipf"] = _pool_phase(cluster, zipf, s)
             hot = workloads.write(streams(models_dir, names[:1], [1.0]), tmp / "hot.json")
             for label, busy in (("placement", 2), ("no_second_copy", NEVER)):
                 cluster.deploy(pool_config(base, s, models_dir, busy_batches=busy), probe)
-                out[f"hot_{label}"] = {"load": _load(hot, s), "pool": summarize_pool(pool_stats(s.replicas))}
+                out[f"hot_{label}"] = _pool_phase(cluster, hot, s)
             few_zipf = workloads.write(streams(few_dir, few, zipf_weights(len(few), s.zipf_s)), tmp / "few.json")
             cluster.deploy(separate_config(base, s, few_dir, few), probe)
             out["separate_deployments"] = {"load": _load(few_zipf, s)}
             cluster.deploy(pool_config(base, s, few_dir, busy_batches=2), probe)
-            out["separate_pool"] = {"load": _load(few_zipf, s), "pool": summarize_pool(pool_stats(s.replicas))}
+            out["separate_pool"] = _pool_phase(cluster, few_zipf, s)
     return out
 
 

@@ -58,27 +58,37 @@ class Choice:
 class PoolView:
     """What one router knows of a pool's replicas, and the placement rule on top of it."""
 
-    def __init__(self, max_models: int, busy_batches: int = 2, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_models: int, busy_batches: int = 2, clock: Callable[[], float] = time.monotonic, report_lag_s: float = 10.0
+    ) -> None:
         if max_models < 1 or busy_batches < 1:
             raise ValueError("max_models and busy_batches must be at least 1")
         self.max_models = max_models
         self.busy_batches = busy_batches
         self.clock = clock
+        # How long a model routed to a replica stays held in this view though the replica's report
+        # does not list it: a report says what a replica held a moment ago, before that load.
+        self.report_lag_s = report_lag_s
         self.replicas: dict[str, ReplicaState] = {}
 
     # -- what the router learns -------------------------------------------------------------
 
     def set_replicas(self, reported: Mapping[str, Iterable[str]]) -> None:
         """The running replicas and the models each reports holding. A replica gone is dropped with
-        its batches; a model a replica no longer reports is dropped unless a batch of it is in
-        flight there (the report may predate its load); a newly reported one is added as just used."""
+        its batches; a model a replica does not report is dropped unless a batch of it is in
+        flight there or one was routed there within `report_lag_s` (the report may predate its
+        load); a newly reported one is added as just used."""
         now = self.clock()
         for gone in set(self.replicas) - set(reported):
             del self.replicas[gone]
         for replica, models in reported.items():
             state = self.replicas.setdefault(replica, ReplicaState())
             held = set(models)
-            for m in [m for m in state.models if m not in held and not state.inflight.get(m)]:
+            stale = [
+                m for m, used in state.models.items()
+                if m not in held and not state.inflight.get(m) and now - used > self.report_lag_s
+            ]  # fmt: skip
+            for m in stale:
                 del state.models[m]
             for m in held - set(state.models):
                 state.models[m] = now
@@ -130,17 +140,14 @@ class PoolView:
         return Choice([self._by_load(others)], "load")  # every slot holds a model in use: the least busy
 
     def _loadable(self, replicas: list[str]) -> list[list[str]]:
-        """Replicas with room that can load a model without evicting one in use: a free slot
-        first, then the one whose idle least recently used model is oldest."""
+        """Replicas with room that can load a model without evicting one in use, one a rank: a free
+        slot first (the least busy), then the one whose idle least recently used model is oldest.
+        One a rank, so that batches chosen together (before any of them is seen routed) all load
+        the model on the same replica, not one copy each."""
         room = [r for r in replicas if self.replicas[r].busy() < self.busy_batches]
         slots = [r for r in room if len(self.replicas[r].models) < self.max_models]
         evictable = [(self._lru_age(r), r) for r in room if r not in slots and self.replicas[r].idle_lru() is not None]
-        ranks = []
-        if slots:
-            ranks.append(self._by_load(slots))
-        if evictable:
-            ranks.append([r for _, r in sorted(evictable)])
-        return ranks
+        return [[r] for r in [*self._by_load(slots), *(r for _, r in sorted(evictable))]]
 
     def _lru_age(self, replica: str) -> float:
         state = self.replicas[replica]

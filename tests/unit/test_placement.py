@@ -69,7 +69,7 @@ def test_an_evicting_load_goes_to_the_replica_whose_idle_model_is_oldest() -> No
     view.completed("a", "old")
     view.routed("b", "newer")
     view.completed("b", "newer")
-    assert view.choose("m").ranks == [["a", "b"]]
+    assert view.choose("m").ranks == [["a"], ["b"]]
 
 
 def test_a_hot_model_gets_a_second_replica_when_its_holder_is_busy() -> None:
@@ -95,6 +95,13 @@ def test_no_second_copy_where_it_would_evict_a_model_in_use() -> None:
     assert choice.reason == "wait for a holder" and choice.ranks == [["a"]]
 
 
+def test_a_model_held_nowhere_goes_to_one_replica_first() -> None:
+    """Batches chosen together, before either is seen routed, load the model once, not once each."""
+    view = pool(max_models=2, replicas=("a", "b", "c"))
+    view.routed("b", "x")  # b is busier
+    assert view.choose("m").ranks == [["a"], ["c"], ["b"]]
+
+
 def test_a_busy_replica_takes_no_load() -> None:
     view = pool(max_models=2, busy=1)
     view.routed("a", "hot")  # a busy with hot
@@ -106,11 +113,15 @@ def test_a_busy_replica_takes_no_load() -> None:
 
 def test_reports_add_models_loaded_elsewhere_and_drop_evicted_idle_ones() -> None:
     view = pool(max_models=2)
+    view.report_lag_s = 3.0  # the clock moves a second per event
     view.routed("a", "m1")  # in flight: kept though the report predates its load
     view.set_replicas({"a": ["m9"], "b": ["m2"]})
     assert set(view.replicas["a"].models) == {"m1", "m9"} and view.holders("m2") == ["b"]
     view.completed("a", "m1")
+    view.set_replicas({"a": ["m9"], "b": ["m2"]})  # done, but routed there a moment ago: still held
+    assert set(view.replicas["a"].models) == {"m1", "m9"}
     view.set_replicas({"a": ["m9"], "b": ["m2"]})
+    view.set_replicas({"a": ["m9"], "b": ["m2"]})  # the report still lacks it, past the lag: evicted
     assert list(view.replicas["a"].models) == ["m9"]
     view.set_replicas({"b": ["m2"]})  # a replica gone takes its state with it
     assert list(view.replicas) == ["b"] and view.choose("m9").ranks == [["b"]]

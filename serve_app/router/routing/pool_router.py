@@ -9,16 +9,20 @@ model and otherwise the one with fewest models, and never loads a busy model on 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from serve_app.scheduling.placement import PoolView
 
+logger = logging.getLogger("ray.serve")
+
 
 class PoolRouter(RequestRouter):
     def initialize_state(self, max_models: int = 4, busy_batches: int = 2, **kwargs: Any) -> None:
         self.view = PoolView(max_models, busy_batches)
+        logger.info("pool router: %d models a replica, a replica busy at %d batches", max_models, busy_batches)
         self.model_of: dict[str, str] = {}  # Serve's internal request id -> its model, while in flight
 
     async def choose_replicas(

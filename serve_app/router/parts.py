@@ -71,11 +71,6 @@ def build_parts(
     repository: SharedRepository | None = None,
 ) -> RouterParts:
     """Wire a router's parts from its config; starts nothing (see BackgroundLoops.start)."""
-
-    async def fetch_metadata(model: str) -> dict[str, Any]:
-        meta: dict[str, Any] = await handles[model].metadata.remote()
-        return meta
-
     dispatchers = DispatcherPool(args, send_for)
     loop_lag, shedding = _overload(args)
     versions = VersionedModels(args, dispatchers.submit, client_work=dispatchers.busy)
@@ -83,9 +78,7 @@ def build_parts(
     callers = Callers(
         build_registry(args.tenants, args.scheduling.anonymous_max_priority), Priority.parse(args.scheduling.default_priority)
     )
-    catalog = ModelCatalog(args, fetch_metadata, states)
-    if repository is not None:
-        repository.on_change = catalog.set_unloaded
+    catalog = _catalog(args, handles, states, repository)
     parts = RouterParts(
         args=args,
         handles=handles,
@@ -114,15 +107,35 @@ def build_parts(
         inflight_bytes=InflightBytes(args.limits.max_inflight_bytes),
         loop_lag=loop_lag,
         gate=_gate(args, callers, shedding),
-        breakers={
-            g: CircuitBreaker(args.scheduling.breaker_failures, args.scheduling.breaker_open_s)
-            for g in ModelCatalog.generator_names(args)
-        },
+        breakers=_generator_breakers(args),
         repository=repository,
     )
     parts.cascades.update(_cascades(args, versions, dispatchers))
     parts.loops.cascades = parts.cascades
     return parts
+
+
+def _catalog(
+    args: AppArgs, handles: dict[str, Any], states: DeploymentStates | None, repository: SharedRepository | None
+) -> ModelCatalog:
+    """The catalog, its manifests read from the models' replicas, following the repository's unloads."""
+
+    async def fetch_metadata(model: str) -> dict[str, Any]:
+        meta: dict[str, Any] = await handles[model].metadata.remote()
+        return meta
+
+    catalog = ModelCatalog(args, fetch_metadata, states)
+    if repository is not None:
+        repository.on_change = catalog.set_unloaded
+    return catalog
+
+
+def _generator_breakers(args: AppArgs) -> dict[str, CircuitBreaker]:
+    """Generation skips the dispatcher, so each generator's breaker is the router's own."""
+    return {
+        g: CircuitBreaker(args.scheduling.breaker_failures, args.scheduling.breaker_open_s)
+        for g in ModelCatalog.generator_names(args)
+    }
 
 
 def _cascades(args: AppArgs, versions: VersionedModels, dispatchers: DispatcherPool) -> dict[str, Cascade]:

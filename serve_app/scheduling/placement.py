@@ -156,7 +156,3 @@ class PoolView:
 
     def _by_load(self, replicas: list[str]) -> list[str]:
         return sorted(replicas, key=lambda r: self.replicas[r].busy())
-
-    def snapshot(self) -> dict[str, dict[str, object]]:
-        """Per replica: its models, least recently used first, and the batches in flight."""
-        return {r: {"models": list(s.models), "inflight": dict(s.inflight)} for r, s in self.replicas.items()}

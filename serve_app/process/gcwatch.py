@@ -50,7 +50,8 @@ class GcPauses:
         and the last `window_s` seconds' count and max, which is what a load test just saw."""
         now = self.clock()
         out: dict[str, Any] = {}
-        for g, recent in self.recent.items():
+        for g, live in self.recent.items():
+            recent = _copy(live)
             ordered = sorted(p for _, p in recent)
             entry: dict[str, Any] = {"collections": self.counts[g], "total_ms": round(self.total_s[g] * 1e3, 2)}
             if ordered:
@@ -66,6 +67,17 @@ class GcPauses:
             out[f"gen{g}"] = entry
         out["frozen_objects"] = gc.get_freeze_count()
         return out
+
+
+def _copy(recent: deque[tuple[float, float]]) -> list[tuple[float, float]]:
+    """`recent` as it stands between two of the callback's appends. A collection, and so the
+    callback, may start in any thread between any two steps of a loop over the deque, which
+    then raises; copying again until one copy completes is enough."""
+    while True:
+        try:
+            return list(recent)
+        except RuntimeError:  # deque mutated during iteration
+            continue
 
 
 def freeze_startup_heap() -> int:

@@ -174,7 +174,10 @@ def _server_timing(resp: httpx.Response) -> dict[str, float]:
 
 
 def _status() -> dict[str, Any]:
-    return httpx.get(f"{URL}/router/status", headers=AUTH, timeout=10).json()
+    resp = httpx.get(f"{URL}/router/status", headers=AUTH, timeout=10)
+    assert resp.status_code == 200, resp.text
+    status: dict[str, Any] = resp.json()
+    return status
 
 
 def _post(url: str, headers: dict[str, str] | None = None, **kwargs: Any) -> httpx.Response:

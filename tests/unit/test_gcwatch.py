@@ -1,4 +1,7 @@
 import gc
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
 
 from serve_app.process.gcwatch import FullCollectionSchedule, GcPauses, freeze_startup_heap
 
@@ -25,6 +28,30 @@ def test_pauses_are_recorded_per_generation():
     clock.t += 31  # the window forgets, the totals do not
     later = pauses.snapshot()
     assert later["gen2"]["last_30s"] == {"collections": 0, "max_ms": 0.0} and later["gen2"]["collections"] == 1
+
+
+class AppendsWhileRead(deque[tuple[float, float]]):
+    """A deque to which a collection is recorded once while it is being read, as happens when a
+    collection starts, in any thread, in the middle of `snapshot`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mutated = False
+
+    def __iter__(self) -> Iterator[tuple[float, float]]:
+        for i, item in enumerate(super().__iter__()):
+            if i == 1 and not self.mutated:
+                self.mutated = True
+                self.append((0.0, 0.004))
+            yield item
+
+
+def test_a_collection_recorded_while_the_snapshot_reads_does_not_fail_it():
+    pauses = GcPauses(keep=4, clock=Clock())
+    pauses.recent[0] = AppendsWhileRead([(0.0, 0.001), (0.0, 0.002), (0.0, 0.003)], maxlen=4)
+    snap = pauses.snapshot()
+    assert pauses.recent[0].mutated  # type: ignore[attr-defined]
+    assert snap["gen0"]["max_ms"] == 4.0 and snap["gen0"]["last_30s"]["collections"] == 4
 
 
 def test_installed_watcher_sees_a_real_collection_and_uninstalls():

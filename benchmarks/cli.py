@@ -54,6 +54,9 @@ SCENARIOS = {
     "the router and the model replica",
     "precision": "no Ray: each classifier's FP32 graph beside its INT8 variant in ONNX Runtime on the CPU: test "
     "accuracy, rows/s at batch 1 and at max_batch_size, p50 of one row, file size, session memory",
+    "multiplex": "many text models on one pool of replicas (a `review-*` multiplexed entry): Zipf popularity over them "
+    "(hit ratio, cold loads, memory per replica against models held), one hot model with the pool's placement on and "
+    "off (a second copy or none), and a few models as deployments of their own against the pool serving just those",
     "generation": "the GPT deployment with continuous batching vs the @serve.batch request-level version, same model and "
     "batch size: streaming completions of mixed lengths, tokens/s, TTFT p50/p99, ITL p99, latency",
 }
@@ -274,6 +277,7 @@ RUNNERS: dict[str, Callable[[Invocation], Any]] = {
     "images": _with_settings("images", "ImageSettings", options=_images_options),
     "lifecycle": _with_settings("lifecycle", "LifecycleSettings"),
     "scaling": _with_settings("scaling", "ScalingSettings", seconds_field="spike_s"),
+    "multiplex": _with_settings("multiplex", "MultiplexSettings"),
     "contention": _contention,
     "wire": _wire,
     "precision": _precision,

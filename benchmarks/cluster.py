@@ -194,6 +194,18 @@ def _progress(line: str) -> None:
 SERVE_CONNECT = f"import ray; from ray import serve; ray.init(address='127.0.0.1:{RAY_PORT}')"
 
 
+def last_json(stdout: str) -> Any:
+    """The last line of a driver's stdout that is a JSON object or list: Ray's raylet may print
+    its warnings to the same stdout, after the driver's own last line."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(("{", "[")):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    raise ValueError(f"no JSON line in the driver's output: {stdout[-2000:]!r}")
+
+
 def haproxy_servers(socket_path: str) -> list[dict[str, str]]:
     """HAProxy's `show stat` over its admin socket: one row per frontend, backend and server."""
     import socket

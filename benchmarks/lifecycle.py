@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import numpy as np
 import yaml
 
 from benchmarks import workloads
-from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, run_loadgen
+from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, last_json, run_loadgen
 from benchmarks.redis_server import RedisServer
 from benchmarks.scenarios import DEFAULT_INGRESS, pin_replicas
 from serve_app.zoo.data import sentiment_dataset, shapes_dataset
@@ -128,7 +127,7 @@ def wait_for_replicas(cluster: RayCluster, deployment: str, n: int, timeout_s: f
             env=cluster.env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         if done.returncode == 0:
-            states = json.loads(done.stdout.strip().splitlines()[-1])
+            states = last_json(done.stdout)
             if states == {"RUNNING": n}:
                 return states
         time.sleep(2)

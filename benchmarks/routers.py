@@ -12,7 +12,6 @@ handle before and after the window).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import httpx
 import yaml
 
 from benchmarks import workloads
-from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, run_loadgen
+from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, last_json, run_loadgen
 from benchmarks.lifecycle import wait_for_replicas
 from benchmarks.scenarios import DEFAULT_INGRESS, pin_replicas, single_versions
 
@@ -81,7 +80,7 @@ def replica_batches(env: dict[str, str], model: str) -> Counter[int]:
     )  # fmt: skip
     if done.returncode:
         raise RuntimeError(f"reading {model}'s batch sizes failed: {done.stderr[-2000:]}")
-    return Counter({int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()})
+    return Counter({int(k): v for k, v in last_json(done.stdout).items()})
 
 
 def router_batches(model: str, routers: int) -> dict[str, dict[str, int]]:

@@ -16,7 +16,7 @@ from serve_app.models.unavailable import UnavailableModel
 from serve_app.router.ingress import Router
 from serve_app.router.parts import router_capacity
 from serve_app.router.routing.replicas import ROUTER_DEPLOYMENT
-from serve_app.sources import local_path
+from serve_app.sources import is_remote, local_path
 
 
 def as_deployment(decorated: object) -> Deployment:
@@ -52,7 +52,12 @@ def bind_pools(args: AppArgs) -> dict[str, Any]:
         assert entry.multiplex is not None, "a pool entry always multiplexes (config.expand_pools)"
         sources = {name: args.model_source(name) for name, m in args.models.items() if m.pool == pattern}
         config = entry.model_copy(update={"tracing": args.tracing, "multiplex": None, "path": None})
-        placement = {"max_models": entry.multiplex.max_models_per_replica, "busy_batches": entry.multiplex.busy_batches}
+        multiplex = entry.multiplex
+        placement = {
+            "max_models": multiplex.max_models_per_replica,
+            "busy_batches": multiplex.busy_batches,
+            "second_copies": multiplex.second_copies,
+        }
         router = RequestRouterConfig.model_validate({"request_router_class": POOL_ROUTER, "request_router_kwargs": placement})
         bound[pattern] = (
             as_deployment(ModelPool)
@@ -76,7 +81,10 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
     pools = bind_pools(args)
     for name, served in args.served.items():
         model = served.config
-        if (problem := load_problem(args, name)) is not None:
+        # A pool's model in an object store is checked when a replica first loads it: checking
+        # here would fetch every model of the pool to the node that builds the app.
+        remote_member = model.pool is not None and is_remote(args.model_source(name))
+        if not remote_member and (problem := load_problem(args, name)) is not None:
             # One line in the log, 503 with the reason for its requests; the other models serve.
             handles[name] = as_deployment(UnavailableModel).options(name=name).bind(name, problem)
             unavailable[name] = problem

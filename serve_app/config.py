@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from serve_app import sources
 from serve_app.families import FAMILIES, Family, FamilyName, family
 from serve_app.presets import get_preset
 
@@ -126,6 +127,11 @@ class MultiplexConfig(ConfigModel):
         le=64,
         description="a replica with this many of one router's batches in flight is busy: a model it holds then loads "
         "on a second replica that has room and would evict no model in use (ray-project/ray#48741)",
+    )
+    second_copies: bool = Field(
+        True,
+        description="false: a model runs on one replica at a time, its batches waiting at that replica however busy "
+        "(as Ray Serve's own multiplexed routing does); for comparisons",
     )
 
 
@@ -516,19 +522,27 @@ def expand_pools(data: Any) -> Any:
             )
         if entry.get("versions"):
             raise ValueError(f"{pattern!r}: a multiplexed pool's models have no versions")
-        root = Path(str(entry["path"])).expanduser()
-        if "://" in str(entry["path"]) or not root.is_dir():
-            raise ValueError(f"{pattern!r}: path {entry['path']!r} is not a local directory of models")
-        found = sorted(p.name for p in root.iterdir() if p.is_dir() and fnmatch.fnmatchcase(p.name, pattern))
+        root = str(entry["path"])
+        try:
+            found = [name for name in sources.children(root) if fnmatch.fnmatchcase(name, pattern)]
+        except sources.SourceError as e:
+            raise ValueError(f"{pattern!r}: {e}") from None
         if not found:
             raise ValueError(f"{pattern!r}: no model directory under {root} matches")
         for name in found:
             if name in models:
                 raise ValueError(f"{name!r} is both a model of its own and one of pool {pattern!r}")
             member = {k: v for k, v in entry.items() if k != "multiplex"}
-            models[name] = {**member, "path": str((root / name).resolve()), "pool": pattern}
+            models[name] = {**member, "path": _member_path(root, name), "pool": pattern}
         pools[pattern] = entry
     return {**data, "models": models, "pools": pools}
+
+
+def _member_path(root: str, name: str) -> str:
+    """A pool member's own source: its directory under the pool's (a URI stays one, fetched on load)."""
+    if sources.is_remote(root):
+        return f"{root.rstrip('/')}/{name}"
+    return str((Path(root).expanduser() / name).resolve())
 
 
 class AppArgs(ConfigModel):

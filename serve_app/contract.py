@@ -62,6 +62,9 @@ class BatchReply:
     max_batch_size: int | None = None  # the replica's live batching config, so user_config reaches the router
     batch_wait_timeout_s: float | None = None
     link: LinkAddress | None = None  # where a router on the replica's node may send its next batches
+    # Seconds the batch waited for its model to load on the replica (a multiplexed pool's cold
+    # batch): not the model's cost, so the router's estimate of a batch leaves it out.
+    load_s: float = 0.0
 
 
 @dataclass(frozen=True)

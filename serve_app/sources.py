@@ -55,6 +55,32 @@ def local_path(source: str) -> Path:
     return target
 
 
+def children(source: str) -> list[str]:
+    """The names of the directories directly under `source` (a local path or s3://bucket/prefix):
+    where a multiplexed pool finds its models. Nothing is fetched; each model is when first loaded."""
+    if not is_remote(source):
+        root = Path(source).expanduser()
+        if not root.is_dir():
+            raise SourceError(f"{source}: not a local directory of models")
+        return sorted(p.name for p in root.iterdir() if p.is_dir())
+    url = urlparse(source)
+    if url.scheme != "s3" or not url.netloc:
+        raise SourceError(f"{source}: use a local path or s3://bucket/prefix")
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    prefix = url.path.strip("/")
+    prefix = f"{prefix}/" if prefix else ""
+    names: set[str] = set()
+    try:
+        pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=url.netloc, Prefix=prefix, Delimiter="/")
+        for page in pages:
+            names.update(p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", []))
+    except (BotoCoreError, ClientError) as e:
+        raise SourceError(f"{source}: {e}") from None
+    return sorted(n for n in names if n)
+
+
 def _fetch_s3(bucket: str, prefix: str, target: Path) -> None:
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError

@@ -97,9 +97,16 @@ class ModelPool:
     ) -> BatchReply:  # fmt: skip
         """One batch of the call's model (Classifier.run), loading the model first if needed."""
         model = serve.get_multiplexed_model_id()
+        cold = model not in self.instances
         self.batches[model] += 1
-        self.cold[model] += model not in self.instances
-        return await (await self._current()).run(payloads, router, router_queued, lane, traces)
+        self.cold[model] += cold
+        started = time.perf_counter()
+        instance = await self._current()
+        loaded = time.perf_counter()
+        reply = await instance.run(payloads, router, router_queued, lane, traces)
+        if cold:  # this batch waited for the load (its own, or another batch's of the same model)
+            reply.load_s = loaded - started
+        return reply
 
     def stats(self) -> dict[str, Any]:
         """This replica's share of the pool: what it holds, its loads, its batches (and how many of

@@ -27,7 +27,7 @@ from serve_app.router.edge.failures import served_error
 from serve_app.router.edge.infer_edge import InferEdge
 from serve_app.router.edge.shedgate import HeaderCheck, ShedGate
 from serve_app.router.edge.traced import TraceContext
-from serve_app.router.endpoints import endpoints_openai, endpoints_status, endpoints_v2
+from serve_app.router.endpoints import endpoints_openai, endpoints_status, endpoints_v2, repository
 from serve_app.router.parts import RouterParts
 
 logger = logging.getLogger("ray.serve")
@@ -93,7 +93,7 @@ def build_http_app(
         redoc_url=None,
     )
     app.state.parts = parts
-    for endpoints in (endpoints_v2, endpoints_openai, endpoints_status):
+    for endpoints in (endpoints_v2, repository, endpoints_openai, endpoints_status):
         app.include_router(endpoints.api)
     app.openapi_url, app.docs_url, app.redoc_url = "/openapi.json", "/docs", "/redoc"
     app.setup()

@@ -131,6 +131,33 @@ class Router:
             fail(grpc_context, e)
             return pb.ModelConfigResponse()
 
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, grpc_context: RayServegRPCContext
+    ) -> pb.RepositoryIndexResponse:
+        try:
+            return await self.grpc.repository_index(request, grpc_context)
+        except Exception as e:
+            fail(grpc_context, e)
+            return pb.RepositoryIndexResponse()
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, grpc_context: RayServegRPCContext
+    ) -> pb.RepositoryModelLoadResponse:
+        try:
+            await self.grpc.repository_load(request, grpc_context)
+        except Exception as e:
+            fail(grpc_context, e)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, grpc_context: RayServegRPCContext
+    ) -> pb.RepositoryModelUnloadResponse:
+        try:
+            await self.grpc.repository_unload(request, grpc_context)
+        except Exception as e:
+            fail(grpc_context, e)
+        return pb.RepositoryModelUnloadResponse()
+
     async def ModelInfer(self, request: pb.ModelInferRequest, grpc_context: RayServegRPCContext) -> pb.ModelInferResponse:
         headers = headers_of(grpc_context)
         with tracing.server_span(MODEL_INFER, headers.trace_context(), rpc_attributes(request)) as span:

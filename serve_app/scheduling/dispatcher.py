@@ -132,7 +132,7 @@ class Lane:
     def learn(self, reply: BatchReply, items: int, rtt: float, queued_s: float, inflight: int, now: float) -> None:
         """What an answered batch teaches: the limit, the latency model, the drain rate."""
         self.limit.on_batch(reply.wait_s, reply.exec_s, inflight)
-        self.estimator.observe(items, rtt, reply.wait_s)
+        self.estimator.observe(items, rtt - reply.load_s, reply.wait_s)
         # `self.inflight` still counts this batch: the lane was full if it is at its limit now.
         self.drain.on_completion(items, now, bool(self.queue.items) and self.saturated)
         self.recent.append((queued_s, rtt, reply.wait_s, reply.exec_s))

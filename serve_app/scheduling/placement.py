@@ -59,7 +59,12 @@ class PoolView:
     """What one router knows of a pool's replicas, and the placement rule on top of it."""
 
     def __init__(
-        self, max_models: int, busy_batches: int = 2, clock: Callable[[], float] = time.monotonic, report_lag_s: float = 10.0
+        self,
+        max_models: int,
+        busy_batches: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+        report_lag_s: float = 10.0,
+        second_copies: bool = True,
     ) -> None:
         if max_models < 1 or busy_batches < 1:
             raise ValueError("max_models and busy_batches must be at least 1")
@@ -69,6 +74,7 @@ class PoolView:
         # How long a model routed to a replica stays held in this view though the replica's report
         # does not list it: a report says what a replica held a moment ago, before that load.
         self.report_lag_s = report_lag_s
+        self.second_copies = second_copies  # rule 2 above; off, a busy model waits at its holder
         self.replicas: dict[str, ReplicaState] = {}
 
     # -- what the router learns -------------------------------------------------------------
@@ -132,7 +138,7 @@ class PoolView:
             return Choice([self._by_load(free), self._by_load([r for r in holders if r not in free])], "holder")
         loadable = self._loadable(others)
         if holders:
-            if loadable:
+            if loadable and self.second_copies:
                 return Choice([*loadable, self._by_load(holders)], "second copy")
             return Choice([self._by_load(holders)], "wait for a holder")
         if loadable:

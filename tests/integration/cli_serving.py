@@ -21,7 +21,7 @@ import sys, ray
 from ray import serve
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 states = serve.status().applications["default"].deployments[sys.argv[2]].replica_states
-print(states.get("RUNNING", 0))
+print("running replicas:", states.get("RUNNING", 0))
 """
 
 
@@ -75,4 +75,7 @@ def running_replicas(env: dict[str, str], ray_port: int, deployment: str) -> int
     args = [sys.executable, "-c", REPLICAS_SCRIPT, f"127.0.0.1:{ray_port}", deployment]
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
-    return int(out.stdout.strip().splitlines()[-1])
+    # The last line of ours: Ray's raylet may print warnings to the same stdout, after it as well.
+    ours = [line for line in out.stdout.splitlines() if line.startswith("running replicas: ")]
+    assert ours, out.stdout[-2000:]
+    return int(ours[-1].split(": ", 1)[1])

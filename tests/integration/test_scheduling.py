@@ -445,7 +445,7 @@ from ray.util.state import list_actors
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000):
     if a.name and a.name.startswith("SERVE_REPLICA::"):
-        print(a.name)
+        print("=", a.name)
 """
 
 KILL_REPLICAS = """
@@ -461,7 +461,8 @@ def _script(env: dict[str, str], script: str, *args: str) -> list[str]:
         [sys.executable, "-c", script, f"127.0.0.1:{RAY_PORT}", *args], env=env, capture_output=True, text=True, timeout=90
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout.split()
+    # The script's own lines start "= ": Ray's raylet may print warnings to the same stdout.
+    return [line[2:] for line in out.stdout.splitlines() if line.startswith("= ")]
 
 
 class SteadyLoad:
@@ -654,7 +655,7 @@ ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 from serve_app.router.routing.rollback_ledger import NAMESPACE, ledger_name
 ledger = ray.get_actor(ledger_name("default"), namespace=NAMESPACE)
 for model, version, weight, _ in ray.get(ledger.exchange.remote([], [])):
-    print(f"{model}/{version}/{weight:g}")
+    print("=", f"{model}/{version}/{weight:g}")
 """
 
 

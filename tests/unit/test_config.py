@@ -247,7 +247,7 @@ def test_a_multiplexed_entry_is_one_model_per_matching_directory(tmp_path: Path)
     [
         ({"family": "bert", "path": "{root}"}, "give it `multiplex`"),
         ({"family": "bert", "path": "{root}/nowhere", "multiplex": {}}, "not a local directory"),
-        ({"family": "bert", "path": "s3://bucket/pool", "multiplex": {}}, "not a local directory"),
+        ({"family": "bert", "path": "gs://bucket/pool", "multiplex": {}}, "use a local path or s3://"),
         ({"family": "bert", "path": "{root}", "multiplex": {}, "versions": {"2": {}}}, "no versions"),
     ],
 )
@@ -272,3 +272,19 @@ def test_a_pool_deployment_is_named_after_its_pattern():
 
     assert pool_deployment("reviews-*") == "reviews-pool" and pool_deployment("*") == "pool"
     assert pool_deployment("bert_*_v2") == "bert-v2-pool"
+
+
+def test_a_pool_model_may_send_one_batch_past_a_busy_holder_so_a_second_copy_can_load(tmp_path: Path):
+    """The dispatcher of a pool's model starts with busy_batches + 1 batches in flight: the one
+    past a busy holder is what the placement sends to a second replica. Without second copies,
+    or for a model of its own, the dispatcher's default."""
+    from serve_app.router.routing.dispatchers import DispatcherPool
+    from serve_app.scheduling.protection.limit import AdaptiveLimit
+
+    root = _pool_dir(tmp_path, ("reviews-en",))
+    for second_copies, expected in ((True, 4.0), (False, AdaptiveLimit().initial)):
+        entry = {"family": "bert", "path": str(root), "multiplex": {"busy_batches": 3, "second_copies": second_copies}}
+        args = AppArgs.model_validate({"models": {"reviews-*": entry, "solo": {"preset": "bert-tiny"}}})
+        pool = DispatcherPool(args, send_for=lambda model: None)  # type: ignore[arg-type, return-value]
+        assert pool.get("reviews-en").bulk.limit.value == expected
+        assert pool.get("solo").bulk.limit.value == AdaptiveLimit().initial

@@ -765,3 +765,23 @@ async def test_an_admission_elsewhere_ends_the_header_draw():
 
     task = asyncio.get_running_loop().create_task(prechecked_light_then_heavy_then_light(), context=contextvars.Context())
     assert await task == ["refused", "refused"]
+
+
+@virtual_time
+async def test_a_cold_batch_teaches_the_model_cost_without_the_load_it_waited_for():
+    """A multiplexed pool's replica loads a model again after evicting it, and that batch waits
+    seconds for the load; the estimate that judges deadlines learns the batch's own cost, so the
+    warm requests after it are still admitted."""
+    loads = iter([0.0, 2.0])  # warm, then loaded again
+
+    async def pool(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
+        load_s = next(loads, 0.0)
+        await asyncio.sleep(load_s + 0.01)
+        return BatchReply([p.upper() for p in payloads], 0.0, 0.01, load_s=load_s)
+
+    d = Dispatcher("m", pool, DispatchSettings(max_batch_size=1), clock=loop_clock())
+    for _ in range(2):
+        assert await d.submit("a", 1) == "A"
+    assert d.bulk.estimator.batch_s(1) < 0.05
+    now = asyncio.get_running_loop().time()
+    assert await d.submit("b", 1, deadline=now + 0.15) == "B"  # one the load, learned, would have refused

@@ -86,6 +86,17 @@ def test_a_hot_model_gets_a_second_replica_when_its_holder_is_busy() -> None:
     assert choice.reason == "holder" and choice.ranks[0] == ["b"]
 
 
+def test_with_second_copies_off_a_busy_model_waits_at_its_holder() -> None:
+    """The comparison's other arm: Ray Serve's own multiplexed routing, one replica a model."""
+    view = PoolView(2, 2, clock=Clock(), second_copies=False)
+    view.set_replicas({"a": [], "b": []})
+    view.routed("a", "hot")
+    view.routed("a", "hot")
+    choice = view.choose("hot")
+    assert choice.reason == "wait for a holder" and choice.ranks == [["a"]]
+    assert view.choose("cold").reason == "load"  # a model held nowhere still loads where there is room
+
+
 def test_no_second_copy_where_it_would_evict_a_model_in_use() -> None:
     view = pool(max_models=1, busy=2)
     view.routed("a", "hot")

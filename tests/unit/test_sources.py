@@ -109,3 +109,25 @@ def test_only_s3_uris_are_fetched():
     with pytest.raises(sources.SourceError, match="unsupported scheme 'gs'"):
         sources.local_path("gs://bucket/model")
     assert sources.local_path("/models/bert") == Path("/models/bert")
+
+
+def test_a_pool_under_an_s3_prefix_finds_its_models_there_and_each_loads_when_first_used(bucket: str, exports: Exports):
+    """`reviews-*` with an s3:// path: its models are the prefix's matching directories, listed at
+    build without fetching one; each member's source is its own prefix, fetched when loaded."""
+    client = boto3.client("s3")
+    for name in ("reviews-de", "reviews-en", "other"):
+        for f in exports.bert.iterdir():
+            client.upload_file(str(f), bucket, f"pool/{name}/{f.name}")
+    client.put_object(Bucket=bucket, Key="pool/reviews-notes.txt", Body=b"not a model")  # a file, not a directory
+    entry = {"family": "bert", "path": f"s3://{bucket}/pool/", "multiplex": {"max_models_per_replica": 1}}
+    args = AppArgs.model_validate({"models": {"reviews-*": entry}})
+    assert sorted(args.models) == ["reviews-de", "reviews-en"]
+    member = args.models["reviews-en"]
+    assert member.path == f"s3://{bucket}/pool/reviews-en" and member.pool == "reviews-*"
+    assert not sources.cache_root().exists()  # listing fetched nothing
+    _, manifest = discover(sources.local_path(member.path or ""), Declared("bert"))
+    assert manifest.labels == ["negative", "positive"]
+    with pytest.raises(ValueError, match="no model directory under"):
+        AppArgs.model_validate({"models": {"fr-*": entry}})
+    with pytest.raises(ValueError, match="NoSuchBucket"):
+        AppArgs.model_validate({"models": {"reviews-*": {**entry, "path": "s3://no-such-bucket/pool"}}})

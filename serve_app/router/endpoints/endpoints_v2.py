@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
 
 from serve_app import __version__
-from serve_app.errors import Forbidden, NotFound, Unavailable
 from serve_app.manifest import Manifest
 from serve_app.protocols import v2, v2_schema
-from serve_app.router.endpoints.docs import INFER_BODY, PRIORITY_DOC, REPOSITORY_ERRORS, SESSION_DOC, TIMEOUT_DOC, V2_ERRORS
+from serve_app.router.endpoints.docs import INFER_BODY, PRIORITY_DOC, SESSION_DOC, TIMEOUT_DOC, V2_ERRORS
 from serve_app.router.parts import RouterParts, router_parts
 from serve_app.router.routing import catalog
 
@@ -99,81 +96,6 @@ def ready_members(parts: RouterParts, name: str, version: str | None) -> list[st
     if version is not None:
         return [parts.catalog.deployment(name, version)] if name in parts.args.models else parts.catalog.members(name)
     return [d for m in parts.catalog.members(name) for d in parts.versions.serving(m)]
-
-
-@api.post("/v2/repository/index", responses=V2_ERRORS)
-async def repository_index(authorization: str | None = Header(None), parts: RouterParts = PARTS) -> list[dict[str, str]]:
-    """Triton's model repository index: every model's versions with their state, and the routes."""
-    parts.callers.authenticate(authorization)
-    deployments = parts.catalog.models
-    ready = await asyncio.gather(*(parts.catalog.is_ready(d) for d in deployments))
-    out = [_indexed(parts, d, ok) for d, ok in zip(deployments, ready, strict=True)]
-    for route, spec in parts.args.routes.items():
-        ok = all(dict(zip(deployments, ready, strict=True))[m] for m in (spec.light, spec.heavy))
-        out.append({"name": route, "version": catalog.ROUTE_VERSION, "state": "READY" if ok else "UNAVAILABLE"})
-    return out
-
-
-def _indexed(parts: RouterParts, deployment: str, ready: bool) -> dict[str, str]:
-    served = parts.args.served[deployment]
-    entry = {"name": served.model, "version": served.version, "state": "READY" if ready else "UNAVAILABLE"}
-    if deployment in parts.catalog.unloaded:
-        entry["reason"] = "unloaded"
-    elif (reason := parts.args.unavailable.get(deployment)) is not None:
-        entry["reason"] = reason
-    return entry
-
-
-@api.post("/v2/repository/models/{name}/load", responses=REPOSITORY_ERRORS)
-async def repository_load(name: str, authorization: str | None = Header(None), parts: RouterParts = PARTS) -> dict[str, Any]:
-    """Serve a model an operator unloaded, on every router (operators only)."""
-    _operator(parts, authorization)
-    await _set_loaded(parts, name, True)
-    return {}
-
-
-@api.post("/v2/repository/models/{name}/unload", responses=REPOSITORY_ERRORS)
-async def repository_unload(name: str, authorization: str | None = Header(None), parts: RouterParts = PARTS) -> dict[str, Any]:
-    """Refuse a model's new requests on every router, then answer once this router has no work of
-    it left, queued or running (operators only). A multiplexed pool's replicas let go of it as
-    they load others."""
-    _operator(parts, authorization)
-    await _set_loaded(parts, name, False)
-    deployments = list(parts.args.versions(name).values())
-    deadline = time.monotonic() + parts.args.limits.infer_timeout_s
-    while any(_busy(parts, d) for d in deployments) and time.monotonic() < deadline:
-        await asyncio.sleep(DRAIN_POLL_S)
-    return {}
-
-
-DRAIN_POLL_S = 0.05
-
-
-def _operator(parts: RouterParts, authorization: str | None) -> None:
-    """An operator's key. An open server (no keys configured) has none, and refuses: as Triton
-    refuses load and unload unless started with explicit model control, taking a model out of
-    service is not something any caller of an open server may do."""
-    if parts.callers.tenants.open:
-        raise Forbidden("load and unload need an operator's key: configure tenants, one with `operator: true`")
-    parts.callers.operator(authorization)
-
-
-def _busy(parts: RouterParts, deployment: str) -> bool:
-    d = parts.dispatchers.existing(deployment)
-    return d is not None and bool(d.queued_items or d.inflight)
-
-
-async def _set_loaded(parts: RouterParts, name: str, loaded: bool) -> None:
-    if name not in parts.args.models:
-        raise NotFound(f"unknown model {name!r}; the repository holds {sorted(parts.args.models)}")
-    if parts.repository is None:  # no application ledger (a router on its own): this router alone
-        models = set(parts.catalog.unloaded_models())
-        parts.catalog.set_unloaded(frozenset(models - {name} if loaded else models | {name}))
-        return
-    try:
-        await parts.repository.set(name, loaded, time.time())
-    except Exception as e:
-        raise Unavailable(f"the model repository could not be changed ({type(e).__name__}); try again", 1.0) from e
 
 
 @api.get("/v2/models/{name}/config", responses=V2_ERRORS)

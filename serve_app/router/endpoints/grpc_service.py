@@ -32,7 +32,7 @@ from serve_app.models.generation.sampling import GenerationParams
 from serve_app.observability import tracing
 from serve_app.protocols import grpc_v2, v2
 from serve_app.router.edge.failures import served_error
-from serve_app.router.endpoints import codecs, generation
+from serve_app.router.endpoints import codecs, generation, repository
 from serve_app.router.endpoints.endpoints_v2 import config, metadata, ready_members
 from serve_app.router.endpoints.infer_v2 import SAMPLING_PARAMS, admitted, infer
 from serve_app.router.parts import RouterParts
@@ -121,6 +121,19 @@ class GrpcInference:
     async def model_config(self, request: pb.ModelConfigRequest, context: RayServegRPCContext) -> pb.ModelConfigResponse:
         self.parts.callers.authenticate(headers_of(context).authorization)
         return grpc_v2.config_to_proto(await config(self.parts, request.name, request.version or None))
+
+    async def repository_index(
+        self, request: pb.RepositoryIndexRequest, context: RayServegRPCContext
+    ) -> pb.RepositoryIndexResponse:
+        self.parts.callers.authenticate(headers_of(context).authorization)
+        models = await repository.index(self.parts, ready_only=request.ready)
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**m) for m in models])
+
+    async def repository_load(self, request: pb.RepositoryModelLoadRequest, context: RayServegRPCContext) -> None:
+        await repository.load(self.parts, headers_of(context).authorization, request.model_name)
+
+    async def repository_unload(self, request: pb.RepositoryModelUnloadRequest, context: RayServegRPCContext) -> None:
+        await repository.unload(self.parts, headers_of(context).authorization, request.model_name)
 
     async def model_infer(self, request: pb.ModelInferRequest, headers: InferHeaders) -> pb.ModelInferResponse:
         limit, size = self.parts.args.limits.max_request_bytes, request.ByteSize()

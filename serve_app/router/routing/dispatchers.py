@@ -11,6 +11,7 @@ from serve_app.errors import cannot_load
 from serve_app.link.client import LinkedSender
 from serve_app.process.cpu_priority import MODEL_WORK
 from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, RequestTiming, SendBatch
+from serve_app.scheduling.protection.limit import AdaptiveLimit
 
 # (model) -> how to send that model a batch (a deployment handle call, in the router)
 SenderFor = Callable[[str], SendBatch]
@@ -39,8 +40,21 @@ class DispatcherPool:
             # with the reason, which a cascade answers around and a canary's rollback counts.
             raise cannot_load(model, reason)
         if model not in self.by_model:
-            self.by_model[model] = Dispatcher(model, self.send_for(model), self.settings(model), retryable=self.retryable)
+            self.by_model[model] = Dispatcher(
+                model, self.send_for(model), self.settings(model), limit=self.limit(model), retryable=self.retryable
+            )
         return self.by_model[model]
+
+    def limit(self, model: str) -> AdaptiveLimit | None:
+        """A multiplexed pool's model may start with one batch more in flight than its pool calls a
+        replica busy: only a batch sent while every holder is busy can go to a second replica
+        (serve_app.scheduling.placement), and the learned limit, which counts one replica until
+        then, would otherwise never send it. Other models: the dispatcher's default."""
+        pool = self.args.deployment_config(model).pool
+        multiplex = self.args.pools[pool].multiplex if pool is not None else None
+        if multiplex is None or not multiplex.second_copies:
+            return None
+        return AdaptiveLimit(initial=min(multiplex.busy_batches + 1, AdaptiveLimit.maximum))
 
     async def submit(
         self, deployment: str, payload: Any, items: int, priority: Priority, deadline: float | None, timing: RequestTiming | None

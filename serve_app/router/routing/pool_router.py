@@ -20,9 +20,12 @@ logger = logging.getLogger("ray.serve")
 
 
 class PoolRouter(RequestRouter):
-    def initialize_state(self, max_models: int = 4, busy_batches: int = 2, **kwargs: Any) -> None:
-        self.view = PoolView(max_models, busy_batches)
-        logger.info("pool router: %d models a replica, a replica busy at %d batches", max_models, busy_batches)
+    def initialize_state(self, max_models: int = 4, busy_batches: int = 2, second_copies: bool = True, **kwargs: Any) -> None:
+        self.view = PoolView(max_models, busy_batches, second_copies=second_copies)
+        logger.info(
+            "pool router: %d models a replica, a replica busy at %d batches, second copies %s",
+            max_models, busy_batches, "on" if second_copies else "off",
+        )  # fmt: skip
         self.model_of: dict[str, str] = {}  # Serve's internal request id -> its model, while in flight
 
     async def choose_replicas(

@@ -13,10 +13,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.serving import SHARED_PORT, app_for_module, deployment_handle
+from tests.integration.serving import SHARED_GRPC_PORT, SHARED_PORT, app_for_module, deployment_handle
 
 MEMBERS = ("reviews-de", "reviews-en", "reviews-fr")
 OPERATOR_KEY, USER_KEY = "pool-operator-key", "pool-user-key"
@@ -147,3 +148,37 @@ def test_an_unload_reaches_the_router_that_did_not_serve_it(app_url: str) -> Non
     finally:
         client.load_model(MEMBERS[1], headers=operator())
     assert classify(app_url, MEMBERS[1]).status_code == 200
+
+
+def _grpc_states(client: triton_grpc.InferenceServerClient) -> dict[str, tuple[str, str]]:
+    index = client.get_model_repository_index(headers={"authorization": AS_OPERATOR["Authorization"]}, as_json=True)
+    return {m["name"]: (m["state"], m.get("reason", "")) for m in index.get("models", [])}
+
+
+def test_the_repository_extension_over_grpc(app_url: str) -> None:
+    """The same extension through Serve's gRPC proxy, as tritonclient.grpc calls it: the same
+    operators-only rule (PERMISSION_DENIED), the same ledger, then inference on the loaded model;
+    HTTP's index with `ready` set leaves the unloaded model out."""
+    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{SHARED_GRPC_PORT}")
+    as_user, as_operator = ({"authorization": h["Authorization"]} for h in (AS_USER, AS_OPERATOR))
+    model = MEMBERS[0]
+    assert _grpc_states(client)[model] == ("READY", "")
+    with pytest.raises(InferenceServerException, match="is not an operator") as denied:
+        client.unload_model(model, headers=dict(as_user))
+    assert denied.value.status() == "StatusCode.PERMISSION_DENIED"
+    try:
+        client.unload_model(model, headers=dict(as_operator))
+        assert _grpc_states(client)[model] == ("UNAVAILABLE", "unloaded")
+        assert not client.is_model_ready(model)
+        ready = httpx.post(f"{app_url}/v2/repository/index", json={"ready": True}, headers=AS_USER, timeout=10).json()
+        assert model not in {m["name"] for m in ready} and MEMBERS[1] in {m["name"] for m in ready}
+    finally:
+        client.load_model(model, headers=dict(as_operator))
+    assert _grpc_states(client)[model] == ("READY", "")
+    text = triton_grpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"a fine film"], dtype=np.object_))
+    result = client.infer(model, [text], headers=dict(as_user))
+    assert result.as_numpy("logits").shape == (1, 2)
+    with pytest.raises(InferenceServerException, match="unknown model") as unknown:
+        client.load_model("no-such-model", headers=dict(as_operator))
+    assert unknown.value.status() == "StatusCode.NOT_FOUND"

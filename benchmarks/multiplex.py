@@ -1,0 +1,286 @@
+"""`python -m benchmarks multiplex`: many text models sharing one pool of replicas (issue 57).
+
+The pool's models are copies of the config's `source` text model (`bert-heavy` by default; with
+`--config configs/bench-cascade.yaml` that is BERT-Medium's shape, where the model and not the
+router is the bottleneck, so a second copy of a hot model has cores to use), each
+under a name of its own (`review-00`, `review-01`, ...), served by one `review-*` pool entry
+(serve_app.models.pool) on `replicas` replicas holding at most `max_models` each. Three phases,
+each on a fresh deployment, closed-loop clients throughout:
+
+- zipf: requests over all the models, the k-th most popular drawn with weight k^-s (Zipf). What
+  each replica reports (ModelPool.stats): the share of batches that found their model loaded
+  (hit ratio), every load's seconds (cold loads), what it holds, its resident memory.
+- hot: every request for one model, with second copies on (a busy holder's model loads on the
+  other replica) and off (`multiplex.second_copies: false`: every batch waits at the first holder,
+  as Ray Serve's own multiplexing does, ray-project/ray#48741). With them on, the model loads on
+  a second replica and its throughput follows.
+- separate: `separate` of the models (as many as fit beside the rest as deployments of their
+  own), Zipf again, as one deployment each against the pool serving just those.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from benchmarks import workloads
+from benchmarks.cluster import HTTP_PORT, SERVE_CONNECT, Probe, RayCluster, last_json, run_loadgen
+from benchmarks.scenarios import DEFAULT_INGRESS, single_versions
+
+BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
+PATTERN = "review-*"
+POOL = "review-pool"
+
+
+@dataclass
+class MultiplexSettings:
+    models: int = 24
+    replicas: int = 2
+    max_models: int = 4
+    zipf_s: float = 1.1
+    concurrency: int = 64  # past three full batches of one model: enough for a busy holder
+    seconds: float = 20.0
+    warmup: float = 3.0
+    separate: int = 6
+    source: str = "bert-heavy"
+
+    @classmethod
+    def smoke(cls) -> MultiplexSettings:
+        return cls(models=6, max_models=2, concurrency=4, seconds=3.0, warmup=1.0, separate=2)
+
+
+def zipf_weights(n: int, s: float) -> list[float]:
+    """Popularity of the k-th model (k = 1..n), normalised to sum to 1."""
+    raw = [k**-s for k in range(1, n + 1)]
+    total = sum(raw)
+    return [w / total for w in raw]
+
+
+def model_names(n: int) -> list[str]:
+    return [f"review-{i:02d}" for i in range(n)]
+
+
+def copy_models(source: Path, out: Path, names: list[str]) -> Path:
+    """`names` as copies of the model in `source`, each manifest naming its own model."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copytree(source, out / name)
+        manifest = json.loads((out / name / "manifest.json").read_text())
+        (out / name / "manifest.json").write_text(json.dumps({**manifest, "name": name}))
+    return out
+
+
+def pool_config(base: dict[str, Any], s: MultiplexSettings, pool_dir: Path, second_copies: bool = True) -> dict[str, Any]:
+    """The user's config with its models replaced by one pool of `s.replicas` replicas, each with
+    the source model's resources."""
+    config, source = _bare(base, s)
+    entry = {
+        "family": "bert", "path": str(pool_dir), "batching": source["batching"],
+        "multiplex": {"max_models_per_replica": s.max_models, "second_copies": second_copies},
+    }  # fmt: skip
+    app = config["applications"][0]
+    app["args"]["models"] = {PATTERN: entry}
+    app["deployments"].append({**source["deployment"], "name": POOL, "num_replicas": s.replicas})
+    return config
+
+
+def separate_config(base: dict[str, Any], s: MultiplexSettings, models_dir: Path, names: list[str]) -> dict[str, Any]:
+    """The same models as deployments of their own, one replica each."""
+    config, source = _bare(base, s)
+    app = config["applications"][0]
+    app["args"]["models"] = {n: {"family": "bert", "path": str(models_dir / n), "batching": source["batching"]} for n in names}
+    app["deployments"] += [{**source["deployment"], "name": n, "num_replicas": 1} for n in names]
+    return config
+
+
+def _bare(base: dict[str, Any], s: MultiplexSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The config with no models, routes or policies, keeping the router; and the source model's
+    batching and deployment options (no autoscaling)."""
+    config = single_versions(copy.deepcopy(base))
+    app = config["applications"][0]
+    args = app["args"]
+    batching = args["models"][s.source].get("batching", {})
+    deployment = next((d for d in app.get("deployments", []) if d["name"] == s.source), {"name": s.source})
+    options = {k: v for k, v in deployment.items() if k not in ("name", "autoscaling_config", "num_replicas")}
+    for key in ("routes", "traffic", "cache", "tenants"):
+        args.pop(key, None)
+    args["models"] = {}
+    app["deployments"] = [d for d in app.get("deployments", []) if d["name"] == "router"]
+    return config, {"batching": batching, "deployment": options}
+
+
+def streams(models_dir: Path, names: list[str], weights: list[float]) -> list[workloads.StreamSpec]:
+    return [workloads.v2_infer(n, models_dir / n, weight=w, n=16) for n, w in zip(names, weights, strict=True)]
+
+
+# Each pool replica's `ModelPool.stats`, asked through Serve's handle (calls without a model go to
+# any replica) until every replica answered; printed as JSON by a driver process of its own.
+STATS_SCRIPT = (
+    SERVE_CONNECT
+    + """
+import asyncio, json, sys
+
+async def main():  # the cluster's handles run on the caller's event loop (RAY_SERVE_THROUGHPUT_OPTIMIZED)
+    want, seen = int(sys.argv[2]), {}
+    for _ in range(600):  # every replica running first: a deploy is ready once one answers
+        states = serve.status().applications["default"].deployments[sys.argv[1]].replica_states
+        if states.get("RUNNING", 0) >= want:
+            break
+        await asyncio.sleep(0.2)
+    handle = serve.get_deployment_handle(sys.argv[1], "default")
+    for _ in range(100 * want):
+        answer = await handle.stats.remote()
+        seen[answer["replica"]] = answer
+        if len(seen) == want:
+            break
+        await asyncio.sleep(0.02)  # the handle's view of the replicas' queues moves on
+    return list(seen.values())
+
+print(json.dumps(asyncio.run(main())))
+"""
+)
+
+
+def pool_stats(cluster: RayCluster, replicas: int) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-c", STATS_SCRIPT, POOL, str(replicas)], env=cluster.env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"pool stats: {done.stderr[-3000:]}")
+    stats: list[dict[str, Any]] = last_json(done.stdout)
+    return stats
+
+
+def summarize_pool(after: list[dict[str, Any]], before: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Over a phase (each replica's stats after it, less before it where the replica was there):
+    hit ratio (batches that found their model loaded), cold loads, memory against models held."""
+    earlier = {r["replica"]: r for r in before or []}
+
+    def less(now: dict[str, int], then: dict[str, int]) -> int:
+        return sum(now.values()) - sum(then.values())
+
+    batches = cold = 0
+    loads: list[float] = []
+    for r in after:
+        b = earlier.get(r["replica"], {"batches": {}, "cold_batches": {}, "loads_s": []})
+        batches += less(r["batches"], b["batches"])
+        cold += less(r["cold_batches"], b["cold_batches"])
+        loads += r["loads_s"][len(b["loads_s"]) :]
+    loads.sort()
+    return {
+        "batches": batches,
+        "hit_ratio": round(1 - cold / batches, 4) if batches else None,
+        "loads": len(loads),
+        "load_p50_s": round(statistics.median(loads), 3) if loads else None,
+        "load_p99_s": round(loads[min(len(loads) - 1, int(0.99 * len(loads)))], 3) if loads else None,
+        "per_replica": [{"held": r["held"], "rss_mb": r["rss_mb"], "loads": len(r["loads_s"])} for r in after],
+    }
+
+
+def _pool_phase(cluster: RayCluster, workload: Path, s: MultiplexSettings) -> dict[str, Any]:
+    before = pool_stats(cluster, s.replicas)
+    load = _load(workload, s)
+    return {"load": load, "pool": summarize_pool(pool_stats(cluster, s.replicas), before)}
+
+
+def settle(models_dir: Path, names: list[str], timeout_s: float = 90.0) -> None:
+    """One answered request per model before a phase is measured: after a redeploy the first call
+    to a model can wait out the router's batch timeout (its handle slow to learn the new
+    replicas), which would otherwise sit inside the measured window."""
+    for name in names:
+        body = workloads.bodies_for(models_dir / name, 1)[0]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.post(f"{BASE_URL}/v2/models/{name}/infer", json=body, timeout=timeout_s).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+
+
+def _load(workload: Path, s: MultiplexSettings) -> dict[str, Any]:
+    out = run_loadgen(BASE_URL, workload, {"concurrency": s.concurrency}, s.seconds, s.warmup)
+    keep = ("requests", "statuses", "goodput_rps", "p50_ms", "p99_ms", "timeouts", "cpu_cores_by_role")
+    return {k: out[k] for k in keep if k in out}
+
+
+def run(s: MultiplexSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
+    base = yaml.safe_load(config_path.read_text())
+    names = model_names(s.models)
+    weights = zipf_weights(s.models, s.zipf_s)
+    out: dict[str, Any] = {"settings": asdict(s), "weights": [round(w, 4) for w in weights]}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        models_dir = copy_models(model_dir / s.source, tmp / "pool", names)
+        few = names[: s.separate]
+        few_dir = copy_models(model_dir / s.source, tmp / "few", few)
+        probe = Probe(f"/v2/models/{names[0]}/infer", workloads.bodies_for(models_dir / names[0], 1)[0])
+        # Logical CPUs for every replica of the widest phase (a replica each, for the separate
+        # models); the machine's cores are what they share either way.
+        with RayCluster(DEFAULT_INGRESS, tmp, model_dir, ("--num-cpus=8",)) as cluster:
+            zipf = workloads.write(streams(models_dir, names, weights), tmp / "zipf.json")
+            cluster.deploy(pool_config(base, s, models_dir), probe)
+            settle(models_dir, names)
+            out["zipf"] = _pool_phase(cluster, zipf, s)
+            for label, second_copies in (("placement", True), ("no_second_copy", False)):
+                # A pool of its own (its models' directory differs): fresh replicas, the hot model
+                # loaded on one of them by the readiness probe, nowhere else.
+                hot_dir = copy_models(model_dir / s.source, tmp / f"hot-{label}", names[:1])
+                hot = workloads.write(streams(hot_dir, names[:1], [1.0]), tmp / f"hot-{label}.json")
+                cluster.deploy(pool_config(base, s, hot_dir, second_copies), probe)
+                out[f"hot_{label}"] = _pool_phase(cluster, hot, s)
+            few_zipf = workloads.write(streams(few_dir, few, zipf_weights(len(few), s.zipf_s)), tmp / "few.json")
+            cluster.deploy(separate_config(base, s, few_dir, few), probe)
+            settle(few_dir, few)
+            out["separate_deployments"] = {"load": _load(few_zipf, s)}
+            cluster.deploy(pool_config(base, s, few_dir), probe)
+            settle(few_dir, few)
+            out["separate_pool"] = _pool_phase(cluster, few_zipf, s)
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    r = res["result"]
+    s = r["settings"]
+    lines = [
+        f"{s['models']} copies of `{s['source']}` as `{PATTERN}` on {s['replicas']} pool replicas holding at most "
+        f"{s['max_models']} each; {s['concurrency']} closed-loop clients, {s['seconds']:.0f} s per phase; Zipf s = "
+        f"{s['zipf_s']} (the most popular model gets {r['weights'][0]:.0%} of requests, the least "
+        f"{r['weights'][-1]:.1%}).",
+        "",
+        "| phase | req/s answered | p50 ms | p99 ms | statuses | hit ratio | loads | load p50 / p99 s "
+        "| held, RSS MiB per replica |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for phase in ("zipf", "hot_placement", "hot_no_second_copy", "separate_deployments", "separate_pool"):
+        p = r.get(phase)
+        if p is None:
+            continue
+        load, pool = p["load"], p.get("pool")
+        if pool is None:
+            tail = "- | - | - | -"
+        else:
+            held = "; ".join(_held(x["held"]) + f", {x['rss_mb']}" for x in pool["per_replica"])
+            tail = f"{pool['hit_ratio']} | {pool['loads']} | {pool['load_p50_s']} / {pool['load_p99_s']} | {held}"
+        measured = f"{load.get('goodput_rps')} | {load.get('p50_ms')} | {load.get('p99_ms')} | {load.get('statuses')}"
+        lines.append(f"| {phase} | {measured} | {tail} |")
+    return "\n".join(lines)
+
+
+def _held(models: list[str]) -> str:
+    """A replica's models: by name when few (the hot phases show where the hot model is)."""
+    return ", ".join(models) if len(models) <= 2 else f"{len(models)} models"

@@ -15,6 +15,7 @@ batching, lanes, health probe and metrics as a deployment of its own, without th
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections import Counter
@@ -27,13 +28,15 @@ from ray import serve
 from serve_app.contract import BULK, BatchReply
 from serve_app.families import family, load
 from serve_app.models.classifier import Classifier
+from serve_app.process.heaptrim import HeapTrim
 
 logger = logging.getLogger("ray.serve")
 
 
 class Loaded:
     """A model as the pool's cache holds it. Serve calls `__del__` on what it evicts: the pool then
-    lets go of the model too, and its memory goes with the last batch that still runs on it."""
+    lets go of the model too, and its memory goes at the first load after the last batch that
+    still runs on it (ModelPool._build)."""
 
     def __init__(self, model: Classifier, evicted: Callable[[], object]) -> None:
         self.model = model
@@ -58,6 +61,7 @@ class ModelPool:
         self.batches: Counter[str] = Counter()  # per model, batches run here
         self.cold: Counter[str] = Counter()  # of those, batches that arrived with their model not loaded here
         self.instances: dict[str, Classifier] = {}  # the models loaded now, as Serve's cache holds them
+        self.heap = HeapTrim()
 
         async def loaded(model: str) -> Loaded:
             instance = await asyncio.to_thread(self._build, model)
@@ -71,6 +75,13 @@ class ModelPool:
         source = self.sources.get(model)
         if source is None:
             raise KeyError(f"{model!r} is not a model of pool {self.pool!r}")
+        # A model sits in reference cycles (its lanes hold its bound methods), so an evicted one is
+        # freed by a full collection only, which a process of this size gets rarely: without this,
+        # every evicted model's sessions stayed resident. Each load first collects what earlier
+        # evictions left (a model still running a batch when evicted goes at the next load) and
+        # hands the freed pages back to the system.
+        gc.collect()
+        self.heap.trim()
         started = time.perf_counter()
         instance = self.cls(model, source, self.config)  # loads, and warms up its sessions
         instance.link = None  # a pool's batches come through Serve, where placement chooses the replica

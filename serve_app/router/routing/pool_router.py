@@ -10,6 +10,7 @@ model and otherwise the one with fewest models, and never loads a busy model on 
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -32,8 +33,8 @@ class PoolRouter(RequestRouter):
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
         model = pending_request.metadata.multiplexed_model_id if pending_request is not None else ""
-        if not model:
-            return [candidate_replicas]
+        if not model:  # a call for no model (stats, say): any replica, drawn at random
+            return [[r] for r in random.sample(candidate_replicas, len(candidate_replicas))]
         self.view.set_replicas({r.replica_id.unique_id: r.multiplexed_model_ids for r in self.curr_replicas.values()})
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         ranks = [[by_id[i] for i in rank if i in by_id] for rank in self.view.choose(model, by_id).ranks]

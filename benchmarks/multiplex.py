@@ -4,12 +4,14 @@ The pool's models are copies of the config's `source` text model (`bert-heavy` b
 `--config configs/bench-cascade.yaml` that is BERT-Medium's shape, where the model and not the
 router is the bottleneck, so a second copy of a hot model has cores to use), each
 under a name of its own (`review-00`, `review-01`, ...), served by one `review-*` pool entry
-(serve_app.models.pool) on `replicas` replicas holding at most `max_models` each. Three phases,
-each on a fresh deployment, closed-loop clients throughout:
+(serve_app.models.pool) on `replicas` replicas holding at most `max_models` each. Phases (a
+subset with `phases`), each on a fresh deployment:
 
-- zipf: requests over all the models, the k-th most popular drawn with weight k^-s (Zipf). What
-  each replica reports (ModelPool.stats): the share of batches that found their model loaded
-  (hit ratio), every load's seconds (cold loads), what it holds, its resident memory.
+- zipf: 64 closed-loop clients over all the models, the k-th most popular drawn with weight k^-s
+  (Zipf), with second copies on (`zipf`) and off (`zipf_no_second_copy`); and the same mix in
+  open loop at `open_rate` requests/s (`zipf_open`). What each replica reports (ModelPool.stats):
+  the share of batches that found their model loaded (hit ratio), every load's seconds (cold
+  loads), what it holds, its resident memory.
 - hot: every request for one model, with second copies on (a busy holder's model loads on the
   other replica) and off (`multiplex.second_copies: false`: every batch waits at the first holder,
   as Ray Serve's own multiplexing does, ray-project/ray#48741). With them on, the model loads on
@@ -55,6 +57,10 @@ class MultiplexSettings:
     warmup: float = 3.0
     separate: int = 6
     source: str = "bert-heavy"
+    # Open loop (Poisson arrivals that keep coming whatever the answers, each with a 10 s timeout):
+    # the same Zipf mix at a rate the pool answers when every model is loaded, as users send it.
+    open_rate: float = 40.0
+    phases: tuple[str, ...] = ("zipf", "zipf_no_second_copy", "zipf_open", "hot", "separate")
 
     @classmethod
     def smoke(cls) -> MultiplexSettings:
@@ -190,9 +196,9 @@ def summarize_pool(after: list[dict[str, Any]], before: list[dict[str, Any]] | N
     }
 
 
-def _pool_phase(cluster: RayCluster, workload: Path, s: MultiplexSettings) -> dict[str, Any]:
+def _pool_phase(cluster: RayCluster, workload: Path, s: MultiplexSettings, rate: float | None = None) -> dict[str, Any]:
     before = pool_stats(cluster, s.replicas)
-    load = _load(workload, s)
+    load = _load(workload, s, rate)
     return {"load": load, "pool": summarize_pool(pool_stats(cluster, s.replicas), before)}
 
 
@@ -212,8 +218,10 @@ def settle(models_dir: Path, names: list[str], timeout_s: float = 90.0) -> None:
             time.sleep(0.5)
 
 
-def _load(workload: Path, s: MultiplexSettings) -> dict[str, Any]:
-    out = run_loadgen(BASE_URL, workload, {"concurrency": s.concurrency}, s.seconds, s.warmup)
+def _load(workload: Path, s: MultiplexSettings, rate: float | None = None) -> dict[str, Any]:
+    """Closed loop at `s.concurrency`, or open loop at `rate` requests/s."""
+    load = {"concurrency": s.concurrency} if rate is None else {"rate": rate}
+    out = run_loadgen(BASE_URL, workload, load, s.seconds, s.warmup, timeout_s=None if rate is None else 10.0)
     keep = ("requests", "statuses", "goodput_rps", "p50_ms", "p99_ms", "timeouts", "cpu_cores_by_role")
     return {k: out[k] for k in keep if k in out}
 
@@ -233,16 +241,23 @@ def run(s: MultiplexSettings, model_dir: Path, config_path: Path) -> dict[str, A
         # models); the machine's cores are what they share either way.
         with RayCluster(DEFAULT_INGRESS, tmp, model_dir, ("--num-cpus=8",)) as cluster:
             zipf = workloads.write(streams(models_dir, names, weights), tmp / "zipf.json")
-            cluster.deploy(pool_config(base, s, models_dir), probe)
-            settle(models_dir, names)
-            out["zipf"] = _pool_phase(cluster, zipf, s)
+            arms = (("zipf", True, None), ("zipf_no_second_copy", False, None), ("zipf_open", True, s.open_rate))
+            for label, second_copies, rate in arms:
+                if label in s.phases:
+                    cluster.deploy(pool_config(base, s, models_dir, second_copies), probe)
+                    settle(models_dir, names)
+                    out[label] = _pool_phase(cluster, zipf, s, rate)
             for label, second_copies in (("placement", True), ("no_second_copy", False)):
+                if "hot" not in s.phases:
+                    break
                 # A pool of its own (its models' directory differs): fresh replicas, the hot model
                 # loaded on one of them by the readiness probe, nowhere else.
                 hot_dir = copy_models(model_dir / s.source, tmp / f"hot-{label}", names[:1])
                 hot = workloads.write(streams(hot_dir, names[:1], [1.0]), tmp / f"hot-{label}.json")
                 cluster.deploy(pool_config(base, s, hot_dir, second_copies), probe)
                 out[f"hot_{label}"] = _pool_phase(cluster, hot, s)
+            if "separate" not in s.phases:
+                return out
             few_zipf = workloads.write(streams(few_dir, few, zipf_weights(len(few), s.zipf_s)), tmp / "few.json")
             cluster.deploy(separate_config(base, s, few_dir, few), probe)
             settle(few_dir, few)
@@ -266,7 +281,15 @@ def markdown(res: dict[str, Any]) -> str:
         "| held, RSS MiB per replica |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for phase in ("zipf", "hot_placement", "hot_no_second_copy", "separate_deployments", "separate_pool"):
+    for phase in (
+        "zipf",
+        "zipf_no_second_copy",
+        "zipf_open",
+        "hot_placement",
+        "hot_no_second_copy",
+        "separate_deployments",
+        "separate_pool",
+    ):
         p = r.get(phase)
         if p is None:
             continue

@@ -532,9 +532,11 @@ def expand_pools(data: Any) -> Any:
         for name in found:
             if name in models:
                 raise ValueError(f"{name!r} is both a model of its own and one of pool {pattern!r}")
-            member = {k: v for k, v in entry.items() if k != "multiplex"}
+            # No urgent lane unless the entry asks: its second session would hold a second copy of
+            # every loaded model's weights, and a pool's replica memory is what its models share.
+            member = {"urgent_lane": False, **{k: v for k, v in entry.items() if k != "multiplex"}}
             models[name] = {**member, "path": _member_path(root, name), "pool": pattern}
-        pools[pattern] = entry
+        pools[pattern] = {"urgent_lane": False, **entry}
     return {**data, "models": models, "pools": pools}
 
 

@@ -18,6 +18,7 @@ import asyncio
 import gc
 import logging
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -62,6 +63,7 @@ class ModelPool:
         self.cold: Counter[str] = Counter()  # of those, batches that arrived with their model not loaded here
         self.instances: dict[str, Classifier] = {}  # the models loaded now, as Serve's cache holds them
         self.heap = HeapTrim()
+        self.resident: weakref.WeakSet[Classifier] = weakref.WeakSet()  # held, or evicted and not yet freed
 
         async def loaded(model: str) -> Loaded:
             instance = await asyncio.to_thread(self._build, model)
@@ -84,6 +86,7 @@ class ModelPool:
         self.heap.trim()
         started = time.perf_counter()
         instance = self.cls(model, source, self.config)  # loads, and warms up its sessions
+        self.resident.add(instance)
         instance.link = None  # a pool's batches come through Serve, where placement chooses the replica
         if self.user_config is not None:
             instance.reconfigure(self.user_config)
@@ -125,6 +128,7 @@ class ModelPool:
         return {
             "replica": serve.get_replica_context().replica_id.unique_id,
             "held": sorted(self.instances),
+            "resident_models": len(self.resident),
             "loads_s": list(self.loads),
             "batches": dict(self.batches),
             "cold_batches": dict(self.cold),

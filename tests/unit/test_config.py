@@ -288,3 +288,13 @@ def test_a_pool_model_may_send_one_batch_past_a_busy_holder_so_a_second_copy_can
         pool = DispatcherPool(args, send_for=lambda model: None)  # type: ignore[arg-type, return-value]
         assert pool.get("reviews-en").bulk.limit.value == expected
         assert pool.get("solo").bulk.limit.value == AdaptiveLimit().initial
+
+
+def test_a_pool_runs_without_an_urgent_lane_unless_its_entry_asks(tmp_path: Path):
+    root = _pool_dir(tmp_path, ("reviews-en",))
+    entry = {"family": "bert", "path": str(root), "multiplex": {}}
+    args = AppArgs.model_validate({"models": {"reviews-*": entry, "solo": {"preset": "bert-tiny"}}})
+    assert not args.models["reviews-en"].urgent_lane and not args.pools["reviews-*"].urgent_lane
+    assert args.models["solo"].urgent_lane  # a model of its own keeps the default
+    asked = AppArgs.model_validate({"models": {"reviews-*": {**entry, "urgent_lane": True}}})
+    assert asked.models["reviews-en"].urgent_lane and asked.pools["reviews-*"].urgent_lane

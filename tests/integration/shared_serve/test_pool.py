@@ -92,6 +92,10 @@ def test_a_replica_holds_at_most_its_share_and_loads_an_evicted_model_again(app_
     info = pool.options(multiplexed_model_id=MEMBERS[0]).runtime_info.remote().result(timeout_s=60)
     assert info["pool"] == "reviews-*" and set(info["load_s"]) == set(MEMBERS)
     assert info["held"] == [MEMBERS[0], MEMBERS[1]], info
+    # The evicted model's memory went with it: what the replica holds, and at most the one evicted
+    # by the last load (freed at the next), not every model it ever loaded.
+    stats = pool.stats.remote().result(timeout_s=60)
+    assert stats["resident_models"] <= 3 and len(stats["loads_s"]) >= 4, stats
 
 
 def _states(client: triton.InferenceServerClient) -> dict[str, tuple[str, str]]:

@@ -91,7 +91,24 @@ def _soak(result: dict[str, Any]) -> list[str]:
     return [f"goodput/capacity per minute {min(minutes)}-{max(minutes)}"] if minutes else []
 
 
-HEADLINES = {"cascade": _cascade, "compare": _compare, "generation": _generation, "goodput": _goodput, "soak": _soak}
+def _multiplex(result: dict[str, Any]) -> list[str]:
+    out = []
+    for phase in ("zipf", "zipf_no_second_copy", "zipf_open"):
+        if (p := result.get(phase)) is not None:
+            out.append(f"{phase} {p['load'].get('goodput_rps')} req/s, hit ratio {p['pool'].get('hit_ratio')}")
+    on, off = result.get("hot_placement"), result.get("hot_no_second_copy")
+    if on is not None and off is not None:
+        out.append(f"hot model second copy {_ratio(on['load'].get('goodput_rps'), off['load'].get('goodput_rps'))}")
+    apart, pool = result.get("separate_deployments"), result.get("separate_pool")
+    if apart is not None and pool is not None:
+        out.append(f"pool/separate {_ratio(pool['load'].get('goodput_rps'), apart['load'].get('goodput_rps'))}")
+    return out
+
+
+HEADLINES = {
+    "cascade": _cascade, "compare": _compare, "generation": _generation, "goodput": _goodput, "multiplex": _multiplex,
+    "soak": _soak,
+}  # fmt: skip
 
 
 def row(saved: dict[str, Any], folder: str) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -62,3 +63,18 @@ def test_the_pool_summary_counts_hits_loads_and_memory() -> None:
               "zipf": {"load": load, "pool": out}, "separate_deployments": {"load": load}}  # fmt: skip
     text = markdown({"result": result})
     assert "| zipf | 100.0 | 5.0 | 9.0 |" in text and "| separate_deployments | 100.0" in text
+
+
+def test_the_history_headline_gives_each_phase_and_the_two_ratios() -> None:
+    from benchmarks.history import HEADLINES
+
+    def phase(rps: float, hit: float | None = None) -> dict[str, Any]:
+        return {"load": {"goodput_rps": rps}, **({"pool": {"hit_ratio": hit}} if hit is not None else {})}
+
+    result = {
+        "zipf": phase(10.0, 0.5), "hot_placement": phase(150.0, 1.0), "hot_no_second_copy": phase(100.0, 1.0),
+        "separate_deployments": phase(140.0), "separate_pool": phase(133.0, 1.0),
+    }  # fmt: skip
+    assert HEADLINES["multiplex"](result) == [
+        "zipf 10.0 req/s, hit ratio 0.5", "hot model second copy 1.50x", "pool/separate 0.95x",
+    ]  # fmt: skip

@@ -9,8 +9,11 @@ weighs three things:
    (fewer than `busy_batches` of this router's batches in flight);
 2. when every holder is busy, a hot model is worth a second copy (the case Ray Serve's own
    multiplexing leaves open, ray-project/ray#48741): send to a replica with room that can load it
-   without evicting a model in use (a free slot, or a least recently used model with no batch in
-   flight), so that its throughput grows with the replicas;
+   without evicting a model in use (a free slot, or a least recently used model that has had no
+   batch for `copy_evicts_idle_s`), so that its throughput grows with the replicas. A model
+   between two batches is not idle in that sense: when more models are asked for than the pool
+   holds, a second copy would push out one that is asked for again a moment later, and the pool
+   would load more and answer less (the multiplex scenario's Zipf phases);
 3. failing both, wait at a holder rather than load where a model in use would be evicted.
 
 A model no replica holds goes where it costs least: a free slot first, then the replica whose
@@ -65,6 +68,7 @@ class PoolView:
         clock: Callable[[], float] = time.monotonic,
         report_lag_s: float = 10.0,
         second_copies: bool = True,
+        copy_evicts_idle_s: float = 10.0,
     ) -> None:
         if max_models < 1 or busy_batches < 1:
             raise ValueError("max_models and busy_batches must be at least 1")
@@ -75,6 +79,7 @@ class PoolView:
         # does not list it: a report says what a replica held a moment ago, before that load.
         self.report_lag_s = report_lag_s
         self.second_copies = second_copies  # rule 2 above; off, a busy model waits at its holder
+        self.copy_evicts_idle_s = copy_evicts_idle_s
         self.replicas: dict[str, ReplicaState] = {}
 
     # -- what the router learns -------------------------------------------------------------
@@ -136,23 +141,25 @@ class PoolView:
         free = [r for r in holders if self.replicas[r].busy() < self.busy_batches]
         if free:
             return Choice([self._by_load(free), self._by_load([r for r in holders if r not in free])], "holder")
-        loadable = self._loadable(others)
         if holders:
-            if loadable and self.second_copies:
-                return Choice([*loadable, self._by_load(holders)], "second copy")
+            copies = self._loadable(others, self.copy_evicts_idle_s) if self.second_copies else []
+            if copies:
+                return Choice([*copies, self._by_load(holders)], "second copy")
             return Choice([self._by_load(holders)], "wait for a holder")
+        loadable = self._loadable(others)
         if loadable:
             return Choice(loadable, "load")
         return Choice([self._by_load(others)], "load")  # every slot holds a model in use: the least busy
 
-    def _loadable(self, replicas: list[str]) -> list[list[str]]:
-        """Replicas with room that can load a model without evicting one in use, one a rank: a free
-        slot first (the least busy), then the one whose idle least recently used model is oldest.
-        One a rank, so that batches chosen together (before any of them is seen routed) all load
-        the model on the same replica, not one copy each."""
+    def _loadable(self, replicas: list[str], idle_s: float = 0.0) -> list[list[str]]:
+        """Replicas with room that can load a model without evicting one in use (nor one used
+        within `idle_s`), one a rank: a free slot first (the least busy), then the one whose idle
+        least recently used model is oldest. One a rank, so that batches chosen together (before
+        any of them is seen routed) all load the model on the same replica, not one copy each."""
         room = [r for r in replicas if self.replicas[r].busy() < self.busy_batches]
         slots = [r for r in room if len(self.replicas[r].models) < self.max_models]
-        evictable = [(self._lru_age(r), r) for r in room if r not in slots and self.replicas[r].idle_lru() is not None]
+        cutoff = self.clock() - idle_s
+        evictable = [(self._lru_age(r), r) for r in room if r not in slots and self._lru_age(r) <= cutoff]
         return [[r] for r in [*self._by_load(slots), *(r for _, r in sorted(evictable))]]
 
     def _lru_age(self, replica: str) -> float:

@@ -149,3 +149,21 @@ def test_candidates_limit_the_choice_and_none_known_is_said() -> None:
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError):
         PoolView(0)
+
+
+def test_a_second_copy_evicts_only_a_model_idle_for_a_while() -> None:
+    """Many models asked for at once: a model between two batches is not pushed out for a second
+    copy of another, which would only load it again a moment later."""
+    clock = Clock()
+    view = PoolView(1, 2, clock=clock, copy_evicts_idle_s=10.0)
+    view.set_replicas({"a": [], "b": []})
+    view.routed("a", "hot")
+    view.routed("a", "hot")  # a is busy with hot
+    view.routed("b", "warm")
+    view.completed("b", "warm")  # b's only model is idle, but used a moment ago
+    assert view.choose("hot").reason == "wait for a holder"
+    clock.now += 30  # warm has not been asked for since
+    choice = view.choose("hot")
+    assert choice.reason == "second copy" and choice.ranks == [["b"], ["a"]]
+    # A model held nowhere still loads over a recently used one: it has to load somewhere.
+    assert view.choose("new").ranks[0] == ["b"]

@@ -44,6 +44,7 @@ class FaultConfig(ConfigModel):
 
     delay_s: float = Field(0.0, ge=0.0, le=60.0, description="extra seconds every batch takes")
     error_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of batches that fail with a model error")
+    load_delay_s: float = Field(0.0, ge=0.0, le=60.0, description="a multiplexed pool's model: extra seconds each load takes")
     duration_s: float | None = Field(
         None,
         gt=0,

@@ -65,6 +65,9 @@ class BatchReply:
     # Seconds the batch waited for its model to load on the replica (a multiplexed pool's cold
     # batch): not the model's cost, so the router's estimate of a batch leaves it out.
     load_s: float = 0.0
+    # A pool replica's id and the models it holds as it answers (serve_app.scheduling.coldstart).
+    replica: str | None = None
+    held: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ class ModelPool:
         self.cold: Counter[str] = Counter()  # of those, batches that arrived with their model not loaded here
         self.instances: dict[str, Classifier] = {}  # the models loaded now, as Serve's cache holds them
         self.heap = HeapTrim()
+        self.replica = serve.get_replica_context().replica_id.unique_id
         self.resident: weakref.WeakSet[Classifier] = weakref.WeakSet()  # held, or evicted and not yet freed
 
         async def loaded(model: str) -> Loaded:
@@ -90,6 +91,8 @@ class ModelPool:
         instance.link = None  # a pool's batches come through Serve, where placement chooses the replica
         if self.user_config is not None:
             instance.reconfigure(self.user_config)
+        if delay_s := (self.user_config or {}).get("faults", {}).get("load_delay_s", 0.0):
+            time.sleep(delay_s)  # a drill: a load as slow as a large model's
         self.load_s[model] = round(time.perf_counter() - started, 3)
         self.loads.append(self.load_s[model])
         logger.info("pool %s: loaded %s in %.2f s", self.pool, model, self.load_s[model])
@@ -117,16 +120,18 @@ class ModelPool:
         started = time.perf_counter()
         instance = await self._current()
         loaded = time.perf_counter()
-        reply = await instance.run(payloads, router, router_queued, lane, traces)
+        # No payloads: a router starting the load ahead of the model's requests (coldstart.py).
+        reply = await instance.run(payloads, router, router_queued, lane, traces) if payloads else BatchReply([], 0.0, 0.0)
         if cold:  # this batch waited for the load (its own, or another batch's of the same model)
             reply.load_s = loaded - started
+        reply.replica, reply.held = self.replica, tuple(self.instances)
         return reply
 
     def stats(self) -> dict[str, Any]:
         """This replica's share of the pool: what it holds, its loads, its batches (and how many of
         them found their model loaded), its resident memory."""
         return {
-            "replica": serve.get_replica_context().replica_id.unique_id,
+            "replica": self.replica,
             "held": sorted(self.instances),
             "resident_models": len(self.resident),
             "loads_s": list(self.loads),

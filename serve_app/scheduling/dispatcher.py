@@ -32,6 +32,7 @@ from typing import Any
 from serve_app.contract import BULK, URGENT, BatchReply, Priority
 from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
 from serve_app.observability import tracing
+from serve_app.scheduling.coldstart import ModelColdStart
 from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
 from serve_app.scheduling.protection.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.protection.limit import AdaptiveLimit
@@ -210,9 +211,11 @@ class Dispatcher:
         limit: AdaptiveLimit | None = None,
         clock: Callable[[], float] = time.monotonic,
         retryable: Callable[[Exception], bool] = lambda error: False,
+        cold: ModelColdStart | None = None,
     ) -> None:
         self.model = model
         self.send = send
+        self.cold = cold  # a multiplexed pool's model: what a load adds before it answers
         self.settings = s = settings or DispatchSettings()
         self.bulk = Lane(BULK, make_queue(s.policy, s.max_queue_items), limit or AdaptiveLimit())
         self.lanes = [self.bulk]
@@ -274,8 +277,18 @@ class Dispatcher:
             raise self._refuse(lane, "queue_standing", priority, "overloaded (the queue stands over its delay target)")
         waiting = self.wait_s(priority)
         predicted = waiting + lane.estimator.batch_s(items)
+        loading = self.cold.cold_s() if self.cold is not None else 0.0
         if deadline is not None and now + predicted > deadline:
             raise self._refuse(lane, "deadline", priority, f"cannot meet the deadline (about {predicted * 1e3:.0f} ms of work)")
+        if deadline is not None and now + predicted + loading > deadline and self.cold is not None:
+            # Late only for the load: refused now rather than after waiting for it; the load
+            # starts anyway, so that a retry after it finds the model loaded.
+            self.cold.refused()
+            self.stats.count_shed("cold_load", priority)
+            raise Overloaded(
+                f"{self.model}: not loaded on any replica, and its load (about {loading:.1f} s) would miss the deadline",
+                retry_after_s=max(1.0, loading),
+            )
         # The wait, not the request's own batch: an estimate inflated by one slow batch would otherwise
         # refuse everything, and with nothing admitted it never learns that the model got fast again.
         if waiting > self.settings.max_queue_delay_s:
@@ -423,6 +436,8 @@ class Dispatcher:
                 spans.end(sent + rtt, reply=reply, sent=sent_batch)
             items = sum(t.items for t in sent_batch)
             lane.learn(reply, items, rtt, queued_s, inflight, self.clock())
+            if self.cold is not None:
+                self.cold.observe(reply)
             self.settings.adopt(reply)
             self.stats.completed_items += items
             self.stats.batches += 1

@@ -27,6 +27,8 @@ async def router_status(authorization: str | None = Header(None), parts: RouterP
         "router": parts.router_id,
         "models": {d.model: {**d.snapshot(), "transport": _transport(d.send)} for d in parts.dispatchers},
         "routes": cascade,
+        # Per multiplexed pool: how long a load takes, what each replica held when it last answered.
+        "pools": {pool: c.snapshot() for pool, c in parts.dispatchers.cold_starts.items()},
         # Per route: which classes may be answered by the light tier alone, the level, how many were.
         "degrade": {route: c.degrading.status() for route, c in parts.cascades.items() if c.degrading is not None},
         "generators": dict(zip(generators, stats, strict=True)),

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import logging
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from serve_app.config import AppArgs
-from serve_app.contract import BatchReply, Priority
+from serve_app.contract import BULK, BatchReply, Priority
 from serve_app.errors import cannot_load
 from serve_app.link.client import LinkedSender
 from serve_app.process.cpu_priority import MODEL_WORK
+from serve_app.scheduling.coldstart import ColdStart, ModelColdStart
 from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings, RequestTiming, SendBatch
 from serve_app.scheduling.protection.limit import AdaptiveLimit
+
+logger = logging.getLogger("ray.serve")
 
 # (model) -> how to send that model a batch (a deployment handle call, in the router)
 SenderFor = Callable[[str], SendBatch]
@@ -33,6 +39,8 @@ class DispatcherPool:
         self.send_for = send_for
         self.retryable = retryable
         self.by_model: dict[str, Dispatcher] = {}
+        self.cold_starts: dict[str, ColdStart] = {}  # per multiplexed pool
+        self.warming: set[asyncio.Task[None]] = set()  # loads started for refused requests
 
     def get(self, model: str) -> Dispatcher:
         if (reason := self.args.unavailable.get(model)) is not None:
@@ -40,10 +48,32 @@ class DispatcherPool:
             # with the reason, which a cascade answers around and a canary's rollback counts.
             raise cannot_load(model, reason)
         if model not in self.by_model:
+            send = self.send_for(model)
             self.by_model[model] = Dispatcher(
-                model, self.send_for(model), self.settings(model), limit=self.limit(model), retryable=self.retryable
+                model, send, self.settings(model), limit=self.limit(model), retryable=self.retryable, cold=self.cold(model, send)
             )
         return self.by_model[model]
+
+    def cold(self, model: str, send: SendBatch) -> ModelColdStart | None:
+        """A multiplexed pool's model: what its pool holds and how long a load takes, shared with
+        the pool's other models (serve_app.scheduling.coldstart); its loads start with an empty batch."""
+        pool = self.args.deployment_config(model).pool
+        if pool is None:
+            return None
+        cold = ModelColdStart(model, self.cold_starts.setdefault(pool, ColdStart()), lambda: self._warm(send, cold))
+        return cold
+
+    def _warm(self, send: SendBatch, cold: ModelColdStart) -> None:
+        async def load() -> None:
+            try:
+                cold.observe(await send([], 0, BULK, None))
+            except Exception as e:  # the request that wanted it was refused already; the next one tries again
+                logger.warning("loading %s ahead of its requests failed: %r", cold.model, e)
+
+        # In a context of its own, as a batch is (Dispatcher): not tied to the refused request.
+        task = asyncio.get_running_loop().create_task(load(), context=contextvars.Context())
+        self.warming.add(task)
+        task.add_done_callback(self.warming.discard)
 
     def limit(self, model: str) -> AdaptiveLimit | None:
         """A multiplexed pool's model may start with one batch more in flight than its pool calls a

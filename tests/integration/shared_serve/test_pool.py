@@ -9,6 +9,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -54,6 +55,7 @@ def app_url(pool_dir: Path, serve_url: str) -> Iterator[str]:
             "reviews-*": {
                 "family": "bert", "path": str(pool_dir), "multiplex": {"max_models_per_replica": 2},
                 "batching": {"max_batch_size": 8, "batch_wait_timeout_s": 0.005},
+                "faults": {"load_delay_s": 0.5},  # a load long enough to refuse a deadline for
             },
         },
         "tenants": [
@@ -96,6 +98,42 @@ def test_a_replica_holds_at_most_its_share_and_loads_an_evicted_model_again(app_
     # by the last load (freed at the next), not every model it ever loaded.
     stats = pool.stats.remote().result(timeout_s=60)
     assert stats["resident_models"] <= 3 and len(stats["loads_s"]) >= 4, stats
+
+
+def test_a_deadline_a_cold_load_would_miss_is_refused_at_once_and_the_load_starts(app_url: str) -> None:
+    """The model the test above evicted is held nowhere: a request whose deadline leaves room for
+    its batch but not for its load is refused at once (503, Retry-After), and the load starts
+    anyway, so that the model is held when the retry comes."""
+    model = MEMBERS[2]
+    for first in MEMBERS[:2]:  # the replica's two slots, as this router last saw them answer
+        assert classify(app_url, first).status_code == 200
+
+    def status() -> dict[str, Any]:
+        resp = httpx.get(f"{app_url}/router/status", headers=AS_OPERATOR, timeout=30)
+        assert resp.status_code == 200, resp.text
+        return dict(resp.json())
+
+    def held_anywhere(pool: dict[str, Any]) -> bool:
+        return any(model in seen["models"] for seen in pool["held"].values())
+
+    now = status()
+    pool = now["pools"]["reviews-*"]
+    assert pool["load_s"] > 0 and not held_anywhere(pool), pool
+    warm_ms = now["models"][model]["lanes"]["bulk"]["batch_ms"]["one"]
+    timeout_ms = warm_ms + pool["load_s"] * 1e3 / 2  # room for the batch, not for the load
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a fine film"]}]}
+    refused = httpx.post(
+        f"{app_url}/v2/models/{model}/infer", json=body, timeout=60,
+        headers={**AS_USER, "X-Request-Timeout-Ms": f"{timeout_ms:.0f}"},
+    )  # fmt: skip
+    assert refused.status_code == 503 and "not loaded on any replica" in refused.json()["error"], refused.text
+    assert int(refused.headers["Retry-After"]) >= 1
+    deadline = time.monotonic() + 60
+    while not held_anywhere(status()["pools"]["reviews-*"]):
+        assert time.monotonic() < deadline, "the refused request's model was never loaded"
+        time.sleep(0.2)
+    assert status()["models"][model]["shed"]["cold_load"] == 1
+    assert classify(app_url, model).status_code == 200
 
 
 def _states(client: triton.InferenceServerClient) -> dict[str, tuple[str, str]]:

@@ -1,0 +1,99 @@
+"""Cold loads of a multiplexed pool's models (serve_app.scheduling.coldstart): what the router
+learns from the pool's answers, and what admission does with it, on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from serve_app.contract import BatchReply
+from serve_app.errors import Overloaded
+from serve_app.scheduling.coldstart import ColdStart, ModelColdStart
+from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings
+from tests.unit.fakes import virtual_time
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_model_no_replica_holds_costs_the_learned_load() -> None:
+    clock = Clock()
+    pool = ColdStart(clock=clock)
+    assert pool.cold_s("m1") == 0.0  # nothing known: admit, and learn
+    pool.observe("a", ["m1"], load_s=2.0)
+    pool.observe("b", ["m2"])
+    assert pool.cold_s("m1") == 0.0 and pool.cold_s("m2") == 0.0
+    assert pool.cold_s("m3") == 2.0
+    pool.observe("a", ["m3"], load_s=1.0)  # a loaded m3, evicting m1
+    assert pool.cold_s("m1") == pytest.approx(1.7) and pool.cold_s("m3") == 0.0  # EWMA of the loads
+
+
+def test_a_replica_not_heard_from_lately_no_longer_counts() -> None:
+    clock = Clock()
+    pool = ColdStart(stale_s=30.0, clock=clock)
+    pool.observe("a", ["m1"], load_s=2.0)
+    clock.now = 20.0
+    pool.observe("b", ["m2"])
+    clock.now = 40.0  # a's report is stale: m1 may have been evicted by another router's load
+    assert pool.cold_s("m1") == 2.0 and pool.cold_s("m2") == 0.0
+    clock.now = 100.0  # no replica heard from lately: nothing known
+    assert pool.cold_s("m1") == 0.0
+
+
+def test_a_load_is_started_once_per_load_time_and_counts_down() -> None:
+    clock = Clock()
+    pool = ColdStart(clock=clock)
+    pool.observe("a", ["m1"], load_s=2.0)
+    warmed: list[str] = []
+    cold = ModelColdStart("m2", pool, lambda: warmed.append("m2"))
+    cold.refused()
+    cold.refused()
+    assert warmed == ["m2"]
+    clock.now = 1.5
+    assert cold.cold_s() == pytest.approx(0.5)  # the load under way has about half a second left
+    clock.now = 5.0  # twice the load time and still not seen held: started again on the next refusal
+    cold.refused()
+    assert warmed == ["m2", "m2"]
+    cold.observe(BatchReply([], 0.0, 0.0, load_s=2.0, replica="b", held=("m2",)))
+    assert cold.cold_s() == 0.0
+
+
+def _model(held: tuple[str, ...]) -> tuple[Dispatcher, ModelColdStart, list[str]]:
+    async def send(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
+        await asyncio.sleep(0.01)
+        return BatchReply([p.upper() for p in payloads], 0.0, 0.01, replica="a", held=held)
+
+    loop_clock = asyncio.get_running_loop().time
+    pool = ColdStart(clock=loop_clock)
+    pool.observe("a", ["other"], load_s=3.0)
+    warmed: list[str] = []
+    cold = ModelColdStart("m", pool, lambda: warmed.append("m"))
+    d = Dispatcher("m", send, DispatchSettings(max_batch_size=4), clock=loop_clock, cold=cold)
+    return d, cold, warmed
+
+
+@virtual_time
+async def test_a_deadline_the_load_would_miss_is_refused_at_once_and_the_load_starts():
+    d, _, warmed = _model(held=("m",))
+    now = asyncio.get_running_loop().time()
+    with pytest.raises(Overloaded, match="not loaded on any replica") as refused:
+        await d.submit("a", 1, deadline=now + 1.0)
+    assert refused.value.retry_after_s == pytest.approx(3.0) and warmed == ["m"]
+    assert d.stats.shed["cold_load"] == 1 and d.stats.completed_items == 0
+    # Without a deadline the request waits for the load; its answer says the model is held now.
+    assert await d.submit("b", 1) == "B"
+    assert await d.submit("c", 1, deadline=asyncio.get_running_loop().time() + 1.0) == "C"
+
+
+@virtual_time
+async def test_a_deadline_that_leaves_room_for_the_load_is_admitted():
+    d, cold, warmed = _model(held=("m",))
+    assert cold.cold_s() == 3.0
+    assert await d.submit("a", 1, deadline=asyncio.get_running_loop().time() + 5.0) == "A"
+    assert warmed == [] and cold.cold_s() == 0.0

@@ -215,7 +215,7 @@ class Dispatcher:
     ) -> None:
         self.model = model
         self.send = send
-        self.cold = cold  # a multiplexed pool's model: what a load adds before it answers
+        self.cold = cold  # a multiplexed pool's model: what a load adds (its replies feed it: DispatcherPool)
         self.settings = s = settings or DispatchSettings()
         self.bulk = Lane(BULK, make_queue(s.policy, s.max_queue_items), limit or AdaptiveLimit())
         self.lanes = [self.bulk]
@@ -277,18 +277,9 @@ class Dispatcher:
             raise self._refuse(lane, "queue_standing", priority, "overloaded (the queue stands over its delay target)")
         waiting = self.wait_s(priority)
         predicted = waiting + lane.estimator.batch_s(items)
-        loading = self.cold.cold_s() if self.cold is not None else 0.0
         if deadline is not None and now + predicted > deadline:
             raise self._refuse(lane, "deadline", priority, f"cannot meet the deadline (about {predicted * 1e3:.0f} ms of work)")
-        if deadline is not None and now + predicted + loading > deadline and self.cold is not None:
-            # Late only for the load: refused now rather than after waiting for it; the load
-            # starts anyway, so that a retry after it finds the model loaded.
-            self.cold.refused()
-            self.stats.count_shed("cold_load", priority)
-            raise Overloaded(
-                f"{self.model}: not loaded on any replica, and its load (about {loading:.1f} s) would miss the deadline",
-                retry_after_s=max(1.0, loading),
-            )
+        _check_cold(self, priority, None if deadline is None else deadline - now - predicted)
         # The wait, not the request's own batch: an estimate inflated by one slow batch would otherwise
         # refuse everything, and with nothing admitted it never learns that the model got fast again.
         if waiting > self.settings.max_queue_delay_s:
@@ -436,8 +427,6 @@ class Dispatcher:
                 spans.end(sent + rtt, reply=reply, sent=sent_batch)
             items = sum(t.items for t in sent_batch)
             lane.learn(reply, items, rtt, queued_s, inflight, self.clock())
-            if self.cold is not None:
-                self.cold.observe(reply)
             self.settings.adopt(reply)
             self.stats.completed_items += items
             self.stats.batches += 1
@@ -483,6 +472,20 @@ def _snapshot(d: Dispatcher) -> dict[str, Any]:
         "shedding": d.shedding.status(),
         **d.stats.counts(),
     }
+
+
+def _check_cold(d: Dispatcher, priority: Priority, room_s: float | None) -> None:
+    """A request with `room_s` to spare past its predicted answer, late only for its model's load:
+    refused now rather than after waiting for it; the load starts anyway, so that a retry after it
+    finds the model loaded."""
+    if d.cold is None or room_s is None or (loading := d.cold.cold_s()) <= room_s:
+        return
+    d.cold.refused()
+    d.stats.count_shed("cold_load", priority)
+    raise Overloaded(
+        f"{d.model}: not loaded on any replica, and its load (about {loading:.1f} s) would miss the deadline",
+        retry_after_s=max(1.0, loading),
+    )
 
 
 def _detached(run: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

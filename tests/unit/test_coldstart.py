@@ -67,7 +67,9 @@ def test_a_load_is_started_once_per_load_time_and_counts_down() -> None:
 def _model(held: tuple[str, ...]) -> tuple[Dispatcher, ModelColdStart, list[str]]:
     async def send(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
         await asyncio.sleep(0.01)
-        return BatchReply([p.upper() for p in payloads], 0.0, 0.01, replica="a", held=held)
+        reply = BatchReply([p.upper() for p in payloads], 0.0, 0.01, replica="a", held=held)
+        cold.observe(reply)  # as the router's sender does (DispatcherPool)
+        return reply
 
     loop_clock = asyncio.get_running_loop().time
     pool = ColdStart(clock=loop_clock)

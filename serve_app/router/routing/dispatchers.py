@@ -31,6 +31,15 @@ def replica_died(error: Exception) -> bool:
     return isinstance(error, RayActorError)
 
 
+def _observed(send: SendBatch, cold: ModelColdStart) -> SendBatch:
+    async def observed(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
+        reply = await send(payloads, queued, lane, traces)
+        cold.observe(reply)
+        return reply
+
+    return observed
+
+
 class DispatcherPool:
     """The router's per-model queues. `send_for(model)` returns the coroutine that runs a batch."""
 
@@ -49,8 +58,11 @@ class DispatcherPool:
             raise cannot_load(model, reason)
         if model not in self.by_model:
             send = self.send_for(model)
+            cold = self.cold(model, send)
+            if cold is not None:  # what each answer says the pool holds
+                send = _observed(send, cold)
             self.by_model[model] = Dispatcher(
-                model, send, self.settings(model), limit=self.limit(model), retryable=self.retryable, cold=self.cold(model, send)
+                model, send, self.settings(model), limit=self.limit(model), retryable=self.retryable, cold=cold
             )
         return self.by_model[model]
 

@@ -9,36 +9,20 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Deployment
 
 from serve_app.config import AppArgs, RouterLiveConfig, pool_deployment
-from serve_app.exports import Declared, ExportProblems, discover
+from serve_app.exports import load_problem
 from serve_app.families import load
 from serve_app.models.pool import ModelPool
 from serve_app.models.unavailable import UnavailableModel
 from serve_app.router.ingress import Router
 from serve_app.router.parts import router_capacity
 from serve_app.router.routing.replicas import ROUTER_DEPLOYMENT
-from serve_app.sources import is_remote, local_path
+from serve_app.sources import is_remote
 
 
 def as_deployment(decorated: object) -> Deployment:
     """What `@serve.deployment` made of a class. Ray types the decorator as returning the class
     itself, so the checker would not see `.options`/`.bind` without this."""
     return cast(Deployment, decorated)
-
-
-def load_problem(args: AppArgs, deployment: str) -> str | None:
-    """Why a deployment's model cannot load, in one line, or None when its files are in order:
-    the checks a replica's start would fail, made once here, where a failure costs no restarts."""
-    config = args.deployment_config(deployment)
-    try:
-        model_dir, manifest = discover(local_path(args.model_source(deployment)), Declared.of(deployment, config))
-        graph = manifest.onnx_file_for(config.precision)  # the variant the config asks for, built beside FP32
-    except ExportProblems as e:
-        return "; ".join(e.problems)
-    except OSError as e:  # an unreadable directory, an object store that refused, a variant never built
-        return str(e)
-    if not (model_dir / graph).is_file():
-        return f"{graph} is missing from {model_dir}: run `serve-app models build` for this config"
-    return None
 
 
 POOL_ROUTER = "serve_app.router.routing.pool_router:PoolRouter"
@@ -62,7 +46,7 @@ def bind_pools(args: AppArgs) -> dict[str, Any]:
         bound[pattern] = (
             as_deployment(ModelPool)
             .options(name=pool_deployment(pattern), user_config=entry.tuning().model_dump(), request_router_config=router)
-            .bind(pattern, sources, config.model_dump(mode="json"), entry.multiplex.max_models_per_replica)
+            .bind(pattern, sources, config.model_dump(mode="json"), multiplex.max_models_per_replica, str(entry.path))
         )
     return bound
 
@@ -111,5 +95,5 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
     return (
         as_deployment(Router)
         .options(name=ROUTER_DEPLOYMENT, max_ongoing_requests=router_capacity(args), user_config=live.model_dump(mode="json"))
-        .bind(args.model_dump(mode="json"), handles)
+        .bind(args.model_dump(mode="json"), handles, pools)
     )

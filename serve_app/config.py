@@ -525,27 +525,44 @@ def expand_pools(data: Any) -> Any:
             raise ValueError(f"{pattern!r}: a multiplexed pool's models have no versions")
         root = str(entry["path"])
         try:
-            found = [name for name in sources.children(root) if fnmatch.fnmatchcase(name, pattern)]
+            found = [name for name in sources.children(root) if in_pool(pattern, name)]
         except sources.SourceError as e:
             raise ValueError(f"{pattern!r}: {e}") from None
         if not found:
             raise ValueError(f"{pattern!r}: no model directory under {root} matches")
+        # No urgent lane unless the entry asks: its second session would hold a second copy of
+        # every loaded model's weights, and a pool's replica memory is what its models share.
+        # Its path made absolute where the app is built, as its members' are: the routers and the
+        # pool's replicas find models added since under it (routing/members.py).
+        absolute = root if sources.is_remote(root) else str(Path(root).expanduser().resolve())
+        pools[pattern] = {"urgent_lane": False, **entry, "path": absolute}
         for name in found:
             if name in models:
                 raise ValueError(f"{name!r} is both a model of its own and one of pool {pattern!r}")
-            # No urgent lane unless the entry asks: its second session would hold a second copy of
-            # every loaded model's weights, and a pool's replica memory is what its models share.
-            member = {"urgent_lane": False, **{k: v for k, v in entry.items() if k != "multiplex"}}
-            models[name] = {**member, "path": _member_path(root, name), "pool": pattern}
-        pools[pattern] = {"urgent_lane": False, **entry}
+            models[name] = pool_member(pools[pattern], pattern, name)
     return {**data, "models": models, "pools": pools}
 
 
-def _member_path(root: str, name: str) -> str:
+def pool_member(entry: dict[str, Any], pattern: str, name: str) -> dict[str, Any]:
+    """A pool member's own entry: the pool's, with the member's directory under the pool's path."""
+    member = {k: v for k, v in entry.items() if k not in ("multiplex", "pool")}
+    return {**member, "path": member_path(str(entry["path"]), name), "pool": pattern}
+
+
+def member_path(root: str, name: str) -> str:
     """A pool member's own source: its directory under the pool's (a URI stays one, fetched on load)."""
     if sources.is_remote(root):
         return f"{root.rstrip('/')}/{name}"
     return str((Path(root).expanduser() / name).resolve())
+
+
+# A member's name becomes a directory under its pool's path: one plain path segment, no more.
+MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def in_pool(pattern: str, name: str) -> bool:
+    """Whether `name` may be one of the pool `pattern`'s models (fnmatch's `*` would also match a `/`)."""
+    return MEMBER_NAME.fullmatch(name) is not None and ".." not in name and fnmatch.fnmatchcase(name, pattern)
 
 
 class AppArgs(ConfigModel):
@@ -645,6 +662,39 @@ class AppArgs(ConfigModel):
     def versions(self, model: str) -> dict[str, str]:
         """A model's versions -> their deployments, the entry's own first (a copy: callers may edit it)."""
         return dict(self.version_index.get(model, {}))
+
+    def pool_for(self, name: str) -> str | None:
+        """The multiplexed entry whose pattern a model name fits, if any (whether or not it is served)."""
+        return next((pattern for pattern in self.pools if in_pool(pattern, name)), None)
+
+    def pool_candidates(self, pattern: str) -> list[str]:
+        """The model directories under a pool's path (or S3 prefix) now whose names fit it: those
+        added since the build among them. Reads the directory or lists the prefix."""
+        return [name for name in sources.children(str(self.pools[pattern].path)) if in_pool(pattern, name)]
+
+    def pool_member_config(self, name: str) -> ModelConfig | None:
+        """The entry `name` would have as a model of the pool it fits; None when it fits none."""
+        pattern = self.pool_for(name)
+        if pattern is None:
+            return None
+        entry = self.pools[pattern].model_dump(exclude={"multiplex", "pool"}, exclude_unset=True)
+        return ModelConfig.model_validate(pool_member({**entry, "path": self.pools[pattern].path}, pattern, name))
+
+    def add_pool_member(self, name: str) -> bool:
+        """Serve `name` as a model of the pool it fits from now on (a model directory added under
+        the pool's path after the build, loaded through the repository extension). False when it
+        fits no pool; the caller has checked that its directory exists."""
+        if name in self.models:
+            return self.models[name].pool is not None
+        config = self.pool_member_config(name)
+        if config is None:
+            return False
+        self.models[name] = config
+        for served in expand_versions(name, config):
+            self.served[served.deployment] = served
+            self.version_index.setdefault(name, {})[served.version] = served.deployment
+        self._check_stall_timeouts()
+        return True
 
     def deployment_config(self, deployment: str) -> ModelConfig:
         return self.served[deployment].config

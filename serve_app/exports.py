@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serve_app.config import ModelConfig
+from serve_app.config import AppArgs, ModelConfig
 from serve_app.families import FAMILIES
 from serve_app.manifest import MANIFEST_FILE, Datatype, GenerationSpec, ImageSpec, Manifest, TensorSpec
+from serve_app.sources import local_path
 
 TOKENIZER_FILE = "tokenizer.json"
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -430,3 +431,23 @@ DECODER = ExportReader(
     "past_key_values.{i}.key/value with position_ids (decoder, optimum's text-generation-with-past)", _is_decoder, _read_decoder
 )
 IMAGE_CLASSIFIER = ExportReader("one (N, 3, H, W) float input (image classifier)", _is_image_classifier, _image)
+
+
+def load_problem(args: AppArgs, deployment: str) -> str | None:
+    """Why a deployment's model cannot load, in one line, or None when its files are in order:
+    the checks a replica's start would fail, made once here, where a failure costs no restarts."""
+    return export_problem(args.model_source(deployment), deployment, args.deployment_config(deployment))
+
+
+def export_problem(source: str, deployment: str, config: ModelConfig) -> str | None:
+    """load_problem for a model read from `source` with `config` (a pool's model before it is added)."""
+    try:
+        model_dir, manifest = discover(local_path(source), Declared.of(deployment, config))
+        graph = manifest.onnx_file_for(config.precision)  # the variant the config asks for, built beside FP32
+    except ExportProblems as e:
+        return "; ".join(e.problems)
+    except OSError as e:  # an unreadable directory, an object store that refused, a variant never built
+        return str(e)
+    if not (model_dir / graph).is_file():
+        return f"{graph} is missing from {model_dir}: run `serve-app models build` for this config"
+    return None

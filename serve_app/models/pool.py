@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 from ray import serve
 
+from serve_app.config import in_pool, member_path
 from serve_app.contract import BULK, BatchReply
 from serve_app.families import family, load
 from serve_app.models.classifier import Classifier
@@ -51,9 +52,12 @@ class Loaded:
 class ModelPool:
     """The pool's replica: models loaded on demand, each answering its own batches."""
 
-    def __init__(self, pool: str, sources: dict[str, str], config: dict[str, Any], max_models: int) -> None:
+    def __init__(
+        self, pool: str, sources: dict[str, str], config: dict[str, Any], max_models: int, root: str | None = None
+    ) -> None:
         self.pool = pool
         self.sources = sources  # model -> its directory or object-store URI
+        self.root = root  # the pool's path or prefix: where a model added since the build is (routing/members.py)
         self.config = config
         self.user_config: dict[str, Any] | None = None
         self.cls: type[Classifier] = load(family(config["family"]).deployment).func_or_class
@@ -76,6 +80,8 @@ class ModelPool:
 
     def _build(self, model: str) -> Classifier:
         source = self.sources.get(model)
+        if source is None and self.root is not None and in_pool(self.pool, model):
+            source = member_path(self.root, model)
         if source is None:
             raise KeyError(f"{model!r} is not a model of pool {self.pool!r}")
         # A model sits in reference cycles (its lanes hold its bound methods), so an evicted one is

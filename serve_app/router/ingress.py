@@ -37,7 +37,9 @@ from serve_app.scheduling.protection.overload import CpuMeter
 class Router:
     """One router replica. The constructor only wires; `startup` runs before traffic arrives."""
 
-    def __init__(self, args: dict[str, Any], handles: dict[str, DeploymentHandle]) -> None:
+    def __init__(
+        self, args: dict[str, Any], handles: dict[str, DeploymentHandle], pools: dict[str, DeploymentHandle] | None = None
+    ) -> None:
         self.args = AppArgs.model_validate(args)
         # A pool's models share its deployment: each one's calls name it, so that a replica runs them
         # on that model (loading it first) and the pool's request router places them (models/pool.py).
@@ -59,6 +61,7 @@ class Router:
             states=states,
             share_rollbacks=self.rollbacks.exchange,
             repository=self.repository,
+            pool_handles=pools,
         )
         self.grpc = GrpcInference(self.parts)
         self.cpu = CpuMeter()

@@ -21,6 +21,7 @@ from serve_app.router.routing.answer_ids import AnswerIds
 from serve_app.router.routing.cascade import Cascade, CascadePolicy, route_policy
 from serve_app.router.routing.catalog import ModelCatalog, RecentAnswers
 from serve_app.router.routing.dispatchers import DispatcherPool, SenderFor
+from serve_app.router.routing.members import PoolMembers
 from serve_app.router.routing.replicas import DeploymentStates
 from serve_app.router.routing.repository import SharedRepository
 from serve_app.router.routing.versions import VersionedModels
@@ -58,6 +59,8 @@ class RouterParts:
     generator_stats: RecentAnswers = field(default_factory=RecentAnswers)  # what /router/status shows of them
     # The application's unloaded models, shared by its routers (repository.py); None: this router's alone.
     repository: SharedRepository | None = None
+    # Models added to a multiplexed pool at run time (members.py).
+    members: PoolMembers | None = None
 
 
 def build_parts(
@@ -69,6 +72,7 @@ def build_parts(
     states: DeploymentStates | None = None,
     share_rollbacks: Callable[[TrafficPolicy], Awaitable[object]] | None = None,
     repository: SharedRepository | None = None,
+    pool_handles: dict[str, Any] | None = None,
 ) -> RouterParts:
     """Wire a router's parts from its config; starts nothing (see BackgroundLoops.start)."""
     dispatchers = DispatcherPool(args, send_for)
@@ -109,7 +113,10 @@ def build_parts(
         gate=_gate(args, callers, shedding),
         breakers=_generator_breakers(args),
         repository=repository,
+        members=PoolMembers(args, handles, pool_handles or {}, versions.policy.first_versions),
     )
+    if repository is not None and parts.members is not None:
+        repository.on_added = parts.members.adopt
     parts.cascades.update(_cascades(args, versions, dispatchers))
     parts.loops.cascades = parts.cascades
     return parts

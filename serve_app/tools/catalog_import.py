@@ -63,7 +63,7 @@ def import_lines(
 
 def list_rows(args: AppArgs) -> list[str]:
     """One row per deployment of the config: built, importable, or why it cannot load."""
-    from serve_app.app import load_problem
+    from serve_app.exports import load_problem
     from serve_app.tools.catalog_build import plan
 
     planned = {p.name: p for p in plan(args)}

@@ -267,6 +267,23 @@ def test_a_pool_with_no_match_or_a_name_taken_is_refused(tmp_path: Path):
         AppArgs.model_validate({"models": {"reviews-*": entry, "reviews-en": {"preset": "bert-tiny"}}})
 
 
+def test_a_model_directory_put_under_a_pool_later_becomes_one_of_its_models(tmp_path: Path):
+    root = _pool_dir(tmp_path, ("reviews-en",))
+    entry = {"family": "bert", "path": str(root), "multiplex": {}, "batching": {"max_batch_size": 4}}
+    built = AppArgs.model_validate({"models": {"reviews-*": entry, "solo": {"preset": "bert-tiny"}}})
+    args = AppArgs.model_validate(built.model_dump(mode="json"))  # as the router has it
+    (root / "reviews-it").mkdir()
+    assert args.pool_candidates("reviews-*") == ["reviews-en", "reviews-it"]
+    for name in ("reviews-a/b", "reviews-..", "other", "reviews-x y"):
+        assert args.pool_for(name) is None and args.add_pool_member(name) is False
+    assert args.add_pool_member("solo") is False  # a model of its own is no pool's
+    assert args.add_pool_member("reviews-it") is True
+    assert args.versions("reviews-it") == {"1": "reviews-it"} and args.served["reviews-it"].model == "reviews-it"
+    assert args.model_path("reviews-it") == (root / "reviews-it").resolve()
+    # The same entry as the models the pool was built with, but for its directory.
+    assert args.models["reviews-it"].model_dump(exclude={"path"}) == args.models["reviews-en"].model_dump(exclude={"path"})
+
+
 def test_a_pool_deployment_is_named_after_its_pattern():
     from serve_app.config import pool_deployment
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve_app.app import load_problem
+from serve_app.exports import load_problem
 from serve_app.tools.catalog_build import load_app_args
 from serve_app.zoo import hub
 

@@ -16,11 +16,29 @@ from serve_app.router.routing.repository import RepositoryLedger
 
 def test_the_ledger_keeps_each_unload_until_its_load() -> None:
     ledger = RepositoryLedger()
-    assert ledger.set("a", False, 1.0) == {"a": 1.0}
-    assert ledger.set("a", False, 5.0) == {"a": 1.0}  # unloaded since the first call
-    assert ledger.set("b", False, 2.0) == {"a": 1.0, "b": 2.0}
-    assert ledger.set("a", True, 3.0) == {"b": 2.0}
-    assert ledger.set("zzz", True, 4.0) == ledger.get() == {"b": 2.0}
+    assert ledger.set("a", False, 1.0)["unloaded"] == {"a": 1.0}
+    assert ledger.set("a", False, 5.0)["unloaded"] == {"a": 1.0}  # unloaded since the first call
+    assert ledger.set("b", False, 2.0)["unloaded"] == {"a": 1.0, "b": 2.0}
+    assert ledger.set("a", True, 3.0)["unloaded"] == {"b": 2.0}
+    assert ledger.set("zzz", True, 4.0) == ledger.get() == {"unloaded": {"b": 2.0}, "added": {}}
+
+
+def test_the_ledger_keeps_a_model_added_at_run_time_through_its_unloads() -> None:
+    ledger = RepositoryLedger()
+    assert ledger.set("reviews-it", True, 1.0, added=True)["added"] == {"reviews-it": 1.0}
+    assert ledger.set("reviews-it", False, 2.0) == {"unloaded": {"reviews-it": 2.0}, "added": {"reviews-it": 1.0}}
+    assert ledger.set("reviews-it", True, 3.0, added=True) == {"unloaded": {}, "added": {"reviews-it": 1.0}}
+
+
+def test_a_router_adds_each_model_the_ledger_added_before_it_hears_of_its_unload() -> None:
+    from serve_app.router.routing.repository import SharedRepository
+
+    heard: list[tuple[str, Any]] = []
+    shared = SharedRepository("app", on_change=lambda unloaded: heard.append(("unloaded", unloaded)))
+    shared.on_added = lambda added: heard.append(("added", added))
+    shared._adopt({"unloaded": {"x": 1.0}, "added": {"x": 1.0, "y": 1.0}})
+    shared._adopt({"unloaded": {"x": 1.0}, "added": {"x": 1.0, "y": 1.0, "z": 2.0}})
+    assert heard == [("added", ["x", "y"]), ("unloaded", frozenset({"x"})), ("added", ["z"])]
 
 
 def catalog() -> ModelCatalog:

@@ -16,9 +16,10 @@ import httpx
 import pytest
 
 from serve_app import sources
-from serve_app.app import load_problem
 from serve_app.config import AppArgs
-from serve_app.exports import Declared, discover
+from serve_app.errors import NotFound
+from serve_app.exports import Declared, discover, load_problem
+from serve_app.router.routing.members import PoolMembers
 from tests.exports import Exports
 
 
@@ -127,6 +128,18 @@ def test_a_pool_under_an_s3_prefix_finds_its_models_there_and_each_loads_when_fi
     assert not sources.cache_root().exists()  # listing fetched nothing
     _, manifest = discover(sources.local_path(member.path or ""), Declared("bert"))
     assert manifest.labels == ["negative", "positive"]
+    # A model put under the prefix after the build: an operator's load finds it there (members.py).
+    for f in exports.bert.iterdir():
+        client.upload_file(str(f), bucket, f"pool/reviews-fr/{f.name}")
+    cached = set(sources.cache_root().iterdir())
+    pool = PoolMembers(args, {}, {"reviews-*": "pool"}, {}, multiplexed=lambda h, name: h)
+    assert pool.candidates() == ["reviews-fr"]
+    pool.check("reviews-fr")
+    with pytest.raises(NotFound, match="no model directory reviews-it"):
+        pool.check("reviews-it")
+    pool.adopt(["reviews-fr"])
+    assert args.models["reviews-fr"].path == f"s3://{bucket}/pool/reviews-fr"
+    assert set(sources.cache_root().iterdir()) == cached  # fetched by the replica that loads it, not here
     with pytest.raises(ValueError, match="no model directory under"):
         AppArgs.model_validate({"models": {"fr-*": entry}})
     with pytest.raises(ValueError, match="NoSuchBucket"):

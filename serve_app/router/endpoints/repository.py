@@ -41,7 +41,8 @@ async def repository_index(
 
 @api.post("/v2/repository/models/{name}/load", responses=REPOSITORY_ERRORS)
 async def repository_load(name: str, authorization: str | None = Header(None), parts: RouterParts = PARTS) -> dict[str, Any]:
-    """Serve a model an operator unloaded, on every router (operators only)."""
+    """Serve a model an operator unloaded, or one put under a multiplexed pool's path since the
+    build, on every router (operators only)."""
     await load(parts, authorization, name)
     return {}
 
@@ -63,7 +64,13 @@ async def index(parts: RouterParts, ready_only: bool = False) -> list[dict[str, 
     for route, spec in parts.args.routes.items():
         ok = ready[spec.light] and ready[spec.heavy]
         out.append({"name": route, "version": catalog.ROUTE_VERSION, "state": "READY" if ok else "UNAVAILABLE"})
-    return [entry for entry in out if entry["state"] == "READY"] if ready_only else out
+    if ready_only:
+        return [entry for entry in out if entry["state"] == "READY"]
+    if parts.members is not None and parts.args.pools:
+        # What a pool's path holds now and no router serves yet: `load` serves it (members.py).
+        for name in await asyncio.to_thread(parts.members.candidates):
+            out.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": "not loaded"})
+    return out
 
 
 async def load(parts: RouterParts, authorization: str | None, name: str) -> None:
@@ -105,13 +112,20 @@ def _busy(parts: RouterParts, deployment: str) -> bool:
 
 
 async def _set_loaded(parts: RouterParts, name: str, loaded: bool) -> None:
-    if name not in parts.args.models:
+    # A name the router does not serve may be a model directory put under a pool's path since the
+    # build: checked here, then served by every router (members.py).
+    members = parts.members if loaded and name not in parts.args.models else None
+    if members is not None:
+        await asyncio.to_thread(members.check, name)
+    elif name not in parts.args.models:
         raise NotFound(f"unknown model {name!r}; the repository holds {sorted(parts.args.models)}")
     if parts.repository is None:  # no application ledger (a router on its own): this router alone
+        if members is not None:
+            members.adopt([name])
         models = set(parts.catalog.unloaded_models())
         parts.catalog.set_unloaded(frozenset(models - {name} if loaded else models | {name}))
         return
     try:
-        await parts.repository.set(name, loaded, time.time())
+        await parts.repository.set(name, loaded, time.time(), added=members is not None)
     except Exception as e:
         raise Unavailable(f"the model repository could not be changed ({type(e).__name__}); try again", 1.0) from e

@@ -40,12 +40,17 @@ def pool_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     """The tiny BERT three times, each with labels of its own, and one directory the pattern skips."""
     root = tmp_path_factory.mktemp("pool")
     for name in (*MEMBERS, "other-model"):
-        shutil.copytree(tiny_model_dir / "bert-light", root / name)
-        manifest = json.loads((root / name / "manifest.json").read_text())
-        language = name.rsplit("-", 1)[1]
-        manifest.update(name=name, labels=[f"{language}-negative", f"{language}-positive"])
-        (root / name / "manifest.json").write_text(json.dumps(manifest))
+        put_model(tiny_model_dir, root, name)
     return root
+
+
+def put_model(tiny_model_dir: Path, root: Path, name: str) -> None:
+    """The tiny BERT as `name` under the pool's directory, its labels named after its language."""
+    shutil.copytree(tiny_model_dir / "bert-light", root / name)
+    manifest = json.loads((root / name / "manifest.json").read_text())
+    language = name.rsplit("-", 1)[1]
+    manifest.update(name=name, labels=[f"{language}-negative", f"{language}-positive"])
+    (root / name / "manifest.json").write_text(json.dumps(manifest))
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +229,36 @@ def test_the_repository_extension_over_grpc(app_url: str) -> None:
     with pytest.raises(InferenceServerException, match="unknown model") as unknown:
         client.load_model("no-such-model", headers=dict(as_operator))
     assert unknown.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_a_model_put_under_the_pool_after_the_start_is_served_once_an_operator_loads_it(
+    app_url: str, pool_dir: Path, tiny_model_dir: Path
+) -> None:
+    """No redeploy: the index lists the new directory as not loaded, an operator's load (HTTP,
+    then gRPC for another) checks it and serves it, with its own labels; a directory whose model
+    would not load is refused with the reason (400), a name with no directory is not found."""
+    client = triton.InferenceServerClient(f"127.0.0.1:{SHARED_PORT}")
+    put_model(tiny_model_dir, pool_dir, "reviews-it")
+    (pool_dir / "reviews-xx").mkdir()  # no model in it
+    assert classify(app_url, "reviews-it").status_code == 404
+    assert _states(client)["reviews-it"] == ("UNAVAILABLE", "not loaded")
+    with pytest.raises(InferenceServerException, match="is not an operator"):
+        client.load_model("reviews-it", headers=user())
+    client.load_model("reviews-it", headers=operator())
+    assert _states(client)["reviews-it"] == ("READY", "")
+    r = classify(app_url, "reviews-it")
+    assert r.status_code == 200, r.text
+    assert next(o["data"] for o in r.json()["outputs"] if o["name"] == "label")[0].startswith("it-")
+    assert client.get_model_metadata("reviews-it", headers=user())["name"] == "reviews-it"
+    assert _infer(client, "reviews-it").shape == (1, 2)
+    refused = httpx.post(f"{app_url}/v2/repository/models/reviews-xx/load", headers=AS_OPERATOR, timeout=30)
+    assert refused.status_code == 400 and "failed to load 'reviews-xx'" in refused.json()["error"], refused.text
+    missing = httpx.post(f"{app_url}/v2/repository/models/reviews-zz/load", headers=AS_OPERATOR, timeout=30)
+    assert missing.status_code == 404 and "no model directory reviews-zz" in missing.json()["error"], missing.text
+    put_model(tiny_model_dir, pool_dir, "reviews-es")
+    grpc_client = triton_grpc.InferenceServerClient(f"127.0.0.1:{SHARED_GRPC_PORT}")
+    grpc_client.load_model("reviews-es", headers={"authorization": AS_OPERATOR["Authorization"]})
+    text = triton_grpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"a fine film"], dtype=np.object_))
+    result = grpc_client.infer("reviews-es", [text], headers={"authorization": AS_USER["Authorization"]})
+    assert result.as_numpy("label")[0].decode().startswith("es-")

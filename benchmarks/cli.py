@@ -97,8 +97,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--phases",
         nargs="+",
-        choices=("replica", "router", "stall", "malformed", "node"),
-        help="chaos: the phases to run, in order (default: all five)",
+        choices=(
+            *("replica", "router", "stall", "malformed", "node"),
+            *("zipf", "zipf_no_second_copy", "zipf_open", "hot", "separate", "sizes"),
+        ),
+        help="chaos: the phases to run, in order (default: all five); multiplex: the phases to run (default: all)",
+    )
+    p.add_argument(
+        "--size-sources", type=Path, nargs="+", help="multiplex: further text model directories for the load-time-by-size phase"
     )
     p.add_argument(
         "--bodies-only",
@@ -184,6 +190,12 @@ def _with_settings(
         return module.run(settings, inv.model_dir, inv.ns.config.resolve())
 
     return runner
+
+
+def _multiplex_options(settings: Any, ns: argparse.Namespace) -> None:
+    _chaos_options(settings, ns)
+    if ns.size_sources:
+        settings.size_sources = tuple(str(p) for p in ns.size_sources)
 
 
 def _chaos_options(settings: Any, ns: argparse.Namespace) -> None:
@@ -277,7 +289,7 @@ RUNNERS: dict[str, Callable[[Invocation], Any]] = {
     "images": _with_settings("images", "ImageSettings", options=_images_options),
     "lifecycle": _with_settings("lifecycle", "LifecycleSettings"),
     "scaling": _with_settings("scaling", "ScalingSettings", seconds_field="spike_s"),
-    "multiplex": _with_settings("multiplex", "MultiplexSettings"),
+    "multiplex": _with_settings("multiplex", "MultiplexSettings", options=_multiplex_options),
     "contention": _contention,
     "wire": _wire,
     "precision": _precision,

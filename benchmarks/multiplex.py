@@ -18,6 +18,10 @@ subset with `phases`), each on a fresh deployment:
   a second replica and its throughput follows.
 - separate: `separate` of the models (as many as fit beside the rest as deployments of their
   own), Zipf again, as one deployment each against the pool serving just those.
+- sizes: one model of each size (every text model under the model directory, and the
+  directories in `size_sources`) in a pool of one replica that holds one model, asked in turn for
+  `size_rounds` rounds: every request loads its model. Per size: the ONNX file's size, the
+  replica's load time (sessions made and warmed up) and the client's first-request latency.
 """
 
 from __future__ import annotations
@@ -60,11 +64,13 @@ class MultiplexSettings:
     # Open loop (Poisson arrivals that keep coming whatever the answers, each with a 10 s timeout):
     # the same Zipf mix at a rate the pool answers when every model is loaded, as users send it.
     open_rate: float = 40.0
-    phases: tuple[str, ...] = ("zipf", "zipf_no_second_copy", "zipf_open", "hot", "separate")
+    phases: tuple[str, ...] = ("zipf", "zipf_no_second_copy", "zipf_open", "hot", "separate", "sizes")
+    size_sources: tuple[str, ...] = ()  # further text model directories for the sizes phase
+    size_rounds: int = 5
 
     @classmethod
     def smoke(cls) -> MultiplexSettings:
-        return cls(models=6, max_models=2, concurrency=4, seconds=3.0, warmup=1.0, separate=2)
+        return cls(models=6, max_models=2, concurrency=4, seconds=3.0, warmup=1.0, separate=2, size_rounds=2)
 
 
 def zipf_weights(n: int, s: float) -> list[float]:
@@ -256,6 +262,8 @@ def run(s: MultiplexSettings, model_dir: Path, config_path: Path) -> dict[str, A
                 hot = workloads.write(streams(hot_dir, names[:1], [1.0]), tmp / f"hot-{label}.json")
                 cluster.deploy(pool_config(base, s, hot_dir, second_copies), probe)
                 out[f"hot_{label}"] = _pool_phase(cluster, hot, s)
+            if "sizes" in s.phases:
+                out["sizes"] = _sizes_phase(cluster, base, s, size_sources(model_dir, s), tmp)
             if "separate" not in s.phases:
                 return out
             few_zipf = workloads.write(streams(few_dir, few, zipf_weights(len(few), s.zipf_s)), tmp / "few.json")
@@ -266,6 +274,63 @@ def run(s: MultiplexSettings, model_dir: Path, config_path: Path) -> dict[str, A
             settle(few_dir, few)
             out["separate_pool"] = _pool_phase(cluster, few_zipf, s)
     return out
+
+
+def size_sources(model_dir: Path, s: MultiplexSettings) -> list[Path]:
+    """The text classifiers the sizes phase loads, smallest first: those under the model
+    directory and `s.size_sources`, one per size (ONNX bytes)."""
+    found = [d for d in sorted(model_dir.iterdir()) if _family(d) == "bert"] + [Path(p).resolve() for p in s.size_sources]
+    by_size = {onnx_bytes(d): d for d in found}
+    return [by_size[size] for size in sorted(by_size)]
+
+
+def _family(model: Path) -> str | None:
+    try:
+        family: str | None = json.loads((model / "manifest.json").read_text()).get("family")
+    except (OSError, ValueError):
+        return None
+    return family
+
+
+def onnx_bytes(model: Path) -> int:
+    """The size of the graph a replica loads (its FP32 ONNX file)."""
+    manifest = json.loads((model / "manifest.json").read_text())
+    return (model / manifest.get("onnx_file", "model.onnx")).stat().st_size
+
+
+def _sizes_phase(
+    cluster: RayCluster, base: dict[str, Any], s: MultiplexSettings, sources: list[Path], tmp: Path
+) -> dict[str, Any]:
+    """Each size loaded `s.size_rounds` times on a replica that holds one model: every request a load."""
+    names = [f"review-size-{i}" for i in range(len(sources))]
+    sizes_dir = tmp / "sizes"
+    for name, source in zip(names, sources, strict=True):
+        copy_models(source, sizes_dir, [name])
+    one = MultiplexSettings(**{**asdict(s), "replicas": 1, "max_models": 1})
+    bodies = {n: workloads.bodies_for(sizes_dir / n, 1)[0] for n in names}
+    cluster.deploy(pool_config(base, one, sizes_dir), Probe(f"/v2/models/{names[0]}/infer", bodies[names[0]]))
+    before = pool_stats(cluster, 1)[0]
+    first_ms: dict[str, list[float]] = {n: [] for n in names}
+    statuses: dict[str, list[int]] = {n: [] for n in names}
+    for _ in range(s.size_rounds):
+        for name in names:  # each evicts the one before it
+            started = time.perf_counter()
+            r = httpx.post(f"{BASE_URL}/v2/models/{name}/infer", json=bodies[name], timeout=300)
+            first_ms[name].append(round((time.perf_counter() - started) * 1e3, 1))
+            statuses[name].append(r.status_code)
+    after = pool_stats(cluster, 1)[0]
+    done = len(before["loads_s"])
+    loads = list(zip(after["load_models"][done:], after["loads_s"][done:], strict=True))
+    rows = []
+    for name, source in zip(names, sources, strict=True):
+        seconds = sorted(t for m, t in loads if m == name)
+        rows.append({
+            "source": str(source), "onnx_mb": round(onnx_bytes(source) / 2**20, 1), "loads": len(seconds),
+            "load_p50_s": round(statistics.median(seconds), 3) if seconds else None,
+            "load_max_s": max(seconds) if seconds else None,
+            "first_request_p50_ms": statistics.median(first_ms[name]), "statuses": sorted(set(statuses[name])),
+        })  # fmt: skip
+    return {"rows": rows, "rss_mb": after["rss_mb"]}
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -301,6 +366,19 @@ def markdown(res: dict[str, Any]) -> str:
             tail = f"{pool['hit_ratio']} | {pool['loads']} | {pool['load_p50_s']} / {pool['load_p99_s']} | {held}"
         measured = f"{load.get('goodput_rps')} | {load.get('p50_ms')} | {load.get('p99_ms')} | {load.get('statuses')}"
         lines.append(f"| {phase} | {measured} | {tail} |")
+    if (sizes := r.get("sizes")) is not None:
+        lines += [
+            "",
+            "Load time by model size (one replica holding one model, the sizes asked in turn: every request a load):",
+            "",
+            "| model | ONNX MB | loads | load p50 s | load max s | first request p50 ms | statuses |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in sizes["rows"]:
+            lines.append(
+                f"| {row['source']} | {row['onnx_mb']} | {row['loads']} | {row['load_p50_s']} | {row['load_max_s']} "
+                f"| {row['first_request_p50_ms']} | {row['statuses']} |"
+            )
     return "\n".join(lines)
 
 

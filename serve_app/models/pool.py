@@ -63,6 +63,7 @@ class ModelPool:
         self.cls: type[Classifier] = load(family(config["family"]).deployment).func_or_class
         self.load_s: dict[str, float] = {}  # each model's last load time, for runtime_info
         self.loads: list[float] = []  # every load's seconds, in order
+        self.loaded_models: list[str] = []  # the model of each of those loads
         self.batches: Counter[str] = Counter()  # per model, batches run here
         self.cold: Counter[str] = Counter()  # of those, batches that arrived with their model not loaded here
         self.instances: dict[str, Classifier] = {}  # the models loaded now, as Serve's cache holds them
@@ -101,6 +102,7 @@ class ModelPool:
             time.sleep(delay_s)  # a drill: a load as slow as a large model's
         self.load_s[model] = round(time.perf_counter() - started, 3)
         self.loads.append(self.load_s[model])
+        self.loaded_models.append(model)
         logger.info("pool %s: loaded %s in %.2f s", self.pool, model, self.load_s[model])
         return instance
 
@@ -141,6 +143,7 @@ class ModelPool:
             "held": sorted(self.instances),
             "resident_models": len(self.resident),
             "loads_s": list(self.loads),
+            "load_models": list(self.loaded_models),
             "batches": dict(self.batches),
             "cold_batches": dict(self.cold),
             "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),

@@ -78,3 +78,28 @@ def test_the_history_headline_gives_each_phase_and_the_two_ratios() -> None:
     assert HEADLINES["multiplex"](result) == [
         "zipf 10.0 req/s, hit ratio 0.5", "hot model second copy 1.50x", "pool/separate 0.95x",
     ]  # fmt: skip
+
+
+def test_the_sizes_phase_takes_one_text_model_per_size_smallest_first(tmp_path: Path) -> None:
+    from benchmarks.multiplex import size_sources
+
+    def model(path: Path, family: str, onnx_bytes: int) -> Path:
+        path.mkdir(parents=True)
+        (path / "manifest.json").write_text(f'{{"family": "{family}"}}')
+        (path / "model.onnx").write_bytes(b"\0" * onnx_bytes)
+        return path
+
+    model(tmp_path / "models" / "bert-heavy", "bert", 300)
+    model(tmp_path / "models" / "bert-light", "bert", 100)
+    model(tmp_path / "models" / "bert-light-copy", "bert", 100)  # a size already taken
+    model(tmp_path / "models" / "resnet", "resnet", 50)
+    big = model(tmp_path / "elsewhere" / "bert-base", "bert", 900)
+    found = size_sources(tmp_path / "models", MultiplexSettings(size_sources=(str(big),)))
+    assert [p.name for p in found] == ["bert-light-copy", "bert-heavy", "bert-base"]
+
+
+def test_the_report_gives_load_time_by_size() -> None:
+    row = {"source": "/m/bert-base", "onnx_mb": 417.4, "loads": 5, "load_p50_s": 0.78, "load_max_s": 2.0,
+           "first_request_p50_ms": 858.5, "statuses": [200]}  # fmt: skip
+    result = {"settings": {**MultiplexSettings().__dict__}, "weights": zipf_weights(24, 1.1), "sizes": {"rows": [row]}}
+    assert "| /m/bert-base | 417.4 | 5 | 0.78 | 2.0 | 858.5 | [200] |" in markdown({"result": result})

@@ -102,6 +102,8 @@ def _multiplex(result: dict[str, Any]) -> list[str]:
     apart, pool = result.get("separate_deployments"), result.get("separate_pool")
     if apart is not None and pool is not None:
         out.append(f"pool/separate {_ratio(pool['load'].get('goodput_rps'), apart['load'].get('goodput_rps'))}")
+    for row in (result.get("sizes") or {}).get("rows", []):
+        out.append(f"load {row['onnx_mb']} MB p50 {row['load_p50_s']} s")
     return out
 
 

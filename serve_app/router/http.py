@@ -6,7 +6,6 @@ lifespan runs the replica's startup hook before it takes traffic.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,14 +22,12 @@ from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.protocols import v2_schema
 from serve_app.protocols.errors import error_response, from_http_exception
 from serve_app.router.edge.checks import BodyLimit, KeyGate
-from serve_app.router.edge.failures import served_error
+from serve_app.router.edge.failures import unexpected
 from serve_app.router.edge.infer_edge import InferEdge
 from serve_app.router.edge.shedgate import HeaderCheck, ShedGate
 from serve_app.router.edge.traced import TraceContext
 from serve_app.router.endpoints import endpoints_openai, endpoints_status, endpoints_v2, repository
 from serve_app.router.parts import RouterParts
-
-logger = logging.getLogger("ray.serve")
 
 
 class RouterApp(FastAPI):
@@ -65,8 +62,7 @@ class RouterApp(FastAPI):
                 raise
             # As FastAPI's last-resort handler would, for a fault in the edge itself: the protocol's
             # shape, never bare text.
-            logger.exception("unhandled error on %s", scope["path"])
-            await error_response(scope["path"], served_error(e))(scope, receive, send)
+            await error_response(scope["path"], unexpected(scope["path"], e))(scope, receive, send)
 
     async def through_fastapi(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)
@@ -150,5 +146,4 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected_error(request: Request, exc: Exception) -> Response:
         # A replica crash or bug still answers in the protocol's shape, never as bare text.
-        logger.exception("unhandled error on %s", request.url.path)
-        return error_response(request.url.path, served_error(exc))
+        return error_response(request.url.path, unexpected(request.url.path, exc))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from ray.serve.exceptions import DeploymentUnavailableError
 
 from serve_app.errors import UNAVAILABLE_RETRY_S, ModelFailure, ServeAppError, Unavailable
+
+logger = logging.getLogger("ray.serve")
 
 
 def served_error(error: BaseException) -> ServeAppError:
@@ -19,3 +23,14 @@ def served_error(error: BaseException) -> ServeAppError:
             retry_after_s=UNAVAILABLE_RETRY_S,
         )
     return ModelFailure(f"internal error: {type(error).__name__}")
+
+
+def unexpected(path: str, error: BaseException) -> ServeAppError:
+    """`served_error`, logged as what it is: a deployment Serve reports unavailable is a state of
+    the cluster (`serve status` has its reason), one line; anything else a fault, with its traceback."""
+    served = served_error(error)
+    if isinstance(error, DeploymentUnavailableError):
+        logger.warning("answered 503 on %s: %s", path, error)
+    else:
+        logger.error("unhandled error on %s", path, exc_info=error)
+    return served

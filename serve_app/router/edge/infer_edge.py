@@ -15,7 +15,6 @@ server span (TraceContext). Every other request goes to `layered`, the middlewar
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Collection
 
 from starlette.exceptions import HTTPException
@@ -27,14 +26,12 @@ from serve_app.observability import tracing
 from serve_app.protocols.errors import error_response, from_http_exception
 from serve_app.router.edge.checks import BodyBudget
 from serve_app.router.edge.direct import infer_route
-from serve_app.router.edge.failures import served_error
+from serve_app.router.edge.failures import unexpected
 from serve_app.router.edge.shedgate import Check
 from serve_app.router.edge.traced import TraceContext
 from serve_app.router.endpoints.infer_v2 import answer_infer
 from serve_app.router.parts import RouterParts
 from serve_app.router.request_context import InferHeaders
-
-logger = logging.getLogger("ray.serve")
 
 # The headers the infer endpoint reads, as ASGI gives them (lower-cased bytes).
 WANTED = (
@@ -182,6 +179,5 @@ async def answer(
     except HTTPException as e:  # the edge's body limit, raised into the body read (router/edge/checks.py)
         response = error_response(path, from_http_exception(e))
     except Exception as e:  # as the app's last-resort handler: the protocol's shape, never bare text
-        logger.exception("unhandled error on %s", path)
-        response = error_response(path, served_error(e))
+        response = error_response(path, unexpected(path, e))
     await response(scope, receive, send)

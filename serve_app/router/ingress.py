@@ -20,7 +20,7 @@ from tritonclient.grpc import service_pb2 as pb
 from serve_app.config import AppArgs, RouterLiveConfig
 from serve_app.observability import tracing
 from serve_app.router.edge import direct
-from serve_app.router.endpoints.grpc_service import MODEL_INFER, GrpcInference, fail, headers_of, rpc_attributes
+from serve_app.router.endpoints.grpc_service import MODEL_INFER, GrpcInference, answered, fail, headers_of, rpc_attributes
 from serve_app.router.http import build_http_app
 from serve_app.router.parts import build_parts
 from serve_app.router.routing.dispatchers import handle_sender
@@ -112,54 +112,30 @@ class Router:
         return self.grpc.server_metadata()
 
     async def ModelReady(self, request: pb.ModelReadyRequest, grpc_context: RayServegRPCContext) -> pb.ModelReadyResponse:
-        try:
-            return await self.grpc.model_ready(request)
-        except Exception as e:
-            fail(grpc_context, e)
-            return pb.ModelReadyResponse()
+        return await answered(self.grpc.model_ready(request), grpc_context, pb.ModelReadyResponse)
 
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, grpc_context: RayServegRPCContext
     ) -> pb.ModelMetadataResponse:
-        try:
-            return await self.grpc.model_metadata(request, grpc_context)
-        except Exception as e:
-            fail(grpc_context, e)
-            return pb.ModelMetadataResponse()
+        return await answered(self.grpc.model_metadata(request, grpc_context), grpc_context, pb.ModelMetadataResponse)
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, grpc_context: RayServegRPCContext) -> pb.ModelConfigResponse:
-        try:
-            return await self.grpc.model_config(request, grpc_context)
-        except Exception as e:
-            fail(grpc_context, e)
-            return pb.ModelConfigResponse()
+        return await answered(self.grpc.model_config(request, grpc_context), grpc_context, pb.ModelConfigResponse)
 
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, grpc_context: RayServegRPCContext
     ) -> pb.RepositoryIndexResponse:
-        try:
-            return await self.grpc.repository_index(request, grpc_context)
-        except Exception as e:
-            fail(grpc_context, e)
-            return pb.RepositoryIndexResponse()
+        return await answered(self.grpc.repository_index(request, grpc_context), grpc_context, pb.RepositoryIndexResponse)
 
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, grpc_context: RayServegRPCContext
     ) -> pb.RepositoryModelLoadResponse:
-        try:
-            await self.grpc.repository_load(request, grpc_context)
-        except Exception as e:
-            fail(grpc_context, e)
-        return pb.RepositoryModelLoadResponse()
+        return await answered(self.grpc.repository_load(request, grpc_context), grpc_context, pb.RepositoryModelLoadResponse)
 
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, grpc_context: RayServegRPCContext
     ) -> pb.RepositoryModelUnloadResponse:
-        try:
-            await self.grpc.repository_unload(request, grpc_context)
-        except Exception as e:
-            fail(grpc_context, e)
-        return pb.RepositoryModelUnloadResponse()
+        return await answered(self.grpc.repository_unload(request, grpc_context), grpc_context, pb.RepositoryModelUnloadResponse)
 
     async def ModelInfer(self, request: pb.ModelInferRequest, grpc_context: RayServegRPCContext) -> pb.ModelInferResponse:
         headers = headers_of(grpc_context)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from ray.serve.exceptions import DeploymentUnavailableError
@@ -37,6 +37,8 @@ from serve_app.router.endpoints.endpoints_v2 import config, metadata, ready_memb
 from serve_app.router.endpoints.infer_v2 import SAMPLING_PARAMS, admitted, infer
 from serve_app.router.parts import RouterParts
 from serve_app.router.request_context import InferHeaders
+
+T = TypeVar("T")
 
 logger = logging.getLogger("ray.serve")
 FINAL = "triton_final_response"
@@ -76,6 +78,17 @@ def fail(context: RayServegRPCContext, error: BaseException) -> None:
     logger.exception("gRPC call failed", exc_info=error)
     context.set_code(grpc.StatusCode.INTERNAL)
     context.set_details("internal error")
+
+
+async def answered(call: Awaitable[T | None], context: RayServegRPCContext, empty: Callable[[], T]) -> T:
+    """An RPC's answer, or its empty message with the call's status set from the error (`fail`);
+    an RPC with nothing to say (load, unload) answers the empty message."""
+    try:
+        result = await call
+    except Exception as e:
+        fail(context, e)
+        return empty()
+    return empty() if result is None else result
 
 
 def message_of(error: BaseException) -> str:

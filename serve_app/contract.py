@@ -10,6 +10,7 @@ Nothing here imports Ray, the router or the models.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -101,3 +102,8 @@ class RouterLoad:
     def total(self, now: float) -> float:
         self._latest = {r: v for r, v in self._latest.items() if now - v[1] <= self.ttl_s}
         return sum(b for b, _ in self._latest.values())
+
+
+# (payloads, rows still queued in this router for the model, lane name, each payload's
+# `traceparent` for the replica or None when no request in the batch is traced) -> reply
+SendBatch = Callable[[list[Any], int, str, list[str | None] | None], Awaitable[BatchReply]]

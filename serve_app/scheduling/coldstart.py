@@ -9,6 +9,13 @@ last seen holding must load first. Admission adds that load to the request's pre
 time as Retry-After, rather than queued to wait for it, and the load starts anyway, so that the
 retry finds the model loaded.
 
+A replica loads one model at a time, so loads queue there, and every batch behind a load waits
+for it. When more models are asked for than the pool's replicas can load (a long tail of rarely
+asked models), the loads' queue would grow without bound and the requests in it time out. So the
+router keeps at most `loads_per_replica` loads per replica in flight (batches it sent for models
+no replica held): past that, a request for another model that is not held is refused at once
+(503, Retry-After the loads ahead), unless it is of the highest class.
+
 What one router sees is what its own batches were answered with: a load that another router's
 batch caused, or a replica that stopped answering, is unknown to it. So a replica not heard from
 for `stale_s` no longer counts, and with nothing known (no replica heard from lately, no load
@@ -18,10 +25,12 @@ seen yet) nothing is added: admit, and learn.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-from serve_app.contract import BatchReply
+from serve_app.contract import BatchReply, SendBatch
 
 
 @dataclass
@@ -32,9 +41,11 @@ class ColdStart:
     stale_s: float = 30.0
     smoothing: float = 0.3
     clock: Callable[[], float] = time.monotonic
+    loads_per_replica: int = 2  # the one loading and one waiting: a replica never idles between loads
     load_s: float = 0.0  # 0 until a load has been seen
     _held: dict[str, tuple[float, frozenset[str]]] = field(default_factory=dict)  # replica -> (when, models)
     _warming: dict[str, float] = field(default_factory=dict)  # model -> when its load was started
+    _loading: Counter[str] = field(default_factory=Counter)  # model -> its batches in flight sent cold
 
     def observe(self, replica: str, held: Iterable[str], load_s: float = 0.0) -> None:
         """A replica answered a batch, holding `held`; the batch waited `load_s` for its model."""
@@ -42,11 +53,15 @@ class ColdStart:
         if load_s > 0:
             self.load_s = load_s if self.load_s == 0 else self.load_s + self.smoothing * (load_s - self.load_s)
 
+    def _fresh(self) -> list[frozenset[str]]:
+        now = self.clock()
+        return [held for seen, held in self._held.values() if now - seen <= self.stale_s]
+
     def cold_s(self, model: str) -> float:
         """Seconds a batch of `model` would wait for its load: 0 when a replica holds it (or is
         loading it for a request refused just now), or when nothing is known."""
         now = self.clock()
-        fresh = [held for seen, held in self._held.values() if now - seen <= self.stale_s]
+        fresh = self._fresh()
         if not fresh or any(model in held for held in fresh) or self.load_s == 0:
             return 0.0
         started = self._warming.get(model)
@@ -54,11 +69,35 @@ class ColdStart:
             return max(self.load_s - (now - started), 0.0)  # what is left of the load under way
         return self.load_s
 
+    def sent(self, model: str, cold: bool) -> None:
+        """A batch of `model` went out; `cold`: no replica held the model (it will load)."""
+        if cold:
+            self._loading[model] += 1
+
+    def answered(self, model: str, cold: bool) -> None:
+        """That batch came back (or failed)."""
+        if cold:
+            self._loading[model] -= 1
+            if self._loading[model] <= 0:
+                del self._loading[model]
+
+    def loads_ahead_s(self, model: str) -> float | None:
+        """None while a load of `model` may go out now; else the seconds of loads ahead of it
+        (the loads in flight over the replicas), as a Retry-After: every replica already has
+        `loads_per_replica` loads from this router, and `model` is neither held nor among them."""
+        if model in self._loading or self.cold_s(model) == 0:
+            return None
+        replicas = max(1, len(self._fresh()))
+        if len(self._loading) < self.loads_per_replica * replicas:
+            return None
+        return self.load_s * len(self._loading) / replicas
+
     def snapshot(self) -> dict[str, object]:
         """For /router/status: the learned load time, and what each replica held when it last answered."""
         now = self.clock()
         return {
             "load_s": round(self.load_s, 3),
+            "loading": sorted(self._loading),
             "held": {r: {"models": sorted(held), "age_s": round(now - seen, 1)} for r, (seen, held) in self._held.items()},
         }
 
@@ -83,6 +122,23 @@ class ModelColdStart:
 
     def cold_s(self) -> float:
         return self.pool.cold_s(self.model)
+
+    def loads_ahead_s(self) -> float | None:
+        return self.pool.loads_ahead_s(self.model)
+
+    async def send(
+        self, send: SendBatch, payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None
+    ) -> BatchReply:
+        """One batch through `send`, counted as a load while no replica was seen holding the
+        model, and what its answer says the pool holds."""
+        cold = self.cold_s() > 0
+        self.pool.sent(self.model, cold)
+        try:
+            reply = await send(payloads, queued, lane, traces)
+        finally:
+            self.pool.answered(self.model, cold)
+        self.observe(reply)
+        return reply
 
     def observe(self, reply: BatchReply) -> None:
         if reply.replica is not None and reply.held is not None:

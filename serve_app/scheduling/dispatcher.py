@@ -24,12 +24,12 @@ import asyncio
 import contextvars
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from serve_app.contract import BULK, URGENT, BatchReply, Priority
+from serve_app.contract import BULK, URGENT, BatchReply, Priority, SendBatch
 from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
 from serve_app.observability import tracing
 from serve_app.scheduling.coldstart import ModelColdStart
@@ -62,11 +62,6 @@ class RequestTiming:
             f"queue;dur={self.queue_s * 1e3:.2f}, model;dur={self.model_s * 1e3:.2f}, "
             f"replica;dur={self.replica_s * 1e3:.2f}, total;dur={total_s * 1e3:.2f}"
         )
-
-
-# (payloads, rows still queued in this router for the model, lane name, each payload's
-# `traceparent` for the replica or None when no request in the batch is traced) -> reply
-SendBatch = Callable[[list[Any], int, str, list[str | None] | None], Awaitable[BatchReply]]
 
 
 @dataclass
@@ -477,8 +472,17 @@ def _snapshot(d: Dispatcher) -> dict[str, Any]:
 def _check_cold(d: Dispatcher, priority: Priority, room_s: float | None) -> None:
     """A request with `room_s` to spare past its predicted answer, late only for its model's load:
     refused now rather than after waiting for it; the load starts anyway, so that a retry after it
-    finds the model loaded."""
-    if d.cold is None or room_s is None or (loading := d.cold.cold_s()) <= room_s:
+    finds the model loaded. A request for a model that must load while the pool's replicas have
+    all the loads they can take (coldstart.py) is refused too, the highest class excepted."""
+    if d.cold is None:
+        return
+    if priority != Priority.HIGH and (ahead_s := d.cold.loads_ahead_s()) is not None:
+        d.stats.count_shed("loads_full", priority)
+        raise Overloaded(
+            f"{d.model}: not loaded on any replica, and the pool is busy loading other models (about {ahead_s:.1f} s)",
+            retry_after_s=max(1.0, ahead_s),
+        )
+    if room_s is None or (loading := d.cold.cold_s()) <= room_s:
         return
     d.cold.refused()
     d.stats.count_shed("cold_load", priority)

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from serve_app.contract import BatchReply
+from serve_app.contract import BatchReply, Priority
 from serve_app.errors import Overloaded
 from serve_app.scheduling.coldstart import ColdStart, ModelColdStart
 from serve_app.scheduling.dispatcher import Dispatcher, DispatchSettings
@@ -99,3 +99,49 @@ async def test_a_deadline_that_leaves_room_for_the_load_is_admitted():
     assert cold.cold_s() == 3.0
     assert await d.submit("a", 1, deadline=asyncio.get_running_loop().time() + 5.0) == "A"
     assert warmed == [] and cold.cold_s() == 0.0
+
+
+def test_loads_past_two_per_replica_refuse_another_cold_model_until_one_ends() -> None:
+    clock = Clock()
+    pool = ColdStart(clock=clock)
+    pool.observe("a", ["m1"], load_s=1.0)
+    pool.observe("b", ["m2"])
+    assert pool.loads_ahead_s("m3") is None  # no load in flight
+    for model in ("m3", "m4", "m5", "m6"):  # two loads per replica
+        pool.sent(model, cold=True)
+    pool.sent("m1", cold=False)  # a held model's batch is no load
+    assert pool.loads_ahead_s("m7") == pytest.approx(2.0)  # four loads of a second over two replicas
+    assert pool.loads_ahead_s("m3") is None  # already loading: its batches join that load
+    assert pool.loads_ahead_s("m1") is None and pool.loads_ahead_s("m2") is None  # held
+    pool.answered("m5", cold=True)
+    assert pool.loads_ahead_s("m7") is None
+    assert pool.snapshot()["loading"] == ["m3", "m4", "m6"]
+
+
+@virtual_time
+async def test_a_batch_sent_while_no_replica_holds_its_model_counts_as_a_load_until_answered():
+    pool = ColdStart(clock=asyncio.get_running_loop().time)
+    pool.observe("a", ["other"], load_s=3.0)
+    cold = ModelColdStart("m", pool, lambda: None)
+    seen: list[list[str]] = []
+
+    async def send(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
+        seen.append(sorted(pool._loading))
+        await asyncio.sleep(3.0)
+        return BatchReply(payloads, 0.0, 0.01, load_s=3.0, replica="a", held=("m",))
+
+    assert await cold.send(send, ["x"], 0, "bulk", None) == BatchReply(["x"], 0.0, 0.01, load_s=3.0, replica="a", held=("m",))
+    assert seen == [["m"]] and pool.snapshot()["loading"] == [] and cold.cold_s() == 0.0
+    await cold.send(send, ["y"], 0, "bulk", None)  # held now: no load
+    assert seen[-1] == []
+
+
+@virtual_time
+async def test_a_cold_model_is_refused_at_once_while_the_pool_loads_enough_and_high_still_goes():
+    d, cold, _ = _model(held=("m",))
+    for other in ("x1", "x2"):  # one replica known: two loads fill it
+        cold.pool.sent(other, cold=True)
+    with pytest.raises(Overloaded, match="busy loading other models") as refused:
+        await d.submit("a", 1, Priority.LOW)
+    assert refused.value.retry_after_s == pytest.approx(6.0) and d.stats.shed["loads_full"] == 1
+    assert await d.submit("b", 1, Priority.HIGH) == "B"

@@ -33,9 +33,7 @@ def replica_died(error: Exception) -> bool:
 
 def _observed(send: SendBatch, cold: ModelColdStart) -> SendBatch:
     async def observed(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
-        reply = await send(payloads, queued, lane, traces)
-        cold.observe(reply)
-        return reply
+        return await cold.send(send, payloads, queued, lane, traces)
 
     return observed
 
@@ -78,7 +76,7 @@ class DispatcherPool:
     def _warm(self, send: SendBatch, cold: ModelColdStart) -> None:
         async def load() -> None:
             try:
-                cold.observe(await send([], 0, BULK, None))
+                await cold.send(send, [], 0, BULK, None)
             except Exception as e:  # the request that wanted it was refused already; the next one tries again
                 logger.warning("loading %s ahead of its requests failed: %r", cold.model, e)
 

@@ -69,6 +69,10 @@ class ColdStart:
             return max(self.load_s - (now - started), 0.0)  # what is left of the load under way
         return self.load_s
 
+    def holders(self, model: str) -> int:
+        """The replicas that held `model` when they last answered (lately)."""
+        return sum(model in held for held in self._fresh())
+
     def sent(self, model: str, cold: bool) -> None:
         """A batch of `model` went out; `cold`: no replica held the model (it will load)."""
         if cold:

@@ -145,3 +145,14 @@ async def test_a_cold_model_is_refused_at_once_while_the_pool_loads_enough_and_h
         await d.submit("a", 1, Priority.LOW)
     assert refused.value.retry_after_s == pytest.approx(6.0) and d.stats.shed["loads_full"] == 1
     assert await d.submit("b", 1, Priority.HIGH) == "B"
+
+
+def test_the_holders_of_a_model_are_the_replicas_that_reported_it_lately() -> None:
+    clock = Clock()
+    pool = ColdStart(stale_s=30.0, clock=clock)
+    pool.observe("a", ["m1", "m2"])
+    pool.observe("b", ["m1"])
+    assert (pool.holders("m1"), pool.holders("m2"), pool.holders("m3")) == (2, 1, 0)
+    clock.now = 40.0
+    pool.observe("b", ["m1"])
+    assert pool.holders("m1") == 1  # a's report is stale

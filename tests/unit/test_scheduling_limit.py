@@ -123,3 +123,19 @@ def test_sizes_not_seen_lately_leave_the_fit():
         est.observe(items=8, rtt_s=0.01 + 7 * 0.001, wait_s=0.0)
     assert steep > 0.03 and est.per_item_s == pytest.approx(0.001)
     assert est.batch_s(16) == pytest.approx(0.01 + 15 * 0.001)
+
+
+def test_a_floor_holds_the_limit_up_against_queueing_and_failures_until_it_is_lowered():
+    lim = AdaptiveLimit(initial=3.0)
+    lim.hold_at_least(5.0)  # two holders busy at two batches each, and one more for a second copy
+    assert lim.slots == 5
+    for _ in range(50):
+        lim.on_batch(wait_s=0.02, exec_s=0.01, inflight=5)  # batches queue at the replicas
+    lim.on_failure()
+    assert lim.slots == 5
+    lim.hold_at_least(3.0)  # one holder left: the limit may shrink again, not below 3
+    for _ in range(50):
+        lim.on_batch(wait_s=0.02, exec_s=0.01, inflight=5)
+    assert lim.slots == 3
+    lim.hold_at_least(1000.0)
+    assert lim.value == lim.maximum

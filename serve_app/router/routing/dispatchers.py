@@ -31,9 +31,18 @@ def replica_died(error: Exception) -> bool:
     return isinstance(error, RayActorError)
 
 
-def _observed(send: SendBatch, cold: ModelColdStart) -> SendBatch:
+def _observed(send: SendBatch, cold: ModelColdStart, limit: AdaptiveLimit | None, busy_batches: int) -> SendBatch:
+    """`send`, its answers telling the pool's cold starts what each replica holds, and a pool
+    model's in-flight limit kept at what keeps each holder busy (`busy_batches` each) plus the one
+    batch that may go past busy holders to a second copy (serve_app.scheduling.placement): the
+    limit learns from how long batches wait at the replicas, and with each holder running one
+    batch and queueing one it neither grows to use a second holder nor keeps the batch that makes one."""
+
     async def observed(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
-        return await cold.send(send, payloads, queued, lane, traces)
+        reply = await cold.send(send, payloads, queued, lane, traces)
+        if limit is not None:
+            limit.hold_at_least(busy_batches * cold.pool.holders(cold.model) + 1)
+        return reply
 
     return observed
 
@@ -56,12 +65,10 @@ class DispatcherPool:
             raise cannot_load(model, reason)
         if model not in self.by_model:
             send = self.send_for(model)
-            cold = self.cold(model, send)
+            cold, limit = self.cold(model, send), self.limit(model)
             if cold is not None:  # what each answer says the pool holds
-                send = _observed(send, cold)
-            self.by_model[model] = Dispatcher(
-                model, send, self.settings(model), limit=self.limit(model), retryable=self.retryable, cold=cold
-            )
+                send = _observed(send, cold, limit, self._busy_batches(model))
+            self.by_model[model] = Dispatcher(model, send, self.settings(model), limit=limit, retryable=self.retryable, cold=cold)
         return self.by_model[model]
 
     def cold(self, model: str, send: SendBatch) -> ModelColdStart | None:
@@ -84,6 +91,11 @@ class DispatcherPool:
         task = asyncio.get_running_loop().create_task(load(), context=contextvars.Context())
         self.warming.add(task)
         task.add_done_callback(self.warming.discard)
+
+    def _busy_batches(self, model: str) -> int:
+        pool = self.args.deployment_config(model).pool
+        multiplex = self.args.pools[pool].multiplex if pool is not None else None
+        return multiplex.busy_batches if multiplex is not None else 1
 
     def limit(self, model: str) -> AdaptiveLimit | None:
         """A multiplexed pool's model may start with one batch more in flight than its pool calls a

@@ -28,6 +28,10 @@ class AdaptiveLimit:
     target_high: float = 1.5  # above which we hold back
     smoothing: float = 0.2  # EWMA weight of the newest queue sample
 
+    # A lower bound the caller sets from what it knows of the replicas (a pool model's holders:
+    # serve_app.router.routing.dispatchers); never above `maximum`.
+    floor: float = 0.0
+
     def __post_init__(self) -> None:
         if not self.minimum <= self.initial <= self.maximum:
             raise ValueError(f"need minimum <= initial <= maximum, got {self.minimum}, {self.initial}, {self.maximum}")
@@ -52,7 +56,12 @@ class AdaptiveLimit:
         if self.queue_estimate < self.target_low and inflight >= self.slots:
             self.value = min(self.maximum, self.value + step)
         elif self.queue_estimate > self.target_high:
-            self.value = max(self.minimum, self.value - step)
+            self.value = max(self.minimum, self.floor, self.value - step)
 
     def on_failure(self) -> None:
-        self.value = max(self.minimum, self.value / 2)
+        self.value = max(self.minimum, self.floor, self.value / 2)
+
+    def hold_at_least(self, floor: float) -> None:
+        """Keep the limit at `floor` or above from now on (until a lower floor is set)."""
+        self.floor = min(floor, self.maximum)
+        self.value = max(self.value, self.floor)

@@ -193,13 +193,17 @@ def _with_settings(
 
 
 def _multiplex_options(settings: Any, ns: argparse.Namespace) -> None:
-    _chaos_options(settings, ns)
+    _phases(settings, ns)
     if ns.size_sources:
         settings.size_sources = tuple(str(p) for p in ns.size_sources)
 
 
-def _chaos_options(settings: Any, ns: argparse.Namespace) -> None:
+def _phases(settings: Any, ns: argparse.Namespace) -> None:
+    """--phases: a subset of the scenario's own (its settings' default), in the order given."""
     if ns.phases:
+        known = type(settings)().phases
+        if unknown := [p for p in ns.phases if p not in known]:
+            raise SystemExit(f"--phases: {', '.join(unknown)} not among this scenario's: {', '.join(known)}")
         settings.phases = tuple(ns.phases)
 
 
@@ -281,7 +285,7 @@ def _profile(inv: Invocation) -> Any:
 RUNNERS: dict[str, Callable[[Invocation], Any]] = {
     "profile": _profile,
     "generation": _generation,
-    "chaos": _with_settings("chaos", "ChaosSettings", options=_chaos_options),
+    "chaos": _with_settings("chaos", "ChaosSettings", options=_phases),
     "flood": _with_settings("flood", "FloodSettings", options=_flood_options),
     "goodput": _with_settings("goodput", "GoodputSettings", options=_goodput),
     "soak": _with_settings("soak", "SoakSettings"),

@@ -663,37 +663,37 @@ class AppArgs(ConfigModel):
         """A model's versions -> their deployments, the entry's own first (a copy: callers may edit it)."""
         return dict(self.version_index.get(model, {}))
 
-    def pool_for(self, name: str) -> str | None:
-        """The multiplexed entry whose pattern a model name fits, if any (whether or not it is served)."""
-        return next((pattern for pattern in self.pools if in_pool(pattern, name)), None)
+    def pools_for(self, name: str) -> list[str]:
+        """The multiplexed entries whose pattern a model name fits (whether or not it is served)."""
+        return [pattern for pattern in self.pools if in_pool(pattern, name)]
 
     def pool_candidates(self, pattern: str) -> list[str]:
         """The model directories under a pool's path (or S3 prefix) now whose names fit it: those
         added since the build among them. Reads the directory or lists the prefix."""
         return [name for name in sources.children(str(self.pools[pattern].path)) if in_pool(pattern, name)]
 
-    def pool_member_config(self, name: str) -> ModelConfig | None:
-        """The entry `name` would have as a model of the pool it fits; None when it fits none."""
-        pattern = self.pool_for(name)
-        if pattern is None:
-            return None
+    def pool_member_config(self, pattern: str, name: str) -> ModelConfig:
+        """The entry `name` has as a model of the pool `pattern`: the pool's, with its own directory
+        and, as the build gives the pool's other models, a stall timeout within the batch timeout."""
         entry = self.pools[pattern].model_dump(exclude={"multiplex", "pool"}, exclude_unset=True)
-        return ModelConfig.model_validate(pool_member({**entry, "path": self.pools[pattern].path}, pattern, name))
+        config = ModelConfig.model_validate(pool_member({**entry, "path": self.pools[pattern].path}, pattern, name))
+        limit = self.scheduling.batch_timeout_s
+        return config.model_copy(update={"stall_timeout_s": min(config.stall_timeout_s, limit)})
 
-    def add_pool_member(self, name: str) -> bool:
-        """Serve `name` as a model of the pool it fits from now on (a model directory added under
-        the pool's path after the build, loaded through the repository extension). False when it
-        fits no pool; the caller has checked that its directory exists."""
+    def add_pool_member(self, pattern: str, name: str) -> bool:
+        """Serve `name` as a model of the pool `pattern` from now on (a model directory added under
+        the pool's path after the build, loaded through the repository extension). False when the
+        name does not fit the pool or names another model or a route; the caller has checked that
+        its directory exists."""
         if name in self.models:
-            return self.models[name].pool is not None
-        config = self.pool_member_config(name)
-        if config is None:
+            return self.models[name].pool == pattern
+        if pattern not in self.pools or not in_pool(pattern, name) or name in self.routes:
             return False
+        config = self.pool_member_config(pattern, name)
         self.models[name] = config
         for served in expand_versions(name, config):
             self.served[served.deployment] = served
             self.version_index.setdefault(name, {})[served.version] = served.deployment
-        self._check_stall_timeouts()
         return True
 
     def deployment_config(self, deployment: str) -> ModelConfig:

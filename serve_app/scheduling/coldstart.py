@@ -11,10 +11,13 @@ retry finds the model loaded.
 
 A replica loads one model at a time, so loads queue there, and every batch behind a load waits
 for it. When more models are asked for than the pool's replicas can load (a long tail of rarely
-asked models), the loads' queue would grow without bound and the requests in it time out. So the
-router keeps at most `loads_per_replica` loads per replica in flight (batches it sent for models
-no replica held): past that, a request for another model that is not held is refused at once
-(503, Retry-After the loads ahead), unless it is of the highest class.
+asked models), the loads' queue would grow without bound and the requests in it time out. So
+each router keeps at most `loads_per_replica` loads per replica in flight (models with a batch
+out that no replica held when it was sent): past that, a request for another model that is not
+held is refused at once (503, Retry-After the loads ahead), unless it is of the highest class.
+The bound is each router's own, and a load counts from its first batch's sending, not from the
+request's admission: a burst of requests for different cold models within one batch wait may
+all go out, and N routers may send N times the bound.
 
 What one router sees is what its own batches were answered with: a load that another router's
 batch caused, or a replica that stopped answering, is unknown to it. So a replica not heard from

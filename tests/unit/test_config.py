@@ -275,9 +275,10 @@ def test_a_model_directory_put_under_a_pool_later_becomes_one_of_its_models(tmp_
     (root / "reviews-it").mkdir()
     assert args.pool_candidates("reviews-*") == ["reviews-en", "reviews-it"]
     for name in ("reviews-a/b", "reviews-..", "other", "reviews-x y"):
-        assert args.pool_for(name) is None and args.add_pool_member(name) is False
-    assert args.add_pool_member("solo") is False  # a model of its own is no pool's
-    assert args.add_pool_member("reviews-it") is True
+        assert args.pools_for(name) == [] and args.add_pool_member("reviews-*", name) is False
+    assert args.add_pool_member("reviews-*", "solo") is False  # a model of its own is no pool's
+    assert args.pools_for("reviews-it") == ["reviews-*"]
+    assert args.add_pool_member("reviews-*", "reviews-it") is True
     assert args.versions("reviews-it") == {"1": "reviews-it"} and args.served["reviews-it"].model == "reviews-it"
     assert args.model_path("reviews-it") == (root / "reviews-it").resolve()
     # The same entry as the models the pool was built with, but for its directory.
@@ -315,3 +316,14 @@ def test_a_pool_runs_without_an_urgent_lane_unless_its_entry_asks(tmp_path: Path
     assert args.models["solo"].urgent_lane  # a model of its own keeps the default
     asked = AppArgs.model_validate({"models": {"reviews-*": {**entry, "urgent_lane": True}}})
     assert asked.models["reviews-en"].urgent_lane and asked.pools["reviews-*"].urgent_lane
+
+
+def test_a_model_added_under_a_lower_batch_timeout_gets_the_stall_timeout_the_build_gives_its_pool(tmp_path: Path):
+    root = _pool_dir(tmp_path, ("reviews-en",))
+    data = {
+        "models": {"reviews-*": {"family": "bert", "path": str(root), "multiplex": {}}},
+        "scheduling": {"batch_timeout_s": 10},
+    }
+    args = AppArgs.model_validate(AppArgs.model_validate(data).model_dump(mode="json"))  # as the router has it
+    assert args.add_pool_member("reviews-*", "reviews-it") is True
+    assert args.models["reviews-it"].stall_timeout_s == args.models["reviews-en"].stall_timeout_s == 10

@@ -25,9 +25,9 @@ def test_the_ledger_keeps_each_unload_until_its_load() -> None:
 
 def test_the_ledger_keeps_a_model_added_at_run_time_through_its_unloads() -> None:
     ledger = RepositoryLedger()
-    assert ledger.set("reviews-it", True, 1.0, added=True)["added"] == {"reviews-it": 1.0}
-    assert ledger.set("reviews-it", False, 2.0) == {"unloaded": {"reviews-it": 2.0}, "added": {"reviews-it": 1.0}}
-    assert ledger.set("reviews-it", True, 3.0, added=True) == {"unloaded": {}, "added": {"reviews-it": 1.0}}
+    assert ledger.set("reviews-it", True, 1.0, pool="reviews-*")["added"] == {"reviews-it": "reviews-*"}
+    assert ledger.set("reviews-it", False, 2.0) == {"unloaded": {"reviews-it": 2.0}, "added": {"reviews-it": "reviews-*"}}
+    assert ledger.set("reviews-it", True, 3.0, pool="reviews-*") == {"unloaded": {}, "added": {"reviews-it": "reviews-*"}}
 
 
 def test_a_router_adds_each_model_the_ledger_added_before_it_hears_of_its_unload() -> None:
@@ -36,9 +36,9 @@ def test_a_router_adds_each_model_the_ledger_added_before_it_hears_of_its_unload
     heard: list[tuple[str, Any]] = []
     shared = SharedRepository("app", on_change=lambda unloaded: heard.append(("unloaded", unloaded)))
     shared.on_added = lambda added: heard.append(("added", added))
-    shared._adopt({"unloaded": {"x": 1.0}, "added": {"x": 1.0, "y": 1.0}})
-    shared._adopt({"unloaded": {"x": 1.0}, "added": {"x": 1.0, "y": 1.0, "z": 2.0}})
-    assert heard == [("added", ["x", "y"]), ("unloaded", frozenset({"x"})), ("added", ["z"])]
+    shared._adopt({"unloaded": {"x": 1.0}, "added": {"x": "p-*", "y": "p-*"}})
+    shared._adopt({"unloaded": {"x": 1.0}, "added": {"x": "p-*", "y": "p-*", "z": "q-*"}})
+    assert heard == [("added", {"x": "p-*", "y": "p-*"}), ("unloaded", frozenset({"x"})), ("added", {"z": "q-*"})]
 
 
 def catalog() -> ModelCatalog:

@@ -133,11 +133,11 @@ def test_a_pool_under_an_s3_prefix_finds_its_models_there_and_each_loads_when_fi
         client.upload_file(str(f), bucket, f"pool/reviews-fr/{f.name}")
     cached = set(sources.cache_root().iterdir())
     pool = PoolMembers(args, {}, {"reviews-*": "pool"}, {}, multiplexed=lambda h, name: h)
-    assert pool.candidates() == ["reviews-fr"]
-    pool.check("reviews-fr")
+    assert pool.candidates(pool.listed()) == ["reviews-fr"]
+    assert pool.find("reviews-fr")[0] == "reviews-*"
     with pytest.raises(NotFound, match="no model directory reviews-it"):
-        pool.check("reviews-it")
-    pool.adopt(["reviews-fr"])
+        pool.find("reviews-it")
+    pool.adopt({"reviews-fr": "reviews-*"})
     assert args.models["reviews-fr"].path == f"s3://{bucket}/pool/reviews-fr"
     assert set(sources.cache_root().iterdir()) == cached  # fetched by the replica that loads it, not here
     with pytest.raises(ValueError, match="no model directory under"):

@@ -68,7 +68,7 @@ async def index(parts: RouterParts, ready_only: bool = False) -> list[dict[str, 
         return [entry for entry in out if entry["state"] == "READY"]
     if parts.members is not None and parts.args.pools:
         # What a pool's path holds now and no router serves yet: `load` serves it (members.py).
-        for name in await asyncio.to_thread(parts.members.candidates):
+        for name in parts.members.candidates(await asyncio.to_thread(parts.members.listed)):
             out.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": "not loaded"})
     return out
 
@@ -114,18 +114,19 @@ def _busy(parts: RouterParts, deployment: str) -> bool:
 async def _set_loaded(parts: RouterParts, name: str, loaded: bool) -> None:
     # A name the router does not serve may be a model directory put under a pool's path since the
     # build: checked here, then served by every router (members.py).
-    members = parts.members if loaded and name not in parts.args.models else None
+    members = parts.members if loaded and name not in parts.args.models and name not in parts.args.routes else None
+    pool = None
     if members is not None:
-        await asyncio.to_thread(members.check, name)
+        pool, _ = await asyncio.to_thread(members.find, name)
     elif name not in parts.args.models:
         raise NotFound(f"unknown model {name!r}; the repository holds {sorted(parts.args.models)}")
     if parts.repository is None:  # no application ledger (a router on its own): this router alone
-        if members is not None:
-            members.adopt([name])
+        if members is not None and pool is not None:
+            members.adopt({name: pool})
         models = set(parts.catalog.unloaded_models())
         parts.catalog.set_unloaded(frozenset(models - {name} if loaded else models | {name}))
         return
     try:
-        await parts.repository.set(name, loaded, time.time(), added=members is not None)
+        await parts.repository.set(name, loaded, time.time(), pool)
     except Exception as e:
         raise Unavailable(f"the model repository could not be changed ({type(e).__name__}); try again", 1.0) from e

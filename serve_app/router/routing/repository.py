@@ -39,23 +39,24 @@ class RepositoryLedger:
 
     def __init__(self) -> None:
         self.unloaded: dict[str, float] = {}
-        self.added: dict[str, float] = {}
+        self.added: dict[str, str] = {}  # model -> the pool (its pattern) it was added to
 
-    def set(self, model: str, loaded: bool, at: float, added: bool = False) -> dict[str, dict[str, float]]:
+    def set(self, model: str, loaded: bool, at: float, pool: str | None = None) -> dict[str, dict[str, Any]]:
+        """Load or unload `model`; `pool`: a load that adds it to that pool."""
         if loaded:
             self.unloaded.pop(model, None)
-            if added:
-                self.added.setdefault(model, at)
+            if pool is not None:
+                self.added.setdefault(model, pool)
         else:
             self.unloaded.setdefault(model, at)
         return self.get()
 
-    def get(self) -> dict[str, dict[str, float]]:
+    def get(self) -> dict[str, dict[str, Any]]:
         return {"unloaded": dict(self.unloaded), "added": dict(self.added)}
 
 
 RepositoryActor = ray.remote(num_cpus=0, max_restarts=0)(RepositoryLedger)
-LEDGER_SCHEMA = "2"  # the ledger's own: it keeps the added models since 2
+LEDGER_SCHEMA = "2"  # the ledger's own: it keeps the added models, with their pools, since 2
 
 
 def repository_name(app_name: str) -> str:
@@ -64,14 +65,14 @@ def repository_name(app_name: str) -> str:
 
 class SharedRepository:
     """One router's view of its application's repository: `on_added` is told each model added at run
-    time (before `on_change` may name it), `on_change` each new set of unloaded models."""
+    time, with its pool (before `on_change` may name it), `on_change` each new set of unloaded models."""
 
     def __init__(
         self,
         app_name: str,
         on_change: Callable[[frozenset[str]], None] | None = None,
         timeout_s: float = CALL_TIMEOUT_S,
-        on_added: Callable[[list[str]], None] | None = None,
+        on_added: Callable[[dict[str, str]], None] | None = None,
     ) -> None:
         self.app_name = app_name
         self.on_change = on_change or (lambda unloaded: None)  # the router's catalog, once wired (parts.py)
@@ -79,36 +80,34 @@ class SharedRepository:
         self.timeout_s = timeout_s
         self.actor: Any = None
         self.unloaded: frozenset[str] = frozenset()
-        self.added: frozenset[str] = frozenset()
+        self.added: dict[str, str] = {}
 
     async def follow(self) -> None:
         """Adopt what the ledger holds now."""
         self._adopt(await self._call("get"))
 
-    async def set(self, model: str, loaded: bool, at: float, added: bool = False) -> None:
-        """Load or unload `model` for every router (`added`: a pool's model new since the build);
-        raises when the ledger cannot be reached."""
-        self._adopt(await self._call("set", model, loaded, at, added))
+    async def set(self, model: str, loaded: bool, at: float, pool: str | None = None) -> None:
+        """Load or unload `model` for every router (`pool`: a model new since the build, added to
+        that pool); raises when the ledger cannot be reached."""
+        self._adopt(await self._call("set", model, loaded, at, pool))
 
-    async def _call(self, method: str, *args: Any) -> dict[str, dict[str, float]]:
+    async def _call(self, method: str, *args: Any) -> dict[str, dict[str, Any]]:
         try:
             if self.actor is None:
                 self.actor = await asyncio.wait_for(
                     asyncio.to_thread(app_actor, RepositoryActor, repository_name(self.app_name)), self.timeout_s
                 )
-            result: dict[str, dict[str, float]] = await asyncio.wait_for(
-                getattr(self.actor, method).remote(*args), self.timeout_s
-            )
+            result: dict[str, dict[str, Any]] = await asyncio.wait_for(getattr(self.actor, method).remote(*args), self.timeout_s)
             return result
         except RayActorError:
             self.actor = None  # gone: looked up (or made again) next time
             raise
 
-    def _adopt(self, state: dict[str, dict[str, float]]) -> None:
-        added = frozenset(state["added"])
-        if new := sorted(added - self.added):
+    def _adopt(self, state: dict[str, dict[str, Any]]) -> None:
+        added: dict[str, str] = state["added"]
+        if new := {model: pool for model, pool in added.items() if model not in self.added}:
             self.on_added(new)
-        self.added = added
+        self.added = dict(added)
         unloaded = frozenset(state["unloaded"])
         if unloaded != self.unloaded:
             self.unloaded = unloaded

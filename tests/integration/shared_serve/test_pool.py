@@ -241,6 +241,9 @@ def test_a_model_put_under_the_pool_after_the_start_is_served_once_an_operator_l
     put_model(tiny_model_dir, pool_dir, "reviews-it")
     (pool_dir / "reviews-xx").mkdir()  # no model in it
     assert classify(app_url, "reviews-it").status_code == 404
+    deadline = time.monotonic() + 10  # the router lists a pool's path at most every few seconds
+    while "reviews-it" not in _states(client) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert _states(client)["reviews-it"] == ("UNAVAILABLE", "not loaded")
     with pytest.raises(InferenceServerException, match="is not an operator"):
         client.load_model("reviews-it", headers=user())

@@ -115,13 +115,13 @@ async def _set_loaded(parts: RouterParts, name: str, loaded: bool) -> None:
     # A name the router does not serve may be a model directory put under a pool's path since the
     # build: checked here, then served by every router (members.py).
     members = parts.members if loaded and name not in parts.args.models and name not in parts.args.routes else None
-    pool = None
+    pool = None  # the pool a model new since the build joins
     if members is not None:
         pool, _ = await asyncio.to_thread(members.find, name)
     elif name not in parts.args.models:
         raise NotFound(f"unknown model {name!r}; the repository holds {sorted(parts.args.models)}")
     if parts.repository is None:  # no application ledger (a router on its own): this router alone
-        if members is not None and pool is not None:
+        if members is not None and pool is not None:  # (both or neither: the checker sees them apart)
             members.adopt({name: pool})
         models = set(parts.catalog.unloaded_models())
         parts.catalog.set_unloaded(frozenset(models - {name} if loaded else models | {name}))

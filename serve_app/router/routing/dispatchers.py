@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
-from serve_app.config import AppArgs
+from serve_app.config import AppArgs, MultiplexConfig
 from serve_app.contract import BULK, BatchReply, Priority
 from serve_app.errors import cannot_load
 from serve_app.link.client import LinkedSender
@@ -92,9 +92,13 @@ class DispatcherPool:
         self.warming.add(task)
         task.add_done_callback(self.warming.discard)
 
-    def _busy_batches(self, model: str) -> int:
+    def _multiplex(self, model: str) -> MultiplexConfig | None:
+        """The settings of the multiplexed pool serving `model`, if one does."""
         pool = self.args.deployment_config(model).pool
-        multiplex = self.args.pools[pool].multiplex if pool is not None else None
+        return self.args.pools[pool].multiplex if pool is not None else None
+
+    def _busy_batches(self, model: str) -> int:
+        multiplex = self._multiplex(model)
         return multiplex.busy_batches if multiplex is not None else 1
 
     def limit(self, model: str) -> AdaptiveLimit | None:
@@ -102,8 +106,7 @@ class DispatcherPool:
         replica busy: only a batch sent while every holder is busy can go to a second replica
         (serve_app.scheduling.placement), and the learned limit, which counts one replica until
         then, would otherwise never send it. Other models: the dispatcher's default."""
-        pool = self.args.deployment_config(model).pool
-        multiplex = self.args.pools[pool].multiplex if pool is not None else None
+        multiplex = self._multiplex(model)
         if multiplex is None or not multiplex.second_copies:
             return None
         return AdaptiveLimit(initial=min(multiplex.busy_batches + 1, AdaptiveLimit.maximum))

@@ -25,10 +25,12 @@ from __future__ import annotations
 import copy
 import statistics
 import tempfile
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from benchmarks import workloads
@@ -147,6 +149,61 @@ def summary(load: dict[str, Any], capacity_rps: float) -> dict[str, Any]:
     }
 
 
+class QueueSampler:
+    """The model's queue in the router while a point runs, read from /router/status twice a second:
+    whether the model was kept busy (batches in flight against the limit while work was queued)
+    and how the shedding level moved. Where goodput falls short, this says whether the model ran
+    out of work or the work ran out of model."""
+
+    def __init__(self, model: str, every_s: float = 0.5) -> None:
+        self.model, self.every_s = model, every_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> QueueSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.wait(self.every_s):
+                try:
+                    model = client.get(f"{BASE_URL}/router/status").json()["models"][self.model]
+                except (httpx.HTTPError, ValueError, KeyError):
+                    continue
+                bulk = model["lanes"]["bulk"]
+                self.samples.append({
+                    "queued": sum(model["queued_items"].values()),
+                    "inflight": bulk["inflight_batches"],
+                    "limit": bulk["inflight_limit"],
+                    "level": model["shedding"]["level"],
+                })  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.samples)
+        if not n:
+            return {"samples": 0}
+        queued = [x for x in self.samples if x["queued"]]
+        limits = [x["limit"] for x in self.samples]
+        levels = [x["level"] for x in self.samples]
+        return {
+            "samples": n,
+            "queued_share": round(len(queued) / n, 3),
+            # Work waiting in the router while the lane had a free slot: the model was kept short of it.
+            "idle_slot_share": round(sum(1 for x in queued if x["inflight"] < int(x["limit"])) / n, 3),
+            "inflight_limit": {"min": min(limits), "median": statistics.median(limits)},
+            "inflight_median": statistics.median(x["inflight"] for x in self.samples),
+            "queued_median": statistics.median(x["queued"] for x in self.samples),
+            "shed_level": {"median": statistics.median(levels), "max": max(levels)},
+            "trace": [(x["queued"], x["inflight"], x["limit"], x["level"]) for x in self.samples],
+        }
+
+
 def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
     base = yaml.safe_load(config_path.read_text())
     config = flood_config(base, model_dir, s.model)
@@ -183,11 +240,13 @@ def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any
                             name = arms[arm] if arm else s.model
                             workload = workloads.write(streams(name, inputs, MIXES[mix], scored=is_route), tmp / "mix.json")
                             point = Point(mix, load, round(load * capacity, 1), degrade=arm, round=rnd)
-                            got = run_loadgen(
-                                BASE_URL, workload, {"rate": point.offered_rps}, s.seconds, s.warmup,
-                                max_in_flight=s.max_in_flight, timeout_s=s.timeout_s,
-                            )  # fmt: skip
-                            point.result = {**summary(got, capacity), "router_delay_after": shedding()}
+                            with QueueSampler(name) as sampler:
+                                got = run_loadgen(
+                                    BASE_URL, workload, {"rate": point.offered_rps}, s.seconds, s.warmup,
+                                    max_in_flight=s.max_in_flight, timeout_s=s.timeout_s,
+                                )  # fmt: skip
+                            point.result = {**summary(got, capacity), "router_delay_after": shedding(),
+                                            "model_queue": sampler.summary()}  # fmt: skip
                             points.append(point)
                             label = f" degrade {arm} round {rnd + 1}" if arm else ""
                             print(

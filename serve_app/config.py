@@ -383,10 +383,11 @@ class SchedulingConfig(ConfigModel):
     queue_delay_target_ms: float = Field(
         100.0,
         gt=0,
-        description="the queueing delay a model's queue in the router may keep standing (at least two full batches): "
-        "while its oldest request stays older than this for a whole interval, a growing share of low priority, then of "
-        "normal, is refused at admission (503 + Retry-After), as much as keeps the model busy with the rest. Below "
-        "capacity the queue drains within it and nothing is refused",
+        description="how long a request may be predicted to wait in a model's queue in the router, by class (at least "
+        "two full batches): low is admitted within this, normal within twice it, high within max_queue_delay_s; the "
+        "rest is refused at once (503 + Retry-After). Past capacity the queue so holds about this much work and the "
+        "model never runs dry; below it nothing is refused. Backstop: while the oldest request stays older than twice "
+        "this for a whole interval, a growing share of low, then of normal, is refused too",
     )
     default_priority: Literal["high", "normal", "low"] = "normal"
     anonymous_max_priority: Literal["high", "normal", "low"] = Field(

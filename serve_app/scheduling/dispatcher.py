@@ -70,8 +70,7 @@ class DispatchSettings:
     max_queue_items: int = 1024
     max_queue_delay_s: float = 2.0
     max_queued_s: float = 10.0  # the longest a ticket stays queued, deadline or not: then a 503
-    # The queueing delay the bulk lane may keep standing (more than two full batches): while its oldest
-    # request stays older than this, a share of low and then of normal is refused at admission.
+    # How long low may be predicted to wait (more than two full batches; normal twice it): `wait_budget_s`.
     queue_delay_target_s: float = 0.1
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.004
@@ -79,6 +78,17 @@ class DispatchSettings:
     breaker_failures: int = 5  # failed batches in a row that open the circuit
     breaker_open_s: float = 5.0
     urgent_lane: bool = False  # the replica runs high-priority batches on a lane of their own
+
+    def wait_budget_s(self, priority: Priority) -> float:
+        """The longest predicted wait at which a request of this class is still admitted. Low may
+        wait the queue's delay target, normal twice it, high up to `max_queue_delay_s`: as the queue
+        grows past the capacity, low is refused first, normal only once high and normal alone fill it.
+        The queue then holds about a target's worth of work, so the model never runs out of it."""
+        if priority == Priority.LOW:
+            return min(self.queue_delay_target_s, self.max_queue_delay_s)
+        if priority == Priority.NORMAL:
+            return min(2 * self.queue_delay_target_s, self.max_queue_delay_s)
+        return self.max_queue_delay_s
 
     def adopt(self, reply: BatchReply) -> None:
         """Follow the replica's live batching config (`user_config` is set on the model)."""
@@ -223,7 +233,9 @@ class Dispatcher:
         # refused it. Classification has no side effects, so a second run harms nobody.
         self.retryable = retryable
         self.stats = DispatchStats()
-        self.shedding = QueueShedding(model, s.queue_delay_target_s, clock)  # the bulk queue's standing delay
+        # The bulk queue's standing delay, a backstop behind the wait budgets: it acts only once the oldest
+        # request stands past what normal may wait (a prediction that ran short).
+        self.shedding = QueueShedding(model, 2 * s.queue_delay_target_s, clock)
         self._tasks: set[asyncio.Task[None]] = set()
         for lane in self.lanes:
             expire, starve = partial(self._expire, lane), partial(self._starve, lane)
@@ -277,8 +289,8 @@ class Dispatcher:
         _check_cold(self, priority, None if deadline is None else deadline - now - predicted)
         # The wait, not the request's own batch: an estimate inflated by one slow batch would otherwise
         # refuse everything, and with nothing admitted it never learns that the model got fast again.
-        if waiting > self.settings.max_queue_delay_s:
-            raise self._refuse(lane, "queue_delay", priority, f"overloaded (about {waiting:.1f} s of work queued)")
+        if waiting > self.settings.wait_budget_s(priority):
+            raise self._refuse(lane, "queue_delay", priority, f"overloaded (about {waiting:.1f} s of work queued ahead)")
 
     def precheck(self, priority: Priority, deadline: float | None) -> None:
         """What admission would say to the smallest request (one row) of this class, before

@@ -106,7 +106,8 @@ async def test_fifo_serves_in_arrival_order():
 @virtual_time
 async def test_infeasible_deadline_is_refused_without_model_time():
     model = FakeModel(base_s=0.05)
-    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0)
+    # Normal may wait up to two targets: the ten ahead (0.5 s) are admitted.
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0, queue_delay_target_s=0.5)
     await d.submit("learn", 1)  # the estimator needs one batch
     backlog = [asyncio.ensure_future(d.submit(f"b{i}", 1)) for i in range(10)]
     await asyncio.sleep(0)
@@ -195,7 +196,9 @@ async def test_a_deadline_is_kept_while_the_model_is_slow_to_answer_as_when_its_
 async def test_low_work_overtaken_without_end_gets_a_503_at_the_queue_bound_not_a_hang():
     model = FakeModel(base_s=0.1, per_item_s=0.0)
     # Admission would let it wait: the bound is what ends it, with Retry-After.
-    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0, max_queue_delay_s=60, max_queued_s=1.0)
+    d = dispatcher(
+        model, max_batch_size=1, batch_wait_timeout_s=0.0, max_queue_delay_s=60, queue_delay_target_s=60, max_queued_s=1.0
+    )
 
     async def high_client() -> None:
         while d.clock() < 3.0:
@@ -716,6 +719,8 @@ async def test_over_capacity_the_queue_sheds_low_first_and_keeps_its_delay_bound
     assert _answered(normal) > _answered(low) and _answered(low) < 0.5
     refusals = d.stats.shed_priority
     assert refusals["low"] > refusals.get("normal", 0) and "high" not in refusals
+    # Every refusal at admission, the moment the request came: none after waiting in the queue.
+    assert set(d.stats.shed) <= {"queue_delay", "queue_standing"}, d.stats.shed
     # Those answered waited a bounded time, not the many seconds an unbounded queue reaches.
     waited = sorted(o for o in normal + low if isinstance(o, float))
     assert waited[int(0.99 * len(waited))] < 2.0
@@ -723,6 +728,38 @@ async def test_over_capacity_the_queue_sheds_low_first_and_keeps_its_delay_bound
     # high alone, so their small batches cost it some of the 440 rows/s full batches would give).
     answered = sum(_answered(o) * len(o) for o in outcomes.values())
     assert answered / 10.0 > 300
+
+
+@virtual_time
+async def test_each_class_is_admitted_while_its_predicted_wait_fits_its_budget():
+    """Low may wait the queue's delay target, normal twice it, high up to `max_queue_delay_s`: as
+    work piles up ahead, low is refused first, then normal, and high last."""
+    model = FakeModel(base_s=0.1, per_item_s=0.0)
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0, queue_delay_target_s=0.25, max_queue_delay_s=1.0)
+    await d.submit("learn", 1)  # one batch takes 0.1 s
+    backlog: list[asyncio.Future[object]] = []
+
+    async def pile_up_high_until(priority: Priority, over_s: float) -> None:
+        while d.wait_s(priority) <= over_s:
+            backlog.append(asyncio.ensure_future(d.submit("h", 1, Priority.HIGH)))
+            await asyncio.sleep(0)
+
+    def admitted(priority: Priority) -> bool:
+        try:
+            d.precheck(priority, None)
+        except Overloaded:
+            return False
+        return True
+
+    await pile_up_high_until(Priority.LOW, 0.25)
+    assert d.wait_s(Priority.LOW) <= 0.5  # one batch past the target
+    assert not admitted(Priority.LOW) and admitted(Priority.NORMAL) and admitted(Priority.HIGH)
+    await pile_up_high_until(Priority.NORMAL, 0.5)
+    assert not admitted(Priority.NORMAL) and admitted(Priority.HIGH)
+    await pile_up_high_until(Priority.HIGH, 1.0)
+    assert not admitted(Priority.HIGH)
+    assert d.stats.shed_priority == {"low": 1, "normal": 1, "high": 1}
+    await asyncio.gather(*backlog, return_exceptions=True)
 
 
 @virtual_time

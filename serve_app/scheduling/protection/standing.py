@@ -1,9 +1,11 @@
 """A model queue's standing delay and the share of each class it sheds (CoDel at admission).
 
-The signal is the age of the oldest request still queued, sampled at every admission and
-release. Not the predicted wait: a model starved of CPU runs its batches slowly, and a
-prediction scaled by their time would let the queue stand longer exactly when it should be
-shorter. The level and the class order are `ClassShedding`'s (serve_app/scheduling/protection/overload.py).
+The backstop behind the dispatcher's wait budgets (`DispatchSettings.wait_budget_s`), which
+refuse from the predicted wait: should that prediction run short (a model that slowed down
+since it was learned), the queue stands longer than the budgets allow, and this sheds. Its
+signal is the age of the oldest request still queued, sampled at every admission and release,
+which no estimate can get wrong. The level and the class order are `ClassShedding`'s
+(serve_app/scheduling/protection/overload.py).
 
 A request is drawn for once: at its precheck from the headers when it has one (before its body
 is read), else at admission; drawing at both would refuse more than the share. The mark lives

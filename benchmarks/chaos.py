@@ -67,6 +67,9 @@ class ChaosSettings:
     head_cpus: int = 4
     worker_cpus: int = 3
     phases: tuple[str, ...] = ("replica", "router", "stall", "malformed", "node")
+    # Router replicas on the head. The shipped configs run one; with one, its death leaves no other
+    # router for HAProxy to replay on, only the Serve proxy's fallback until Serve has replaced it.
+    routers: int = 2
     malformed_during: tuple[str, ...] = ("malformed",)  # phases whose load carries the bad-request corpus
 
     @classmethod
@@ -120,8 +123,10 @@ def _is_worker_raylet(p: psutil.Process) -> bool:
     return "raylet" in (p.info.get("name") or "") and f"--node_manager_port={WORKER_NODE_MANAGER_PORT}" in cmd
 
 
-def chaos_config(base: dict[str, Any], model_dir: Path, stall_faults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The user's config cut down to one classifier (two replicas), the generator and two routers.
+def chaos_config(
+    base: dict[str, Any], model_dir: Path, stall_faults: dict[str, Any] | None = None, routers: int = 2
+) -> dict[str, Any]:
+    """The user's config cut down to one classifier (two replicas), the generator and `routers` routers.
 
     Routers run on the ingress node (the head) and the generator on the worker: a stream's
     connection runs through a router that outlives the worker, which can end it properly.
@@ -137,7 +142,8 @@ def chaos_config(base: dict[str, Any], model_dir: Path, stall_faults: dict[str, 
     args.setdefault("scheduling", {})["anonymous_max_priority"] = "high"
     gpt_tuning: dict[str, Any] = {"faults": stall_faults or {}}
     app["deployments"] = [
-        {"name": "router", "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.2, "resources": {INGRESS_RESOURCE: 0.01}}},
+        {"name": "router", "num_replicas": routers,
+         "ray_actor_options": {"num_cpus": 0.2, "resources": {INGRESS_RESOURCE: 0.01}}},
         # One classifier replica per node: a lost node takes one of them, not both.
         {"name": CLASSIFIER, "num_replicas": 2, "max_replicas_per_node": 1, "ray_actor_options": {"num_cpus": 0.3}},
         {"name": GENERATOR, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.3, "resources": {WORKER_RESOURCE: 0.01}},
@@ -327,7 +333,7 @@ def run(s: ChaosSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
         tmp = Path(tmp_name)
         with MultiNodeCluster(tmp, model_dir, s.head_cpus, s.worker_cpus) as cluster, RayView() as ray_view:
             probe = Probe(f"/v2/models/{CLASSIFIER}/infer", workloads.image_bodies(1, 32)[0])
-            out["deploy_s"] = round(cluster.deploy(chaos_config(base, model_dir), probe), 1)
+            out["deploy_s"] = round(cluster.deploy(chaos_config(base, model_dir, routers=s.routers), probe), 1)
             out["placement"] = {d: ray_view.replicas(d) for d in ("router", CLASSIFIER, GENERATOR)}
             good = workloads.StreamSpec(CLASSIFIER, f"/v2/models/{CLASSIFIER}/infer", workloads.image_bodies(64, 32))
             for phase in s.phases:
@@ -354,7 +360,7 @@ def _phase(
 
     def strike() -> None:
         time.sleep(warmup + s.fault_at_s)
-        result["fault"] = _strike(phase, cluster, ray_view, base, model_dir)
+        result["fault"] = _strike(phase, cluster, ray_view, base, model_dir, s.routers)
 
     striker = threading.Thread(target=strike)
     striker.start()
@@ -391,7 +397,9 @@ def _phase(
     return result
 
 
-def _strike(phase: str, cluster: MultiNodeCluster, ray_view: RayView, base: dict[str, Any], model_dir: Path) -> dict[str, Any]:
+def _strike(
+    phase: str, cluster: MultiNodeCluster, ray_view: RayView, base: dict[str, Any], model_dir: Path, routers: int
+) -> dict[str, Any]:
     at = time.time()
     if phase == "replica":
         victim = next(r for r in ray_view.replicas(CLASSIFIER) if not r["on_worker"])
@@ -408,18 +416,18 @@ def _strike(phase: str, cluster: MultiNodeCluster, ray_view: RayView, base: dict
         cluster.add_worker()
         return {"killed_processes": killed, "replicas_on_it": on_worker, "at": at, "new_node_after_s": round(time.time() - at, 1)}
     if phase == "stall":
-        return _stall(cluster, ray_view, base, model_dir)
+        return _stall(cluster, ray_view, base, model_dir, routers)
     return {"none": True}
 
 
-def _stall(cluster: MultiNodeCluster, ray_view: RayView, base: dict[str, Any], model_dir: Path) -> dict[str, Any]:
+def _stall(cluster: MultiNodeCluster, ray_view: RayView, base: dict[str, Any], model_dir: Path, routers: int) -> dict[str, Any]:
     """Wedge the generator's next model call for longer than its stall timeout, then take the drill
     back so that the replacement starts clean; wait until Serve has replaced the wedged replica."""
     before = {r["name"] for r in ray_view.replicas(GENERATOR)}
     started = time.monotonic()
-    _serve_config(cluster, chaos_config(base, model_dir, {"delay_s": 30.0}))
+    _serve_config(cluster, chaos_config(base, model_dir, {"delay_s": 30.0}, routers))
     time.sleep(2.0)  # the running replica's next decode step picks the drill up and wedges
-    _serve_config(cluster, chaos_config(base, model_dir))
+    _serve_config(cluster, chaos_config(base, model_dir, routers=routers))
     replaced_after = None
     while time.monotonic() - started < 60:
         now = {r["name"] for r in ray_view.replicas(GENERATOR)}

@@ -103,6 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ),
         help="chaos: the phases to run, in order (default: all five); multiplex: the phases to run (default: all)",
     )
+    p.add_argument("--routers", type=int, help="chaos: router replicas (default: 2; the shipped configs run 1)")
     p.add_argument(
         "--size-sources", type=Path, nargs="+", help="multiplex: further text model directories for the load-time-by-size phase"
     )
@@ -190,6 +191,14 @@ def _with_settings(
         return module.run(settings, inv.model_dir, inv.ns.config.resolve())
 
     return runner
+
+
+def _chaos_options(settings: Any, ns: argparse.Namespace) -> None:
+    _phases(settings, ns)
+    if ns.routers is not None:
+        if ns.routers < 1:
+            raise SystemExit("--routers: at least one")
+        settings.routers = ns.routers
 
 
 def _multiplex_options(settings: Any, ns: argparse.Namespace) -> None:
@@ -285,7 +294,7 @@ def _profile(inv: Invocation) -> Any:
 RUNNERS: dict[str, Callable[[Invocation], Any]] = {
     "profile": _profile,
     "generation": _generation,
-    "chaos": _with_settings("chaos", "ChaosSettings", options=_phases),
+    "chaos": _with_settings("chaos", "ChaosSettings", options=_chaos_options),
     "flood": _with_settings("flood", "FloodSettings", options=_flood_options),
     "goodput": _with_settings("goodput", "GoodputSettings", options=_goodput),
     "soak": _with_settings("soak", "SoakSettings"),

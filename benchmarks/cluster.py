@@ -44,6 +44,7 @@ INGRESS_ENVS = tuple(INGRESS_ENV)
 # The app's own ingress settings (serve_app/tools/ingress_env.py), which the default configs are run with.
 REPLAY_ON = INGRESS_ENV["RAY_SERVE_HAPROXY_RETRY_ON"]
 CHECK_FALL = int(INGRESS_ENV["RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL"])
+RETRIES = int(INGRESS_ENV["RAY_SERVE_HAPROXY_RETRIES"])
 BUFSIZE = int(INGRESS_ENV["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"])
 
 
@@ -55,6 +56,7 @@ class Ingress:
     throughput_optimized: bool = False
     retry_on: str | None = None  # HAProxy's retry-on; None: Ray's default (conn-failure)
     check_fall: int | None = None  # failed health checks before a router is out; None: Ray's default (2)
+    retries: int | None = None  # HAProxy's retries of one request, a second apart; None: HAProxy's default (3)
     bufsize: int | None = None  # HAProxy's tune.bufsize; None: Ray's default (16 KiB)
     observe_mark_down: bool | None = None  # a router marked down for errors on live traffic; None: Ray's default (on)
 
@@ -72,6 +74,8 @@ class Ingress:
             env["RAY_SERVE_HAPROXY_RETRY_ON"] = self.retry_on
         if self.check_fall is not None:
             env["RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL"] = str(self.check_fall)
+        if self.retries is not None:
+            env["RAY_SERVE_HAPROXY_RETRIES"] = str(self.retries)
         if self.bufsize is not None:
             env["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"] = str(self.bufsize)
         if self.observe_mark_down is not None:

@@ -158,6 +158,7 @@ class QueueSampler:
     def __init__(self, model: str, every_s: float = 0.5) -> None:
         self.model, self.every_s = model, every_s
         self.samples: list[dict[str, Any]] = []
+        self.lanes: dict[str, Any] = {}  # each lane's learned batch times and recent latency split, last read
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -177,6 +178,9 @@ class QueueSampler:
                 except (httpx.HTTPError, ValueError, KeyError):
                     continue
                 bulk = model["lanes"]["bulk"]
+                self.lanes = {
+                    name: {"batch_ms": lane["batch_ms"], "recent_ms": lane["recent_ms"]} for name, lane in model["lanes"].items()
+                }
                 self.samples.append({
                     "queued": sum(model["queued_items"].values()),
                     "inflight": bulk["inflight_batches"],
@@ -201,6 +205,7 @@ class QueueSampler:
             "queued_median": statistics.median(x["queued"] for x in self.samples),
             "shed_level": {"median": statistics.median(levels), "max": max(levels)},
             "trace": [(x["queued"], x["inflight"], x["limit"], x["level"]) for x in self.samples],
+            "lanes": self.lanes,
         }
 
 

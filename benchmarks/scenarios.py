@@ -37,6 +37,7 @@ from benchmarks.cluster import (
     CHECK_FALL,
     HTTP_PORT,
     REPLAY_ON,
+    RETRIES,
     Ingress,
     Probe,
     RayCluster,
@@ -51,7 +52,13 @@ from benchmarks.loadgen import pooled
 # chosen by the `ingress` scenario, see benchmarks/results/ingress/local/ (HAProxy plus
 # throughput-optimized measured 1.7x HAProxy alone for bert-heavy at concurrency 32).
 DEFAULT_INGRESS = Ingress(
-    haproxy=True, throughput_optimized=True, retry_on=REPLAY_ON, check_fall=CHECK_FALL, bufsize=BUFSIZE, observe_mark_down=False
+    haproxy=True,
+    throughput_optimized=True,
+    retry_on=REPLAY_ON,
+    check_fall=CHECK_FALL,
+    retries=RETRIES,
+    bufsize=BUFSIZE,
+    observe_mark_down=False,
 )
 
 

@@ -26,6 +26,11 @@ INGRESS_ENV: dict[str, str] = {
     # sends the same requests to the same router at a fraction of the speed. A dead one refuses
     # connections and is out in about a second either way.
     "RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL": "5",
+    # A request HAProxy replays is tried again up to this many times, a second apart: long enough
+    # for the health checks above to take a dead router out, after which the replay goes to Serve's
+    # proxy (HAProxy's backup server), which holds it until Serve has started a new router. With
+    # HAProxy's default of three, a lone router's death answered its requests in flight with a 500.
+    "RAY_SERVE_HAPROXY_RETRIES": "8",
     # Nor is a router taken out for errors HAProxy sees on live traffic: under an open-loop spike a
     # few connections to a saturated router time out, and marking it down for them hands the whole
     # spike to Serve's Python proxy (benchmarks/results/goodput/). Health checks and refused

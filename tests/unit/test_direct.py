@@ -36,6 +36,8 @@ class Recorder:
                 await self.release.wait()
             body = self.name.encode()
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
+            if scope["path"].startswith("/v2/models/pause/"):
+                await asyncio.sleep(0.05)  # a handler that yields between its answer's head and body
             await send({"type": "http.response.body", "body": body})
             if scope["path"].startswith("/v2/models/after/"):
                 await asyncio.sleep(0.05)  # what a handler may still do after its answer (metrics, spans)
@@ -156,6 +158,28 @@ def test_a_handler_that_has_answered_is_not_cancelled_by_the_answers_end_or_the_
 
     assert run_server(lane, client).endswith(b"router")
     assert (router.finished, router.cancelled) == (1, 0)
+
+
+def test_an_answers_head_goes_out_only_with_its_body(apps: tuple[Recorder, Recorder]) -> None:
+    """A router killed after uvicorn wrote an answer's head but before its body leaves an answer
+    nobody can replay (HAProxy has passed the head on): the head waits for the body, and the two
+    reach the server together."""
+    _router, serve = apps
+    lane = on_this_loop(serve)
+    written: list[tuple[str, float]] = []
+
+    async def server_side(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def recorded(message: Any) -> None:
+            written.append((message["type"], asyncio.get_running_loop().time()))
+            await send(message)
+
+        await lane(scope, receive, recorded)
+
+    assert run_server(server_side, lambda port: exchange(port, post("/v2/models/pause/infer", "connection: close\r\n"))).endswith(
+        b"router"
+    )
+    assert [kind for kind, _ in written] == ["http.response.start", "http.response.body"]
+    assert written[1][1] - written[0][1] < 0.01  # not the handler's 50 ms apart
 
 
 def test_a_call_past_the_timeout_gets_a_504_in_v2_shape(apps: tuple[Recorder, Recorder], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,12 +133,20 @@ class DirectInfer:
             return
         rid = request_id(scope)
         started = False
+        head: Message | None = None
 
         async def send_with_id(message: Message) -> None:
-            nonlocal started
+            # The head is held until the first body message and both go out back to back: uvicorn
+            # writes each at once, and a router killed between the two would leave an answer whose
+            # head HAProxy has already passed on, which nobody but the client can send again.
+            nonlocal started, head
             if message["type"] == "http.response.start":
                 started = True
-                message = {**message, "headers": [*message.get("headers", ()), (REQUEST_ID, rid)]}
+                head = {**message, "headers": [*message.get("headers", ()), (REQUEST_ID, rid)]}
+                return
+            if head is not None:
+                held, head = head, None
+                await send(held)
             await send(message)
 
         self.deadlines.add(watch, TIMEOUT_S)
@@ -151,10 +159,11 @@ class DirectInfer:
                 raise
             if watch.left:  # nobody to answer, and not an error of the server's
                 return
-            if started:  # the answer is cut short, and uvicorn closes the connection
+            if started and head is None:  # the answer is cut short, and uvicorn closes the connection
                 logger.warning("v2 infer on %s passed limits.infer_timeout_s while answering; cut short", scope["path"])
                 return
             late = DeadlineExceeded(f"the request took longer than {TIMEOUT_S:g} s (limits.infer_timeout_s)")
+            head, started = None, False  # a head held back never went out: the error answers instead
             await error_response(scope["path"], late)(scope, receive, send_with_id)
         finally:
             self.deadlines.discard(watch)

@@ -48,8 +48,8 @@ class RouterTelemetry:
         )
         self.shed = metrics.Counter(
             "serve_app_shed",
-            description="Requests refused or dropped, by reason: deadline, queue_delay, queue_standing, queue_full, evicted, "
-            "expired, starved, breaker_open, rate_limited.",
+            description="Requests refused or dropped, by reason: deadline, queue_budget, queue_delay, queue_standing, "
+            "queue_full, evicted, expired, starved, breaker_open, rate_limited.",
             tag_keys=tags("model", "reason"),
         )
         self.shed_priority = metrics.Counter(

@@ -79,16 +79,17 @@ class DispatchSettings:
     breaker_open_s: float = 5.0
     urgent_lane: bool = False  # the replica runs high-priority batches on a lane of their own
 
-    def wait_budget_s(self, priority: Priority) -> float:
-        """The longest predicted wait at which a request of this class is still admitted. Low may
-        wait the queue's delay target, normal twice it, high up to `max_queue_delay_s`: as the queue
-        grows past the capacity, low is refused first, normal only once high and normal alone fill it.
-        The queue then holds about a target's worth of work, so the model never runs out of it."""
+    def wait_budget_s(self, priority: Priority) -> float | None:
+        """The longest a request of this class may be predicted to wait in the router's queue and
+        still be admitted: low the queue's delay target, normal twice it, high no budget of its own
+        (only `max_queue_delay_s`, as every class). As the queue grows past the capacity, low is
+        refused first, normal only once high and normal alone fill it; the queue then holds about a
+        target's worth of work beside the batches in flight, so the model never runs out of it."""
         if priority == Priority.LOW:
-            return min(self.queue_delay_target_s, self.max_queue_delay_s)
+            return self.queue_delay_target_s
         if priority == Priority.NORMAL:
-            return min(2 * self.queue_delay_target_s, self.max_queue_delay_s)
-        return self.max_queue_delay_s
+            return 2 * self.queue_delay_target_s
+        return None
 
     def adopt(self, reply: BatchReply) -> None:
         """Follow the replica's live batching config (`user_config` is set on the model)."""
@@ -127,6 +128,16 @@ class Lane:
             if drained is not None:
                 return drained
         return self.estimator.wait_s(ahead, max_batch_size, self.limit.slots, self.inflight, self.inflight_items)
+
+    def queue_wait_s(self, priority: Priority, max_batch_size: int) -> float:
+        """Predicted seconds a request of this class would spend in the router's queue before its
+        batch is sent: nothing while a slot is free; else the rows ahead leave as batches in
+        flight complete, at the rate the lane delivers."""
+        ahead = self.queue.items_ahead(priority)
+        if not ahead or not self.saturated:
+            return 0.0
+        drained = self.drain.seconds_for(ahead)
+        return drained if drained is not None else self.estimator.drain_s(ahead, max_batch_size, self.limit.slots)
 
     def retry_after_s(self, max_batch_size: int) -> float:
         """When a refused client may try again: once what is queued and in flight has drained."""
@@ -287,10 +298,13 @@ class Dispatcher:
         if deadline is not None and now + predicted > deadline:
             raise self._refuse(lane, "deadline", priority, f"cannot meet the deadline (about {predicted * 1e3:.0f} ms of work)")
         _check_cold(self, priority, None if deadline is None else deadline - now - predicted)
+        budget = self.settings.wait_budget_s(priority)
+        if budget is not None and (queued := lane.queue_wait_s(priority, self.settings.max_batch_size)) > budget:
+            raise self._refuse(lane, "queue_budget", priority, f"overloaded (about {queued:.1f} s queued ahead)")
         # The wait, not the request's own batch: an estimate inflated by one slow batch would otherwise
         # refuse everything, and with nothing admitted it never learns that the model got fast again.
-        if waiting > self.settings.wait_budget_s(priority):
-            raise self._refuse(lane, "queue_delay", priority, f"overloaded (about {waiting:.1f} s of work queued ahead)")
+        if waiting > self.settings.max_queue_delay_s:
+            raise self._refuse(lane, "queue_delay", priority, f"overloaded (about {waiting:.1f} s of work queued)")
 
     def precheck(self, priority: Priority, deadline: float | None) -> None:
         """What admission would say to the smallest request (one row) of this class, before

@@ -390,7 +390,8 @@ async def test_precheck_refuses_from_the_class_alone_exactly_when_admission_woul
     """The body-less check (the router's ShedGate) and admission agree on the queue delay,
     and a class with room (high, behind no low work) passes both."""
     model = FakeModel(base_s=0.1, per_item_s=0.0)
-    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0, max_queue_delay_s=0.15)
+    # Low's own budget far off: the bound all classes share decides here.
+    d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0, max_queue_delay_s=0.15, queue_delay_target_s=10)
     await d.submit("learn", 1)
     d.precheck(Priority.LOW, None)  # idle: passes
     # Batches of 0.1 s: some of these run, the rest wait; the queue then holds 0.15 s or more.
@@ -720,7 +721,7 @@ async def test_over_capacity_the_queue_sheds_low_first_and_keeps_its_delay_bound
     refusals = d.stats.shed_priority
     assert refusals["low"] > refusals.get("normal", 0) and "high" not in refusals
     # Every refusal at admission, the moment the request came: none after waiting in the queue.
-    assert set(d.stats.shed) <= {"queue_delay", "queue_standing"}, d.stats.shed
+    assert set(d.stats.shed) <= {"queue_budget", "queue_delay", "queue_standing"}, d.stats.shed
     # Those answered waited a bounded time, not the many seconds an unbounded queue reaches.
     waited = sorted(o for o in normal + low if isinstance(o, float))
     assert waited[int(0.99 * len(waited))] < 2.0
@@ -732,15 +733,19 @@ async def test_over_capacity_the_queue_sheds_low_first_and_keeps_its_delay_bound
 
 @virtual_time
 async def test_each_class_is_admitted_while_its_predicted_wait_fits_its_budget():
-    """Low may wait the queue's delay target, normal twice it, high up to `max_queue_delay_s`: as
-    work piles up ahead, low is refused first, then normal, and high last."""
+    """Low may be predicted to wait the queue's delay target in the router's queue, normal twice it,
+    and high, as every class, no more than `max_queue_delay_s` in all: as work piles up ahead, low is
+    refused first, then normal, and high last."""
     model = FakeModel(base_s=0.1, per_item_s=0.0)
     d = dispatcher(model, max_batch_size=1, batch_wait_timeout_s=0.0, queue_delay_target_s=0.25, max_queue_delay_s=1.0)
     await d.submit("learn", 1)  # one batch takes 0.1 s
     backlog: list[asyncio.Future[object]] = []
 
-    async def pile_up_high_until(priority: Priority, over_s: float) -> None:
-        while d.wait_s(priority) <= over_s:
+    def queued_s(priority: Priority) -> float:
+        return d.bulk.queue_wait_s(priority, 1)
+
+    async def pile_up_high_until(over: Callable[[], bool]) -> None:
+        while not over():
             backlog.append(asyncio.ensure_future(d.submit("h", 1, Priority.HIGH)))
             await asyncio.sleep(0)
 
@@ -751,13 +756,14 @@ async def test_each_class_is_admitted_while_its_predicted_wait_fits_its_budget()
             return False
         return True
 
-    await pile_up_high_until(Priority.LOW, 0.25)
-    assert d.wait_s(Priority.LOW) <= 0.5  # one batch past the target
+    await pile_up_high_until(lambda: queued_s(Priority.LOW) > 0.25)
+    assert queued_s(Priority.LOW) <= 0.5  # one batch past the target
     assert not admitted(Priority.LOW) and admitted(Priority.NORMAL) and admitted(Priority.HIGH)
-    await pile_up_high_until(Priority.NORMAL, 0.5)
+    await pile_up_high_until(lambda: queued_s(Priority.NORMAL) > 0.5)
     assert not admitted(Priority.NORMAL) and admitted(Priority.HIGH)
-    await pile_up_high_until(Priority.HIGH, 1.0)
+    await pile_up_high_until(lambda: d.wait_s(Priority.HIGH) > 1.0)
     assert not admitted(Priority.HIGH)
+    assert d.stats.shed == {"queue_budget": 2, "queue_delay": 1}
     assert d.stats.shed_priority == {"low": 1, "normal": 1, "high": 1}
     await asyncio.gather(*backlog, return_exceptions=True)
 

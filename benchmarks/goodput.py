@@ -185,7 +185,7 @@ class QueueSampler:
                     "queued": sum(model["queued_items"].values()),
                     "inflight": bulk["inflight_batches"],
                     "limit": bulk["inflight_limit"],
-                    "level": model["shedding"]["level"],
+                    "refused": sum(model["shed_by_priority"].values()),
                 })  # fmt: skip
 
     def summary(self) -> dict[str, Any]:
@@ -194,7 +194,6 @@ class QueueSampler:
             return {"samples": 0}
         queued = [x for x in self.samples if x["queued"]]
         limits = [x["limit"] for x in self.samples]
-        levels = [x["level"] for x in self.samples]
         return {
             "samples": n,
             "queued_share": round(len(queued) / n, 3),
@@ -203,8 +202,8 @@ class QueueSampler:
             "inflight_limit": {"min": min(limits), "median": statistics.median(limits)},
             "inflight_median": statistics.median(x["inflight"] for x in self.samples),
             "queued_median": statistics.median(x["queued"] for x in self.samples),
-            "shed_level": {"median": statistics.median(levels), "max": max(levels)},
-            "trace": [(x["queued"], x["inflight"], x["limit"], x["level"]) for x in self.samples],
+            # (queued rows, batches in flight, the limit, refusals so far) per sample
+            "trace": [(x["queued"], x["inflight"], x["limit"], x["refused"]) for x in self.samples],
             "lanes": self.lanes,
         }
 

@@ -386,8 +386,7 @@ class SchedulingConfig(ConfigModel):
         description="how long a request may be predicted to wait in a model's queue in the router, by class (at least "
         "two full batches): low is admitted within this, normal within twice it, high within max_queue_delay_s; the "
         "rest is refused at once (503 + Retry-After). Past capacity the queue so holds about this much work and the "
-        "model never runs dry; below it nothing is refused. Backstop: while the oldest request stays older than twice "
-        "this for a whole interval, a growing share of low, then of normal, is refused too",
+        "model never runs dry; below it nothing is refused",
     )
     default_priority: Literal["high", "normal", "low"] = "normal"
     anonymous_max_priority: Literal["high", "normal", "low"] = Field(

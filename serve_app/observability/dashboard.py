@@ -72,7 +72,7 @@ def _traffic(board: gd.Dashboard) -> gd.Dashboard:
         )
         .with_panel(
             _series("Shed by reason", "reqps", _q(_rate("ray_serve_app_shed_total", "model, reason"), "{{model}} {{reason}}"),
-                    description="Refused or dropped: deadline, queue_budget, queue_delay, queue_standing, queue_full, evicted, "
+                    description="Refused or dropped: deadline, queue_budget, queue_delay, queue_full, evicted, "
                     "expired, starved, breaker_open.")
         )
         .with_panel(

@@ -48,7 +48,7 @@ class RouterTelemetry:
         )
         self.shed = metrics.Counter(
             "serve_app_shed",
-            description="Requests refused or dropped, by reason: deadline, queue_budget, queue_delay, queue_standing, "
+            description="Requests refused or dropped, by reason: deadline, queue_budget, queue_delay, "
             "queue_full, evicted, expired, starved, breaker_open, rate_limited.",
             tag_keys=tags("model", "reason"),
         )

@@ -33,10 +33,9 @@ from serve_app.contract import BULK, URGENT, BatchReply, Priority, SendBatch
 from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavailable
 from serve_app.observability import tracing
 from serve_app.scheduling.coldstart import ModelColdStart
-from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
+from serve_app.scheduling.estimate import ArrivalRates, DrainRate, LatencyEstimator
 from serve_app.scheduling.protection.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.protection.limit import AdaptiveLimit
-from serve_app.scheduling.protection.standing import QueueShedding
 from serve_app.scheduling.queue import QueueFull, QueuePolicy, RequestQueue, Ticket, make_queue
 from serve_app.scheduling.waits import WaitBounds
 
@@ -108,6 +107,7 @@ class Lane:
     limit: AdaptiveLimit
     estimator: LatencyEstimator = field(default_factory=LatencyEstimator)
     drain: DrainRate = field(default_factory=DrainRate)
+    arrivals: ArrivalRates = field(default_factory=ArrivalRates)
     inflight: int = 0
     inflight_items: int = 0
     timer: asyncio.TimerHandle | None = None
@@ -132,12 +132,19 @@ class Lane:
     def queue_wait_s(self, priority: Priority, max_batch_size: int) -> float:
         """Predicted seconds a request of this class would spend in the router's queue before its
         batch is sent: nothing while a slot is free; else the rows ahead leave as batches in
-        flight complete, at the rate the lane delivers."""
+        flight complete, at the rate the lane delivers less the rate of the classes that will
+        overtake it meanwhile (infinite when those alone take all of it)."""
         ahead = self.queue.items_ahead(priority)
         if not ahead or not self.saturated:
             return 0.0
-        drained = self.drain.seconds_for(ahead)
-        return drained if drained is not None else self.estimator.drain_s(ahead, max_batch_size, self.limit.slots)
+        rate = self.drain.rate
+        if rate <= 0:  # no saturated window measured yet: full batches on every slot, at their learned time
+            full_s = self.estimator.batch_s(max_batch_size)
+            if full_s <= 0:
+                return 0.0  # nothing learned at all: admit, and learn
+            rate = self.limit.slots * max_batch_size / full_s
+        left = rate - self.arrivals.above(priority)
+        return ahead / left if left > 0 else float("inf")
 
     def retry_after_s(self, max_batch_size: int) -> float:
         """When a refused client may try again: once what is queued and in flight has drained."""
@@ -244,9 +251,6 @@ class Dispatcher:
         # refused it. Classification has no side effects, so a second run harms nobody.
         self.retryable = retryable
         self.stats = DispatchStats()
-        # The bulk queue's standing delay, a backstop behind the wait budgets: it acts only once the oldest
-        # request stands past what normal may wait (a prediction that ran short).
-        self.shedding = QueueShedding(model, 2 * s.queue_delay_target_s, clock)
         self._tasks: set[asyncio.Task[None]] = set()
         for lane in self.lanes:
             expire, starve = partial(self._expire, lane), partial(self._starve, lane)
@@ -284,23 +288,22 @@ class Dispatcher:
         self.stats.count_shed(reason, priority)
         return Overloaded(f"{self.model}: {message}", retry_after_s=self._retry_after(lane))
 
-    def _check(
-        self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float, precheck: bool = False
-    ) -> None:
+    def _check(self, lane: Lane, items: int, priority: Priority, deadline: float | None, now: float) -> None:
         """Refuse (raise Overloaded) a request of `items` rows that cannot be served in time, or of a
-        class the standing queue sheds now (drawn once per request: serve_app/scheduling/protection/standing.py)."""
-        self.shedding.follow(self.bulk.queue.oldest_wait(now))
-        shed = self.shedding.refuses(priority, precheck)
-        if shed:
-            raise self._refuse(lane, "queue_standing", priority, "overloaded (the queue stands over its delay target)")
+        class whose budget the wait in the router's queue exceeds (`DispatchSettings.wait_budget_s`).
+        Deterministic: the same request is judged the same from its headers and at admission."""
         waiting = self.wait_s(priority)
         predicted = waiting + lane.estimator.batch_s(items)
         if deadline is not None and now + predicted > deadline:
             raise self._refuse(lane, "deadline", priority, f"cannot meet the deadline (about {predicted * 1e3:.0f} ms of work)")
         _check_cold(self, priority, None if deadline is None else deadline - now - predicted)
         budget = self.settings.wait_budget_s(priority)
-        if budget is not None and (queued := lane.queue_wait_s(priority, self.settings.max_batch_size)) > budget:
-            raise self._refuse(lane, "queue_budget", priority, f"overloaded (about {queued:.1f} s queued ahead)")
+        if budget is not None:
+            # Predicted from the rows ahead, and seen: the oldest of this class still queued has waited
+            # past the budget (classes above kept overtaking it, which no prediction of the rows ahead sees).
+            queued = max(lane.queue_wait_s(priority, self.settings.max_batch_size), lane.queue.oldest_wait(now, priority))
+            if queued > budget:
+                raise self._refuse(lane, "queue_budget", priority, f"overloaded (about {queued:.1f} s queued ahead)")
         # The wait, not the request's own batch: an estimate inflated by one slow batch would otherwise
         # refuse everything, and with nothing admitted it never learns that the model got fast again.
         if waiting > self.settings.max_queue_delay_s:
@@ -312,7 +315,7 @@ class Dispatcher:
         delay (the wait ahead does not depend on the request's size) and a lower bound for
         the deadline (more rows finish later), so it never refuses what `admit` would take."""
         if self.prioritized and self.breaker.state == BreakerState.CLOSED:
-            self._check(self.lane_for(priority), 1, priority, deadline, self.clock(), precheck=True)
+            self._check(self.lane_for(priority), 1, priority, deadline, self.clock())
 
     def admit(self, payload: Any, items: int, priority: Priority, deadline: float | None) -> Ticket:
         """Queue a request or raise Overloaded; never spends model time on a refused one."""
@@ -325,6 +328,7 @@ class Dispatcher:
             )
         if self.prioritized:
             self._check(lane, items, priority, deadline, now)
+        lane.arrivals.on_admission(priority, items, now)
         ticket = Ticket(payload, items, priority, deadline if self.prioritized else None, now, trace=tracing.current())
         try:
             evicted = lane.queue.push(ticket)
@@ -402,8 +406,6 @@ class Dispatcher:
                 if waited < s.batch_wait_timeout_s - 1e-6:  # a timer may fire a hair early: that is on time
                     self._arm_timer(lane, s.batch_wait_timeout_s - waited)
                     return
-            if lane is self.bulk and self.prioritized:
-                self.shedding.follow(queue.oldest_wait(now))
             batch, expired = queue.pop_batch(s.max_batch_size, now)
             for ticket in expired:
                 self.stats.count_shed("expired", ticket.priority)
@@ -490,7 +492,6 @@ def _snapshot(d: Dispatcher) -> dict[str, Any]:
             lane.name: lane.snapshot(d.wait_s(Priority.LOW if lane is d.bulk else Priority.HIGH), s.max_batch_size)
             for lane in d.lanes
         },
-        "shedding": d.shedding.status(),
         **d.stats.counts(),
     }
 

@@ -58,7 +58,8 @@ class RequestQueue:
             raise ValueError(f"max_items must be >= 1, got {max_items}")
         self.max_items = max_items
         self._heap: list[tuple[tuple[float, ...], Ticket]] = []
-        self._arrivals: deque[Ticket] = deque()  # arrival order, done ones dropped lazily from the left
+        # Each class's arrival order, done ones dropped lazily from the left.
+        self._arrivals: dict[Priority, deque[Ticket]] = {p: deque() for p in Priority}
         self._seq = itertools.count()
         self.items = 0
         self.tickets = 0
@@ -85,9 +86,10 @@ class RequestQueue:
             evicted = victims
         ticket.seq = next(self._seq)
         heapq.heappush(self._heap, (self.sort_key(ticket), ticket))
-        self._arrivals.append(ticket)
-        if len(self._arrivals) > 2 * self.tickets + 64:  # an old ticket at the front holds the taken ones behind it
-            self._arrivals = deque(t for t in self._arrivals if not t.done)
+        arrivals = self._arrivals[ticket.priority]
+        arrivals.append(ticket)
+        if len(arrivals) > 2 * self.tickets + 64:  # an old ticket at the front holds the taken ones behind it
+            self._arrivals[ticket.priority] = deque(t for t in arrivals if not t.done)
         self._count(ticket, +1)
         return evicted
 
@@ -149,13 +151,18 @@ class RequestQueue:
         """The tickets still queued, in no particular order."""
         return [t for _, t in self._heap if not t.done]
 
-    def oldest_wait(self, now: float) -> float:
-        """Seconds the oldest queued ticket has waited; 0 when empty. Amortized O(1): what is
-        taken, shed or cancelled leaves the arrival order when it reaches the front."""
-        arrivals = self._arrivals
-        while arrivals and arrivals[0].done:
-            arrivals.popleft()
-        return now - arrivals[0].enqueued if arrivals else 0.0
+    def oldest_wait(self, now: float, priority: Priority | None = None) -> float:
+        """Seconds the oldest queued ticket (of `priority`, or of any class) has waited; 0 when
+        none is queued. Amortized O(1): what is taken, shed or cancelled leaves the arrival order
+        when it reaches the front."""
+        oldest = now
+        for p in Priority if priority is None else (priority,):
+            arrivals = self._arrivals[p]
+            while arrivals and arrivals[0].done:
+                arrivals.popleft()
+            if arrivals:
+                oldest = min(oldest, arrivals[0].enqueued)
+        return now - oldest
 
     def _discard(self, ticket: Ticket) -> None:
         ticket.done = True

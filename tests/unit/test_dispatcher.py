@@ -706,7 +706,7 @@ async def test_a_standing_queue_sheds_nothing_below_capacity():
     )
     outcomes = await _open_loop(d, 300.0, {Priority.HIGH: 10, Priority.NORMAL: 30, Priority.LOW: 60}, seconds=10.0)
     assert all(_answered(o) == 1.0 for o in outcomes.values())
-    assert d.shedding.shedding.level == 0.0 and d.stats.shed == {}
+    assert d.stats.shed == {}
 
 
 @virtual_time
@@ -721,10 +721,16 @@ async def test_over_capacity_the_queue_sheds_low_first_and_keeps_its_delay_bound
     refusals = d.stats.shed_priority
     assert refusals["low"] > refusals.get("normal", 0) and "high" not in refusals
     # Every refusal at admission, the moment the request came: none after waiting in the queue.
-    assert set(d.stats.shed) <= {"queue_budget", "queue_delay", "queue_standing"}, d.stats.shed
-    # Those answered waited a bounded time, not the many seconds an unbounded queue reaches.
-    waited = sorted(o for o in normal + low if isinstance(o, float))
-    assert waited[int(0.99 * len(waited))] < 2.0
+    assert set(d.stats.shed) <= {"queue_budget", "queue_delay"}, d.stats.shed
+
+    # Those answered waited about their class's budget, not the many seconds an unbounded queue
+    # reaches: normal within its 0.2 s and a few batches; low mostly within its 0.1 s (a low request
+    # admitted may still be overtaken by normal and high arriving after it, up to `max_queued_s`).
+    def quantile(waits: list[object], q: float) -> float:
+        ordered = sorted(o for o in waits if isinstance(o, float))
+        return ordered[int(q * len(ordered))]
+
+    assert quantile(normal, 0.99) < 0.5 and quantile(low, 0.5) < 0.5
     # The model stayed busy: the rows answered are most of what it can run (high's batches hold
     # high alone, so their small batches cost it some of the 440 rows/s full batches would give).
     answered = sum(_answered(o) * len(o) for o in outcomes.values())
@@ -766,48 +772,6 @@ async def test_each_class_is_admitted_while_its_predicted_wait_fits_its_budget()
     assert d.stats.shed == {"queue_budget": 2, "queue_delay": 1}
     assert d.stats.shed_priority == {"low": 1, "normal": 1, "high": 1}
     await asyncio.gather(*backlog, return_exceptions=True)
-
-
-@virtual_time
-async def test_a_request_prechecked_from_its_headers_is_drawn_once():
-    d = dispatcher(FakeModel(), max_batch_size=8, queue_delay_target_s=0.1)
-    d.shedding.shedding.level = 0.5  # half of low
-    draws = iter([0.4, 0.9])  # refused at the first draw only if the draw is under the share
-    d.shedding.shedding.draw = lambda: next(draws)
-    with pytest.raises(Overloaded, match="stands over its delay target"):
-        d.precheck(Priority.LOW, None)
-
-    async def prechecked_then_admitted() -> object:
-        d.precheck(Priority.LOW, None)  # draws 0.9: let through
-        return await d.submit("x", 1, Priority.LOW)  # no second draw (there is none left)
-
-    assert await asyncio.get_running_loop().create_task(prechecked_then_admitted(), context=contextvars.Context()) == "X"
-    assert d.shedding.shedding.refused == {"low": 1}
-
-
-@virtual_time
-async def test_an_admission_elsewhere_ends_the_header_draw():
-    light, heavy = (
-        Dispatcher(name, FakeModel().send, DispatchSettings(max_batch_size=8), clock=loop_clock()) for name in ("light", "heavy")
-    )
-    for d in (light, heavy):
-        d.shedding.shedding.level = 1.0  # all of low
-
-    async def prechecked_light_then_heavy_then_light() -> list[str]:
-        outcomes = []
-        light.shedding.shedding.level = 0.0
-        light.precheck(Priority.LOW, None)  # drawn for light, from the headers: let through
-        light.shedding.shedding.level = 1.0
-        for d in (heavy, light):  # the admission elsewhere draws, and ends light's mark
-            try:
-                await d.submit("x", 1, Priority.LOW)
-                outcomes.append("served")
-            except Overloaded:
-                outcomes.append("refused")
-        return outcomes
-
-    task = asyncio.get_running_loop().create_task(prechecked_light_then_heavy_then_light(), context=contextvars.Context())
-    assert await task == ["refused", "refused"]
 
 
 @virtual_time

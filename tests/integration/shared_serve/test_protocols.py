@@ -77,8 +77,9 @@ def app_url(tiny_model_dir: Path, otlp: OtlpReceiver, serve_url: str):
         "generation": {"default_max_tokens": 8, "max_tokens_limit": 60, "kv_slots": 1, "max_waiting": 2},
         "faults": {"delay_s": STEP_S},
     }
-    # Admit the disconnect test's 16 queued requests (6 s of bert-slow) instead of refusing most.
-    args["scheduling"] = {"max_queue_delay_s": 10, "anonymous_max_priority": "high"}
+    # Admit the disconnect test's 16 queued requests (6 s of bert-slow) instead of refusing most:
+    # normal may wait twice the delay target in a model's queue, and no class past max_queue_delay_s.
+    args["scheduling"] = {"max_queue_delay_s": 10, "queue_delay_target_ms": 5000, "anonymous_max_priority": "high"}
     args["limits"] = {"max_request_bytes": MAX_BODY, "max_text_chars": 500}
     yield from app_for_module(args, serve_url)
 

@@ -381,7 +381,7 @@ class SchedulingConfig(ConfigModel):
         "Retry-After (higher classes arriving without end could otherwise hold lower ones until clients give up)",
     )
     queue_delay_target_ms: float = Field(
-        100.0,
+        500.0,
         gt=0,
         description="how long a request may be predicted to wait in a model's queue in the router, by class (at least "
         "two full batches): low is admitted within this, normal within twice it, high within max_queue_delay_s; the "

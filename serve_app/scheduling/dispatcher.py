@@ -70,7 +70,7 @@ class DispatchSettings:
     max_queue_delay_s: float = 2.0
     max_queued_s: float = 10.0  # the longest a ticket stays queued, deadline or not: then a 503
     # How long low may be predicted to wait (more than two full batches; normal twice it): `wait_budget_s`.
-    queue_delay_target_s: float = 0.1
+    queue_delay_target_s: float = 0.5
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.004
     batch_timeout_s: float = 30.0  # a batch taking longer counts as a model failure

@@ -208,13 +208,20 @@ def plain_config(s: Settings, model: str) -> dict[str, Any]:
                 "args": {
                     "name": model,
                     "model_dir": str(s.model_dir / model),
-                    "threads": app["args"]["models"][model].get("intra_op_threads"),
+                    "threads": _plain_threads(app["args"]["models"][model].get("intra_op_threads"), s.plain_replicas),
                     **batching,
                 },
                 "deployments": [{"name": "PlainModel", **plain_deployment}],
             }
         ],
     }
+
+
+def _plain_threads(threads: int | None, replicas: int) -> int | None:
+    """Plain's intra-op threads per replica: ours' for the model, split over plain's replicas, so both
+    sides run the model on as many threads (ours' two single-threaded bulk sessions against two
+    single-threaded replicas, not four threads on two cores). None: the replica's own rule, as ours."""
+    return None if threads is None else max(1, -(-threads // max(1, replicas)))
 
 
 def model_gpu_ids(s: Settings, model: str) -> list[str]:

@@ -164,10 +164,12 @@ class ModelConfig(ConfigModel):
         None,
         ge=1,
         le=256,
-        description="with the urgent lane on: sessions the bulk lane runs side by side, the intra-op threads split "
-        "between them. Default: one per thread on CPU (most throughput beside other load, see "
-        "benchmarks/results/contention/bench-realsize/), one on GPUs. 1 runs each batch on all the threads, so a "
-        "batch ends sooner, which is what a request waits for at moderate load",
+        description="classifiers: sessions the bulk lane runs side by side, the intra-op threads split between them, "
+        "in the background (the lowest CPU priority). With the urgent lane on, default one per thread on CPU (most "
+        "throughput beside other load, see benchmarks/results/contention/bench-realsize/), one on GPUs; 1 runs each "
+        "batch on all the threads, so a batch ends sooner, which is what a request waits for at moderate load. With "
+        "it off, default 1 (one session at normal priority); more keeps one batch running while the next is sent "
+        "and answered, and lets a router on the same cores go first. Each extra session holds a copy of the weights",
     )
     faults: FaultConfig = Field(default_factory=FaultConfig)
     stall_timeout_s: float = Field(

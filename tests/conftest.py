@@ -55,7 +55,14 @@ def tiny_args(model_dir: Path, **batching: Any) -> dict[str, Any]:
             # Two threads: its bulk lane runs two single-threaded sessions side by side.
             "bert-heavy": {"preset": "bert-tiny", "batching": b, "intra_op_threads": 2},
             "resnet-light": {"preset": "resnet-tiny", "batching": b},
-            "resnet-heavy": {"preset": "resnet-tiny", "batching": b},
+            # No urgent lane, two single-threaded sessions side by side (as configs/local.yaml).
+            "resnet-heavy": {
+                "preset": "resnet-tiny",
+                "batching": b,
+                "urgent_lane": False,
+                "intra_op_threads": 2,
+                "bulk_sessions": 2,
+            },
             "gpt": {
                 "preset": "gpt-tiny",
                 "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.02},

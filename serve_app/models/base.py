@@ -43,9 +43,12 @@ class OnnxModel:
         self.providers = select_providers(self.gpu_ids)
         self.threads = self.config.intra_op_threads or intra_op_threads(num_cpus)
         self.lanes_enabled = self.supports_lanes and self.config.urgent_lane
+        # Sessions of their own run the batches: the bulk lane's beside an urgent lane, or side by side without one.
+        self.side_by_side = self.supports_lanes and not self.lanes_enabled and (self.config.bulk_sessions or 1) > 1
         # With two sessions sharing the cores, neither pool may spin while idle (runtime.create_session).
         self.onnx_path = self.model_dir / self.manifest.onnx_file_for(self.config.precision)
-        self.session = create_session(self.onnx_path, self.providers, self.threads, spinning=not self.lanes_enabled)
+        spinning = not (self.lanes_enabled or self.side_by_side)
+        self.session = create_session(self.onnx_path, self.providers, self.threads, spinning=spinning)
         self.batch_sizes: Counter[int] = Counter()
         self._batch_hist = metrics.Histogram(
             "serve_app_batch_size",

@@ -93,22 +93,27 @@ class Classifier(OnnxModel):
         size = self.batching.max_batch_size
         # Intra-op threads of each session per lane, for runtime_info.
         self.lane_layout: dict[str, list[int]] = {BULK: [self.threads]}
-        if not self.lanes_enabled:
+        if not (self.lanes_enabled or self.side_by_side):
             self.lanes[BULK] = BatchExecutor(partial(self._run_payloads, session=self.session), size)
             return
-        # `self.session` serves the urgent lane at normal priority; the bulk lane gets sessions of
-        # its own whose threads, and the threads that drive them, run in the background. On CPU
-        # that is one single-threaded session per core the model may use, running batches side by
-        # side (see serve_app.models.executor: a preempted background thread then stalls one batch,
-        # not every operator of one wide batch); on a GPU one session (each would hold the weights).
+        # The bulk lane gets sessions of its own whose threads, and the threads that drive them, run
+        # in the background: beside an urgent lane, and without one where `bulk_sessions` asks for
+        # them (then a router on the same cores goes first). On CPU that is by default one
+        # single-threaded session per core the model may use, running batches side by side (see
+        # serve_app.models.executor: a preempted background thread then stalls one batch, not every
+        # operator of one wide batch); on a GPU one session (each would hold the weights).
         on_cpu = self.providers[0] == "CPUExecutionProvider"
         layout = bulk_layout(self.threads, self.config.bulk_sessions or (self.threads if on_cpu else 1))
         bulk = [create_session(self.onnx_path, self.providers, n, spinning=False, background=True) for n in layout]
         self.sessions += bulk
-        self.lane_layout = {BULK: layout, URGENT: [self.threads]}
+        self.lane_layout = {BULK: layout}
         pool = ThreadPoolExecutor(len(bulk), thread_name_prefix=f"{name}-bulk", initializer=lower_thread_priority)
         runs: list[RunBatch] = [partial(self._run_payloads, session=session) for session in bulk]
         self.lanes[BULK] = BatchExecutor(runs, size, pool)
+        if not self.lanes_enabled:
+            return
+        # `self.session` serves the urgent lane at normal priority.
+        self.lane_layout[URGENT] = [self.threads]
         urgent_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-urgent")
         self.lanes[URGENT] = BatchExecutor(partial(self._run_payloads, session=self.session), size, urgent_pool)
 

@@ -59,6 +59,7 @@ class Ingress:
     retries: int | None = None  # HAProxy's retries of one request, a second apart; None: HAProxy's default (3)
     bufsize: int | None = None  # HAProxy's tune.bufsize; None: Ray's default (16 KiB)
     observe_mark_down: bool | None = None  # a router marked down for errors on live traffic; None: Ray's default (on)
+    maxconn: int | None = None  # HAProxy's global maxconn; None: Ray's default (4096)
 
     @property
     def label(self) -> str:
@@ -80,6 +81,8 @@ class Ingress:
             env["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"] = str(self.bufsize)
         if self.observe_mark_down is not None:
             env["RAY_SERVE_HAPROXY_OBSERVE_MARK_DOWN_ENABLED"] = "1" if self.observe_mark_down else "0"
+        if self.maxconn is not None:
+            env["RAY_SERVE_HAPROXY_MAXCONN"] = str(self.maxconn)
         return env
 
 

@@ -47,6 +47,7 @@ from benchmarks.cluster import (
     run_loadgen,
 )
 from benchmarks.loadgen import pooled
+from serve_app.tools.ingress_env import local_haproxy_maxconn
 
 # The ingress the default configs use (README's serve command, the KubeRay pods):
 # chosen by the `ingress` scenario, see benchmarks/results/ingress/local/ (HAProxy plus
@@ -59,6 +60,7 @@ DEFAULT_INGRESS = Ingress(
     retries=RETRIES,
     bufsize=BUFSIZE,
     observe_mark_down=False,
+    maxconn=local_haproxy_maxconn(),
 )
 
 

@@ -7,7 +7,38 @@ the processes that start Ray, not fields of the Serve config.
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Mapping
+
+# HAProxy's connections at once (its global `maxconn`; Ray's default 4096). The same number decides
+# whether HAProxy keeps a connection to the router open for the next request: once a fifth of the
+# descriptors it may use are taken (`tune.pool-low-fd-ratio`), a connection that finished its
+# request is closed instead of kept idle. At Ray's default that fifth is about a thousand requests
+# in flight, which an open-loop spike reaches: each request then opened a new connection to the
+# router, whose event loop accepts one connection per turn, so requests and HAProxy's health
+# checks queued in the router's accept queue until the checks failed and the clients timed out
+# (benchmarks/results/goodput/README.md). HAProxy asks for about 2.5 descriptors a connection (both
+# sides and the splice pipes of Ray's config) and will not start when the hard limit is lower.
+HAPROXY_MAXCONN = 7680
+RAY_DEFAULT_MAXCONN = 4096
+FDS_PER_CONNECTION = 2.5
+FD_HEADROOM = 256  # listeners, health checks, logs
+
+
+def haproxy_maxconn(fd_hard_limit: int | None) -> int:
+    """`HAPROXY_MAXCONN`, or as much of it as a hard limit on open files lets HAProxy start with
+    (None: unknown, as for the KubeRay pods, whose runtimes allow far more). Never below Ray's own
+    default: a limit too low for that already kept HAProxy from starting."""
+    if fd_hard_limit is None or fd_hard_limit == resource.RLIM_INFINITY:
+        return HAPROXY_MAXCONN
+    fits = int((fd_hard_limit - FD_HEADROOM) / FDS_PER_CONNECTION)
+    return max(RAY_DEFAULT_MAXCONN, min(HAPROXY_MAXCONN, fits))
+
+
+def local_haproxy_maxconn() -> int:
+    """`haproxy_maxconn` for a Ray started from this process: HAProxy inherits its hard limit."""
+    return haproxy_maxconn(resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+
 
 # Behind HAProxy, v2 infer from the router's HTTP server straight to its app, ahead of Serve's
 # per-request wrapper (serve_app/router/edge/direct.py), through Serve's hook for HTTP middlewares.
@@ -38,10 +69,12 @@ INGRESS_ENV: dict[str, str] = {
     "RAY_SERVE_HAPROXY_OBSERVE_MARK_DOWN_ENABLED": "0",
     # HAProxy replays only a request that fits in one buffer: 64 KiB holds a JSON image.
     "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "65536",
+    "RAY_SERVE_HAPROXY_MAXCONN": str(haproxy_maxconn(None)),
     **DIRECT_INFER_ENV,
 }
 
 
 def with_ingress_env(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` with the ingress settings added; a variable already set there wins (an operator's choice)."""
-    return {**INGRESS_ENV, **env}
+    """`env` with the ingress settings added, HAProxy's connections fitted to this machine's limit
+    on open files; a variable already set there wins (an operator's choice)."""
+    return {**INGRESS_ENV, "RAY_SERVE_HAPROXY_MAXCONN": str(local_haproxy_maxconn()), **env}

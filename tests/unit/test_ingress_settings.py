@@ -11,7 +11,14 @@ import yaml
 
 from benchmarks.cluster import base_env
 from benchmarks.scenarios import DEFAULT_INGRESS
-from serve_app.tools.ingress_env import DIRECT_INFER_ENV, INGRESS_ENV, with_ingress_env
+from serve_app.tools.ingress_env import (
+    DIRECT_INFER_ENV,
+    HAPROXY_MAXCONN,
+    INGRESS_ENV,
+    RAY_DEFAULT_MAXCONN,
+    haproxy_maxconn,
+    with_ingress_env,
+)
 from serve_app.tools.kuberay import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,8 +37,9 @@ def _pod_envs() -> list[dict[str, str]]:
 
 def test_readme_kuberay_and_the_benchmarks_run_the_same_ingress() -> None:
     assert INGRESS_ENV["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
-    # The benchmarks set the ingress switches per scenario and the direct path's hook under every one.
-    assert {**DEFAULT_INGRESS.env(), **DIRECT_INFER_ENV} == INGRESS_ENV
+    # The benchmarks set the ingress switches per scenario and the direct path's hook under every one;
+    # HAProxy's connections fitted to this machine's limit on open files, as `serve-app serve` fits them.
+    assert {**DEFAULT_INGRESS.env(), **DIRECT_INFER_ENV} == with_ingress_env({})
     assert base_env().items() >= DIRECT_INFER_ENV.items()
     pods = _pod_envs()
     assert len(pods) >= 3  # head, ingress group, GPU workers
@@ -46,3 +54,17 @@ def test_an_operator_s_own_setting_wins_over_the_shipped_one() -> None:
     env = with_ingress_env({"RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL": "9", "PATH": "/bin"})
     assert env["RAY_SERVE_HAPROXY_HEALTH_CHECK_FALL"] == "9" and env["PATH"] == "/bin"
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+
+
+def test_haproxy_s_connections_fit_the_open_files_limit_it_inherits() -> None:
+    """HAProxy takes about 2.5 descriptors a connection (maxsock: both sides plus maxconn/4 splice
+    pipes, two each) and refuses to start above the hard limit; a limit too low for Ray's own
+    default is left as Ray would."""
+    assert haproxy_maxconn(None) == HAPROXY_MAXCONN == int(INGRESS_ENV["RAY_SERVE_HAPROXY_MAXCONN"])
+    assert haproxy_maxconn(1 << 20) == HAPROXY_MAXCONN
+    for limit in (20_000, 16_384, 12_000):
+        maxconn = haproxy_maxconn(limit)
+        assert RAY_DEFAULT_MAXCONN < maxconn <= HAPROXY_MAXCONN
+        assert 2 * maxconn + 2 * (maxconn // 4) + 64 <= limit, limit  # what HAProxy 2.8 asked for, plus its listeners
+    assert haproxy_maxconn(16_384) < HAPROXY_MAXCONN  # fitted, not the whole
+    assert haproxy_maxconn(4_096) == haproxy_maxconn(1_024) == RAY_DEFAULT_MAXCONN

@@ -7,7 +7,6 @@ the processes that start Ray, not fields of the Serve config.
 
 from __future__ import annotations
 
-import resource
 from collections.abc import Mapping
 
 # HAProxy's connections at once (its global `maxconn`; Ray's default 4096). The same number decides
@@ -17,7 +16,7 @@ from collections.abc import Mapping
 # in flight, which an open-loop spike reaches: each request then opened a new connection to the
 # router, whose event loop accepts one connection per turn, so requests and HAProxy's health
 # checks queued in the router's accept queue until the checks failed and the clients timed out
-# (benchmarks/results/goodput/README.md). HAProxy asks for about 2.5 descriptors a connection (both
+# (benchmarks/results/soak/README.md). HAProxy asks for about 2.5 descriptors a connection (both
 # sides and the splice pipes of Ray's config) and will not start when the hard limit is lower.
 HAPROXY_MAXCONN = 7680
 RAY_DEFAULT_MAXCONN = 4096
@@ -29,7 +28,7 @@ def haproxy_maxconn(fd_hard_limit: int | None) -> int:
     """`HAPROXY_MAXCONN`, or as much of it as a hard limit on open files lets HAProxy start with
     (None: unknown, as for the KubeRay pods, whose runtimes allow far more). Never below Ray's own
     default: a limit too low for that already kept HAProxy from starting."""
-    if fd_hard_limit is None or fd_hard_limit == resource.RLIM_INFINITY:
+    if fd_hard_limit is None or fd_hard_limit < 0:  # RLIM_INFINITY is -1 on Linux
         return HAPROXY_MAXCONN
     fits = int((fd_hard_limit - FD_HEADROOM) / FDS_PER_CONNECTION)
     return max(RAY_DEFAULT_MAXCONN, min(HAPROXY_MAXCONN, fits))
@@ -37,6 +36,10 @@ def haproxy_maxconn(fd_hard_limit: int | None) -> int:
 
 def local_haproxy_maxconn() -> int:
     """`haproxy_maxconn` for a Ray started from this process: HAProxy inherits its hard limit."""
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return haproxy_maxconn(None)
     return haproxy_maxconn(resource.getrlimit(resource.RLIMIT_NOFILE)[1])
 
 

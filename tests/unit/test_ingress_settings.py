@@ -61,7 +61,7 @@ def test_haproxy_s_connections_fit_the_open_files_limit_it_inherits() -> None:
     pipes, two each) and refuses to start above the hard limit; a limit too low for Ray's own
     default is left as Ray would."""
     assert haproxy_maxconn(None) == HAPROXY_MAXCONN == int(INGRESS_ENV["RAY_SERVE_HAPROXY_MAXCONN"])
-    assert haproxy_maxconn(1 << 20) == HAPROXY_MAXCONN
+    assert haproxy_maxconn(1 << 20) == haproxy_maxconn(-1) == HAPROXY_MAXCONN  # -1: RLIM_INFINITY
     for limit in (20_000, 16_384, 12_000):
         maxconn = haproxy_maxconn(limit)
         assert RAY_DEFAULT_MAXCONN < maxconn <= HAPROXY_MAXCONN

@@ -78,7 +78,7 @@ class ChaosSettings:
         # phase of their own; both must still cost the good requests nothing.
         phases = ("replica", "router", "stall", "node")
         malformed = ("replica", "malformed")  # `--phases malformed` still runs a phase of its own
-        return cls(seconds=9.0, fault_at_s=3.0, warmup_s=1.0, concurrency=8, streams=2, phases=phases, malformed_during=malformed)
+        return cls(seconds=6.0, fault_at_s=2.0, warmup_s=0.5, concurrency=8, streams=2, phases=phases, malformed_during=malformed)
 
 
 class MultiNodeCluster(RayCluster):

@@ -181,12 +181,18 @@ class RayCluster:
             time.sleep(5)
         ran = time.perf_counter()
         probe.wait(f"http://127.0.0.1:{HTTP_PORT}", timeout_s)
+        answered = time.perf_counter()
         wait_all_models(f"http://127.0.0.1:{HTTP_PORT}", timeout_s)
+        all_ready = time.perf_counter()
         self.direct_backends = wait_direct_backends(self.env)
-        taken = time.perf_counter() - started
+        done_at = time.perf_counter()
+        taken = done_at - started
         if self._kept():
             arm_deleter(self.env, SERVE_CONNECT)
-        _progress(f"deploy: serve run {ran - started:.1f}s, ready {taken:.1f}s")
+        _progress(
+            f"deploy: serve run {ran - started:.1f}s, probe answered {answered - ran:.1f}s, every model"
+            f" {all_ready - answered:.1f}s, HAProxy's direct backends {done_at - all_ready:.1f}s; ready {taken:.1f}s"
+        )
         return taken
 
 

@@ -232,7 +232,7 @@ def test_chaos(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert stall["streams"]["started"] > 0 and stall["streams"]["cut_without_done"] == 0, stall["streams"]
     # A killed router replica costs no request that had no answer yet (HAProxy sends each again to
     # the other router), and the app goes on answering after it (back to its earlier rate is the
-    # benchmark's claim: a 9 s phase leaves its replacement too few seconds on a loaded 2-core
+    # benchmark's claim: a 6 s phase leaves its replacement too few seconds on a loaded 2-core
     # machine to show it). An answer whose head the router had written when it died is cut, and
     # HAProxy cannot replay it: the benchmark counts those apart (`cut_mid_answer`); at most the
     # one answer a router writes at a time is cut.

@@ -136,6 +136,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--loads", type=float, nargs="+", help="goodput: offered loads over capacity (default: 0.5 0.9 1.5 3)")
     p.add_argument(
+        "--capacity-rps", type=float,
+        help="goodput: the loads are multiples of this rate, not of the capacity measured (which is still reported)",
+    )  # fmt: skip
+    p.add_argument(
         "--mixes", nargs="+", help="goodput: priority mixes, by name: no-high trickle 10/30/60 mostly-high (default: all)"
     )
     p.add_argument(
@@ -232,6 +236,8 @@ def _goodput(settings: Any, ns: argparse.Namespace) -> None:
         settings.loads = tuple(ns.loads)
     if ns.mixes:
         settings.mixes = tuple(ns.mixes)
+    if ns.capacity_rps:
+        settings.capacity_rps = ns.capacity_rps
     if ns.degrade:
         settings.degrade = tuple(ns.degrade)
         settings.rounds = ns.rounds

@@ -60,6 +60,10 @@ class GoodputSettings:
     timeout_s: float = 10.0  # the client's timeout per request
     capacity_clients: int = 32
     capacity_seconds: float = 10.0
+    # The rate the loads are multiples of, instead of this run's measured capacity (still measured
+    # and reported): runs that compare two configs offer the same requests per second, however
+    # fast the machine was when each measured its capacity.
+    capacity_rps: float | None = None
     max_in_flight: int = 4096  # per class: far above what a server answering in time holds
     # On a route: "on" (the route as configured) and "off" (never degrades), each point run for
     # both, alternated, `rounds` times.
@@ -229,9 +233,10 @@ def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any
             measured = arms["off"] if s.degrade else s.model
             normal = workloads.write([workloads.v2_infer(measured, inputs, "normal", scored=is_route)], tmp / "normal.json")
             cap = run_loadgen(BASE_URL, normal, {"concurrency": s.capacity_clients}, s.capacity_seconds, s.warmup)
-            capacity = float(cap["goodput_rps"])
-            out["capacity"] = {"goodput_rps": capacity, "p99_ms": cap["p99_ms"], "statuses": cap["statuses"],
+            out["capacity"] = {"goodput_rps": float(cap["goodput_rps"]), "p99_ms": cap["p99_ms"], "statuses": cap["statuses"],
                                **({"scored": cap["scored"]} if "scored" in cap else {})}  # fmt: skip
+            capacity = s.capacity_rps or float(cap["goodput_rps"])
+            out["capacity_basis_rps"] = capacity
             high = workloads.write(streams(measured, inputs, (1, 0, 0)), tmp / "high.json")
             unloaded = run_loadgen(BASE_URL, high, {"rate": max(1.0, capacity / 10)}, s.seconds, s.warmup, timeout_s=s.timeout_s)
             out["unloaded_high"] = {"p50_ms": unloaded["p50_ms"], "p99_ms": unloaded["p99_ms"], "statuses": unloaded["statuses"]}
@@ -351,11 +356,13 @@ def markdown(res: dict[str, Any]) -> str:
             f"| {x['timeouts']} | {x['server_errors_5xx']} | {cpu} |"
         )
     u = r["unloaded_high"]
+    given = s.get("capacity_rps")
+    basis = f"; loads and goodput are over {given} req/s, given with --capacity-rps" if given else ""
     return "\n".join(
         [
             f"`{s['model']}` (one replica), open loop (Poisson), {s['seconds']:.0f} s per point, client timeout "
             f"{s['timeout_s']:.0f} s. Capacity: {r['capacity']['goodput_rps']} req/s ({s['capacity_clients']} closed-loop "
-            f"normal clients). Unloaded high priority (alone at a tenth of capacity): p50 {u['p50_ms']} ms, "
+            f"normal clients){basis}. Unloaded high priority (alone at a tenth of capacity): p50 {u['p50_ms']} ms, "
             f"p99 {u['p99_ms']} ms. Router scheduling: `{r['scheduling']}`.",
             "",
             "Per class: answered 200 · p50/p99 ms of the 200s · refused (refusal p99 ms) · timeouts.",

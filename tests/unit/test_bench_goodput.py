@@ -99,3 +99,20 @@ def test_a_strict_copy_of_the_route_never_degrades_and_inputs_come_from_the_heav
     assert routes["r" + STRICT_SUFFIX] == {"light": "l", "heavy": "h", "degrade": {"priorities": []}}
     assert "degrade" not in routes["r"] and len(config["applications"][0]["args"]["routes"]) == 1
     assert target_dir(config, tmp_path, "r") == tmp_path / "h" and target_dir(config, tmp_path, "m") == tmp_path / "m"
+
+
+def test_a_run_given_its_capacity_says_so_beside_the_one_it_measured():
+    from dataclasses import asdict
+
+    from benchmarks.goodput import GoodputSettings, markdown
+
+    def report(settings: GoodputSettings) -> str:
+        result = {
+            "settings": asdict(settings), "scheduling": {}, "capacity": {"goodput_rps": 912.0},
+            "unloaded_high": {"p50_ms": 5.0, "p99_ms": 20.0}, "points": [], "checks": {},
+        }  # fmt: skip
+        return markdown({"result": result})
+
+    assert "Capacity: 912.0 req/s" in report(GoodputSettings()) and "--capacity-rps" not in report(GoodputSettings())
+    given = report(GoodputSettings(capacity_rps=750.0))
+    assert "Capacity: 912.0 req/s" in given and "goodput are over 750.0 req/s, given with --capacity-rps" in given

@@ -233,7 +233,9 @@ def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any
             measured = arms["off"] if s.degrade else s.model
             normal = workloads.write([workloads.v2_infer(measured, inputs, "normal", scored=is_route)], tmp / "normal.json")
             cap = run_loadgen(BASE_URL, normal, {"concurrency": s.capacity_clients}, s.capacity_seconds, s.warmup)
+            # Its cores by role too: a point that answers less than capacity is read against them.
             out["capacity"] = {"goodput_rps": float(cap["goodput_rps"]), "p99_ms": cap["p99_ms"], "statuses": cap["statuses"],
+                               "cpu_cores_by_role": cap.get("cpu_cores_by_role"),
                                **({"scored": cap["scored"]} if "scored" in cap else {})}  # fmt: skip
             capacity = s.capacity_rps or float(cap["goodput_rps"])
             out["capacity_basis_rps"] = capacity

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,15 @@ import yaml
 
 from benchmarks.cluster import ensure_auth_token, stop_ray, wait_for_ray_exit
 
+# A driver that stays connected and answers a deployment's running replicas for each name on its
+# stdin: a new driver per question took seconds of the 2 cores (Python, Ray's import, the connection).
 REPLICAS_SCRIPT = """
 import sys, ray
 from ray import serve
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
-states = serve.status().applications["default"].deployments[sys.argv[2]].replica_states
-print("running replicas:", states.get("RUNNING", 0))
+for line in sys.stdin:
+    states = serve.status().applications["default"].deployments[line.strip()].replica_states
+    print("running replicas:", states.get("RUNNING", 0), flush=True)
 """
 
 
@@ -40,6 +44,9 @@ def serve_run(
         wait_for(lambda: ready(url), 120, "application never became ready")
         yield
     finally:
+        counter = _COUNTERS.pop(ray_port, None)
+        if counter is not None:
+            counter.close()
         stop_ray()
 
 
@@ -70,12 +77,38 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, message: str) -> N
         time.sleep(0.5)
 
 
+class ReplicaCounter:
+    """Running replicas of a deployment, from Serve's own status, asked of one driver process."""
+
+    def __init__(self, env: dict[str, str], ray_port: int) -> None:
+        args = [sys.executable, "-c", REPLICAS_SCRIPT, f"127.0.0.1:{ray_port}"]
+        self.proc = subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.reader = ThreadPoolExecutor(max_workers=1)  # a read with a timeout: a hung driver fails the test
+
+    def running(self, deployment: str, timeout_s: float = 60) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(deployment + "\n")
+        self.proc.stdin.flush()
+        stdout = self.proc.stdout
+        # Ray's raylet may print warnings to the same stdout: the answer is the next line of ours.
+        while True:
+            line = self.reader.submit(stdout.readline).result(timeout=timeout_s)
+            assert line, f"the status driver ended (exit code {self.proc.poll()})"
+            if line.startswith("running replicas: "):
+                return int(line.split(": ", 1)[1])
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.reader.shutdown(wait=False, cancel_futures=True)
+
+
+# One driver per cluster (its Ray port), closed by `serve_run` before it stops Ray.
+_COUNTERS: dict[int, ReplicaCounter] = {}
+
+
 def running_replicas(env: dict[str, str], ray_port: int, deployment: str) -> int:
-    """Running replicas of a deployment, from Serve's own status (in a child process)."""
-    args = [sys.executable, "-c", REPLICAS_SCRIPT, f"127.0.0.1:{ray_port}", deployment]
-    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-2000:]
-    # The last line of ours: Ray's raylet may print warnings to the same stdout, after it as well.
-    ours = [line for line in out.stdout.splitlines() if line.startswith("running replicas: ")]
-    assert ours, out.stdout[-2000:]
-    return int(ours[-1].split(": ", 1)[1])
+    """Running replicas of a deployment, from Serve's own status."""
+    if ray_port not in _COUNTERS:
+        _COUNTERS[ray_port] = ReplicaCounter(env, ray_port)
+    return _COUNTERS[ray_port].running(deployment)

@@ -4,6 +4,7 @@ would need the token-auth setting before `import ray`, for every module."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -17,15 +18,26 @@ import yaml
 
 from benchmarks.cluster import ensure_auth_token, stop_ray, wait_for_ray_exit
 
-# A driver that stays connected and answers a deployment's running replicas for each name on its
-# stdin: a new driver per question took seconds of the 2 cores (Python, Ray's import, the connection).
-REPLICAS_SCRIPT = """
-import sys, ray
+# A driver that stays connected to the cluster and runs the scripts sent on its stdin, one JSON
+# line each ([script, args]), with `ray`, `serve` and `args` in scope; a script's answer is its
+# lines that start "= " (Ray's raylet may print warnings to the same stdout), then "==". A new
+# driver per question took seconds of the 2 cores (Python, Ray's import, the connection).
+DRIVER_SCRIPT = """
+import json, sys, ray
 from ray import serve
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 for line in sys.stdin:
-    states = serve.status().applications["default"].deployments[line.strip()].replica_states
-    print("running replicas:", states.get("RUNNING", 0), flush=True)
+    script, args = json.loads(line)
+    try:
+        exec(script, {"ray": ray, "serve": serve, "args": args})
+        print("== ok", flush=True)
+    except Exception as e:
+        print("== error", repr(e).replace(chr(10), " "), flush=True)
+"""
+
+RUNNING_REPLICAS = """
+states = serve.status().applications["default"].deployments[args[0]].replica_states
+print("=", states.get("RUNNING", 0))
 """
 
 
@@ -44,9 +56,9 @@ def serve_run(
         wait_for(lambda: ready(url), 120, "application never became ready")
         yield
     finally:
-        counter = _COUNTERS.pop(ray_port, None)
-        if counter is not None:
-            counter.close()
+        driver = _DRIVERS.pop(ray_port, None)
+        if driver is not None:
+            driver.close()
         stop_ray()
 
 
@@ -77,25 +89,28 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, message: str) -> N
         time.sleep(0.5)
 
 
-class ReplicaCounter:
-    """Running replicas of a deployment, from Serve's own status, asked of one driver process."""
+class ClusterDriver:
+    """One driver process connected to a cluster, running scripts for the tests (DRIVER_SCRIPT)."""
 
     def __init__(self, env: dict[str, str], ray_port: int) -> None:
-        args = [sys.executable, "-c", REPLICAS_SCRIPT, f"127.0.0.1:{ray_port}"]
+        args = [sys.executable, "-c", DRIVER_SCRIPT, f"127.0.0.1:{ray_port}"]
         self.proc = subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.reader = ThreadPoolExecutor(max_workers=1)  # a read with a timeout: a hung driver fails the test
 
-    def running(self, deployment: str, timeout_s: float = 60) -> int:
+    def run(self, script: str, *args: str, timeout_s: float = 90) -> list[str]:
+        """The script's "= " lines, without the prefix; its exception fails the test."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(deployment + "\n")
+        self.proc.stdin.write(json.dumps([script, list(args)]) + "\n")
         self.proc.stdin.flush()
-        stdout = self.proc.stdout
-        # Ray's raylet may print warnings to the same stdout: the answer is the next line of ours.
+        stdout, answer = self.proc.stdout, list[str]()
         while True:
             line = self.reader.submit(stdout.readline).result(timeout=timeout_s)
-            assert line, f"the status driver ended (exit code {self.proc.poll()})"
-            if line.startswith("running replicas: "):
-                return int(line.split(": ", 1)[1])
+            assert line, f"the test driver ended (exit code {self.proc.poll()})"
+            if line.startswith("== "):
+                assert line == "== ok\n", line
+                return answer
+            if line.startswith("= "):
+                answer.append(line[2:].rstrip("\n"))
 
     def close(self) -> None:
         self.proc.kill()
@@ -104,11 +119,16 @@ class ReplicaCounter:
 
 
 # One driver per cluster (its Ray port), closed by `serve_run` before it stops Ray.
-_COUNTERS: dict[int, ReplicaCounter] = {}
+_DRIVERS: dict[int, ClusterDriver] = {}
+
+
+def cluster_driver(env: dict[str, str], ray_port: int) -> ClusterDriver:
+    if ray_port not in _DRIVERS:
+        _DRIVERS[ray_port] = ClusterDriver(env, ray_port)
+    return _DRIVERS[ray_port]
 
 
 def running_replicas(env: dict[str, str], ray_port: int, deployment: str) -> int:
     """Running replicas of a deployment, from Serve's own status."""
-    if ray_port not in _COUNTERS:
-        _COUNTERS[ray_port] = ReplicaCounter(env, ray_port)
-    return _COUNTERS[ray_port].running(deployment)
+    (count,) = cluster_driver(env, ray_port).run(RUNNING_REPLICAS, deployment)
+    return int(count)

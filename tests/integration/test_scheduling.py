@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.cli_serving import app_config, ready, running_replicas, serve_run, wait_for
+from tests.integration.cli_serving import app_config, cluster_driver, ready, running_replicas, serve_run, wait_for
 
 pytestmark = pytest.mark.integration
 PORT = 8125
@@ -441,29 +440,21 @@ def test_cached_answers_never_cross_versions_or_tenants(app):
 
 
 ALIVE_REPLICAS = """
-import sys, ray
 from ray.util.state import list_actors
-ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000):
     if a.name and a.name.startswith("SERVE_REPLICA::"):
         print("=", a.name)
 """
 
 KILL_REPLICAS = """
-import sys, ray
-ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
-for name in sys.argv[2:]:
+for name in args:
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
 """
 
 
 def _script(env: dict[str, str], script: str, *args: str) -> list[str]:
-    out = subprocess.run(
-        [sys.executable, "-c", script, f"127.0.0.1:{RAY_PORT}", *args], env=env, capture_output=True, text=True, timeout=90
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    # The script's own lines start "= ": Ray's raylet may print warnings to the same stdout.
-    return [line[2:] for line in out.stdout.splitlines() if line.startswith("= ")]
+    """A script's "= " lines, run by the test driver connected to this module's cluster."""
+    return cluster_driver(env, RAY_PORT).run(script, *args)
 
 
 class SteadyLoad:
@@ -651,8 +642,6 @@ def test_every_metric_the_dashboard_and_alert_rules_read_is_exported(app):
 
 
 LEDGER = """
-import sys, ray
-ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 from serve_app.router.routing.rollback_ledger import NAMESPACE, ledger_name
 ledger = ray.get_actor(ledger_name("default"), namespace=NAMESPACE)
 for model, version, weight, _ in ray.get(ledger.exchange.remote([], [])):

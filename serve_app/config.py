@@ -160,6 +160,15 @@ class ModelConfig(ConfigModel):
         "never wait for a running batch. On CPU the bulk lane runs one single-threaded session per intra-op thread, "
         "side by side. Costs a copy of the weights in replica memory per extra session",
     )
+    urgent_threads: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="classifiers, with the urgent lane on: intra-op threads of the urgent lane's session; default "
+        "intra_op_threads. A high-priority batch is usually one row, which a small model's operators do not split "
+        "well over threads: fewer threads there leave more of the cores to the bulk lane for about the same "
+        "high-priority latency (benchmarks/results/goodput/)",
+    )
     bulk_sessions: int | None = Field(
         None,
         ge=1,

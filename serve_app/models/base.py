@@ -26,6 +26,12 @@ from serve_app.sources import local_path
 BATCH_SIZE_BOUNDARIES = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]
 
 
+def own_session_threads(config: ModelConfig, threads: int, lanes_enabled: bool) -> int:
+    """Intra-op threads of a replica's own session: with an urgent lane that session is the lane's
+    (`urgent_threads`, else the replica's threads), else it is the only one."""
+    return (config.urgent_threads or threads) if lanes_enabled else threads
+
+
 class OnnxModel:
     """Loads the model; the deployment warms it up before the replica reports ready."""
 
@@ -48,7 +54,8 @@ class OnnxModel:
         # With two sessions sharing the cores, neither pool may spin while idle (runtime.create_session).
         self.onnx_path = self.model_dir / self.manifest.onnx_file_for(self.config.precision)
         spinning = not (self.lanes_enabled or self.side_by_side)
-        self.session = create_session(self.onnx_path, self.providers, self.threads, spinning=spinning)
+        own = own_session_threads(self.config, self.threads, self.lanes_enabled)
+        self.session = create_session(self.onnx_path, self.providers, own, spinning=spinning)
         self.batch_sizes: Counter[int] = Counter()
         self._batch_hist = metrics.Histogram(
             "serve_app_batch_size",

@@ -1,6 +1,7 @@
 import pytest
 
 from serve_app.config import ModelConfig
+from serve_app.models.base import own_session_threads
 from serve_app.models.classifier import bulk_layout
 
 
@@ -17,3 +18,13 @@ def test_bulk_sessions_is_optional_and_positive():
     assert ModelConfig(preset="bert-light", bulk_sessions=1).bulk_sessions == 1
     with pytest.raises(ValueError):
         ModelConfig(preset="bert-light", bulk_sessions=0)
+
+
+def test_the_urgent_lane_takes_its_own_threads_and_the_replicas_without_them():
+    config = ModelConfig(preset="bert-heavy", intra_op_threads=2, urgent_threads=1)
+    assert own_session_threads(config, 2, lanes_enabled=True) == 1
+    # Without an urgent lane the replica's own session is its only one: all of its threads.
+    assert own_session_threads(config, 2, lanes_enabled=False) == 2
+    assert own_session_threads(ModelConfig(preset="bert-heavy"), 2, lanes_enabled=True) == 2
+    with pytest.raises(ValueError):
+        ModelConfig(preset="bert-heavy", urgent_threads=0)

@@ -54,8 +54,8 @@ class OnnxModel:
         # With two sessions sharing the cores, neither pool may spin while idle (runtime.create_session).
         self.onnx_path = self.model_dir / self.manifest.onnx_file_for(self.config.precision)
         spinning = not (self.lanes_enabled or self.side_by_side)
-        own = own_session_threads(self.config, self.threads, self.lanes_enabled)
-        self.session = create_session(self.onnx_path, self.providers, own, spinning=spinning)
+        self.session_threads = own_session_threads(self.config, self.threads, self.lanes_enabled)
+        self.session = create_session(self.onnx_path, self.providers, self.session_threads, spinning=spinning)
         self.batch_sizes: Counter[int] = Counter()
         self._batch_hist = metrics.Histogram(
             "serve_app_batch_size",

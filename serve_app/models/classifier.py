@@ -33,7 +33,7 @@ from serve_app.contract import BULK, LINK_ONGOING, URGENT, BatchReply, LinkAddre
 from serve_app.errors import InvalidInput, ServeAppError
 from serve_app.link.server import LinkServer
 from serve_app.manifest import ImageSpec
-from serve_app.models.base import OnnxModel, own_session_threads
+from serve_app.models.base import OnnxModel
 from serve_app.models.executor import BatchExecutor, RunBatch
 from serve_app.models.health import Stalled, StallWatch
 from serve_app.models.runtime import create_session
@@ -113,7 +113,7 @@ class Classifier(OnnxModel):
         if not self.lanes_enabled:
             return
         # `self.session` serves the urgent lane at normal priority.
-        self.lane_layout[URGENT] = [own_session_threads(self.config, self.threads, self.lanes_enabled)]
+        self.lane_layout[URGENT] = [self.session_threads]
         urgent_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-urgent")
         self.lanes[URGENT] = BatchExecutor(partial(self._run_payloads, session=self.session), size, urgent_pool)
 

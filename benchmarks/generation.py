@@ -24,7 +24,7 @@ import httpx
 
 from benchmarks import genload
 from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, cpu_by_role, cpu_snapshot
-from benchmarks.scenarios import single_versions
+from benchmarks.scenarios import single_versions, with_ingress_start
 
 CONTINUOUS = "gpt"
 PLAIN = "plain"  # the label of plain Ray Serve's setup, and its app's route prefix
@@ -56,7 +56,7 @@ def generation_config(
     gpt_deployment = next(d for d in app["deployments"] if d["name"] == "gpt")
     kept = [d for d in app["deployments"] if d["name"] in ("router", "gpt")]
     app["deployments"] = [*kept, *({**gpt_deployment, "name": request_name(w)} for w in request_waits)]
-    plain = plain_app(gpt_deployment, model_dir / "gpt", gpt, batch, request_waits[0], plain_replicas)
+    plain = plain_app(with_ingress_start(app, gpt_deployment), model_dir / "gpt", gpt, batch, request_waits[0], plain_replicas)
     base["applications"].append(plain)
     return base
 

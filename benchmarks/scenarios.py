@@ -197,7 +197,7 @@ def plain_config(s: Settings, model: str) -> dict[str, Any]:
     app = base["applications"][0]
     deployment = next((d for d in app.get("deployments", []) if d["name"] == model), {"name": model})
     batching = app["args"]["models"][model]["batching"]
-    plain_deployment = {k: v for k, v in deployment.items() if k != "name"}
+    plain_deployment = with_ingress_start(app, {k: v for k, v in deployment.items() if k != "name"})
     return {
         "proxy_location": base.get("proxy_location", "HeadOnly"),
         "http_options": dict(base.get("http_options", {})),
@@ -217,6 +217,17 @@ def plain_config(s: Settings, model: str) -> dict[str, Any]:
             }
         ],
     }
+
+
+def with_ingress_start(app: dict[str, Any], deployment: dict[str, Any]) -> dict[str, Any]:
+    """A plain baseline's deployment, started as ours' router is (its `runtime_env`: the niceness
+    Ray starts it at): plain's replicas take requests off the socket as the router does, so
+    neither side's front gets a CPU priority the other lacks."""
+    router: dict[str, Any] = next((d for d in app.get("deployments", []) if d["name"] == "router"), {})
+    runtime_env = router.get("ray_actor_options", {}).get("runtime_env")
+    if not runtime_env:
+        return deployment
+    return {**deployment, "ray_actor_options": {**deployment.get("ray_actor_options", {}), "runtime_env": runtime_env}}
 
 
 def _plain_threads(threads: int | None, replicas: int) -> int | None:

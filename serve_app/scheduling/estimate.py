@@ -104,6 +104,13 @@ class DrainRate:
     saturated completion opens a window; any unsaturated one discards it. `rate`
     stays 0 until one window closes, and keeps its last value while the lane is
     not saturated (it is only used while it is: `Dispatcher`).
+
+    What the lane completed in any window, saturated or not, is at most its
+    capacity, so a learned rate below it is stale and rises to it. Without that a
+    rate learned while the node starved the replicas (a spike that took their
+    cores) would outlive the spike: admission refuses what that rate says cannot
+    be served in time, the queue stays too short for a saturated window to last,
+    and the rate is never measured again.
     """
 
     window_s: float = 1.0
@@ -111,9 +118,12 @@ class DrainRate:
     rate: float = 0.0
     _opened: float | None = None
     _rows: int = 0
+    _any_opened: float | None = None
+    _any_rows: int = 0
 
     def on_completion(self, rows: int, now: float, saturated: bool) -> None:
         """A batch of `rows` completed at `now`; `saturated`: the lane was saturated when it did."""
+        self._floor(rows, now)
         if not saturated:
             self._opened, self._rows = None, 0
             return
@@ -126,6 +136,19 @@ class DrainRate:
             sample = self._rows / elapsed
             self.rate = sample if self.rate == 0 else self.rate + self.smoothing * (sample - self.rate)
             self._opened, self._rows = now, 0
+
+    def _floor(self, rows: int, now: float) -> None:
+        """Raise a learned rate to what the lane completed over the last window, saturated or not.
+        Only a learned rate: before any saturated window, what an unsaturated lane completes is
+        the offered load, not a capacity to predict waits with."""
+        if self._any_opened is None:
+            self._any_opened, self._any_rows = now, 0  # rows count from the next completion on
+            return
+        self._any_rows += rows
+        elapsed = now - self._any_opened
+        if elapsed >= self.window_s:
+            self.rate = max(self.rate, self._any_rows / elapsed) if self.rate > 0 else 0.0
+            self._any_opened, self._any_rows = now, 0
 
     def seconds_for(self, rows: int) -> float | None:
         """Seconds to complete `rows` at the learned rate; None before any window closed."""

@@ -92,6 +92,27 @@ def test_drain_rate_counts_only_saturated_windows():
     assert drain.seconds_for(24) == pytest.approx(2.0)
 
 
+def test_a_rate_learned_while_starved_rises_to_what_the_lane_completes_after():
+    drain = DrainRate(window_s=1.0, smoothing=0.5)
+    # Before any saturated window, an unsaturated lane's throughput is the offered load: not learned.
+    for i in range(5):
+        drain.on_completion(30, i * 0.5, saturated=False)
+    assert drain.rate == 0.0
+    # A spike took the replicas' cores: 10 rows a second while saturated.
+    for i in range(3):
+        drain.on_completion(10, 3.0 + i, saturated=True)
+    assert drain.rate == pytest.approx(10.0)
+    # After it the lane completes 60 rows a second, never saturated for a whole window (admission,
+    # trusting the stale rate, keeps the queue short): the rate rises to what it did complete.
+    for i in range(1, 6):
+        drain.on_completion(30, 5.0 + i * 0.5, saturated=False)
+    assert drain.rate == pytest.approx(60.0)
+    # A quieter spell never lowers it: that is the offered load, not the capacity.
+    for i in range(1, 6):
+        drain.on_completion(5, 8.0 + i * 0.5, saturated=False)
+    assert drain.rate == pytest.approx(60.0)
+
+
 def test_one_slow_batch_does_not_make_one_row_look_free():
     # Every batch takes 100 ms whatever its rows (a GPU at small batches); one two-row batch ran
     # slow on a busy machine. One row still costs 100 ms: a 25 ms deadline cannot be met.

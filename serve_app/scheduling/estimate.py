@@ -94,6 +94,32 @@ class LatencyEstimator:
 
 
 @dataclass
+class _Window:
+    """Rows completed from one completion to a later one at least `span_s` after it."""
+
+    span_s: float
+    opened: float | None = None
+    rows: int = 0
+
+    def add(self, rows: int, now: float) -> float | None:
+        """Count a completion; the rows per second of a window that now spans `span_s` (the
+        next window opens here), else None."""
+        if self.opened is None:
+            self.opened, self.rows = now, 0  # rows count from the next completion on
+            return None
+        self.rows += rows
+        elapsed = now - self.opened
+        if elapsed < self.span_s:
+            return None
+        sample = self.rows / elapsed
+        self.opened, self.rows = now, 0
+        return sample
+
+    def discard(self) -> None:
+        self.opened, self.rows = None, 0
+
+
+@dataclass
 class DrainRate:
     """Rows per second a lane completes while saturated, as an EWMA over windows of `window_s`.
 
@@ -116,39 +142,25 @@ class DrainRate:
     window_s: float = 1.0
     smoothing: float = 0.3
     rate: float = 0.0
-    _opened: float | None = None
-    _rows: int = 0
-    _any_opened: float | None = None
-    _any_rows: int = 0
+    _saturated: _Window = field(init=False)
+    _any: _Window = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._saturated, self._any = _Window(self.window_s), _Window(self.window_s)
 
     def on_completion(self, rows: int, now: float, saturated: bool) -> None:
         """A batch of `rows` completed at `now`; `saturated`: the lane was saturated when it did."""
-        self._floor(rows, now)
+        completed = self._any.add(rows, now)
+        # Only a learned rate rises: before any saturated window, what an unsaturated lane
+        # completes is the offered load, not a capacity to predict waits with.
+        if completed is not None and self.rate > 0:
+            self.rate = max(self.rate, completed)
         if not saturated:
-            self._opened, self._rows = None, 0
+            self._saturated.discard()
             return
-        if self._opened is None:
-            self._opened, self._rows = now, 0  # rows count from the next completion on
-            return
-        self._rows += rows
-        elapsed = now - self._opened
-        if elapsed >= self.window_s:
-            sample = self._rows / elapsed
+        sample = self._saturated.add(rows, now)
+        if sample is not None:
             self.rate = sample if self.rate == 0 else self.rate + self.smoothing * (sample - self.rate)
-            self._opened, self._rows = now, 0
-
-    def _floor(self, rows: int, now: float) -> None:
-        """Raise a learned rate to what the lane completed over the last window, saturated or not.
-        Only a learned rate: before any saturated window, what an unsaturated lane completes is
-        the offered load, not a capacity to predict waits with."""
-        if self._any_opened is None:
-            self._any_opened, self._any_rows = now, 0  # rows count from the next completion on
-            return
-        self._any_rows += rows
-        elapsed = now - self._any_opened
-        if elapsed >= self.window_s:
-            self.rate = max(self.rate, self._any_rows / elapsed) if self.rate > 0 else 0.0
-            self._any_opened, self._any_rows = now, 0
 
     def seconds_for(self, rows: int) -> float | None:
         """Seconds to complete `rows` at the learned rate; None before any window closed."""

@@ -1,8 +1,11 @@
-"""What Serve's HAProxy saw of its servers, read from its admin socket (`show stat`).
+"""What Serve's HAProxy saw of its servers, read from its admin socket (`show stat`), and its
+own memory and connections (`show info`).
 
 Which router replicas were up, how often a health check or the traffic it observed
 (`observe layer4`) took one down, and how many requests went to the fallback server
-(Serve's Python proxy, a `backup` that takes over only when no router replica is up).
+(Serve's Python proxy, a `backup` that takes over only when no router replica is up). Beside a
+soak's memory samples: what HAProxy's pools hold (allocated, and in use by live connections) and
+the connections it has open, which tell pools that follow the load from memory that leaks.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from pathlib import Path
 BASE = Path("/tmp/haproxy-serve")
 # show stat columns kept: state, last check, health-check and observed failures, sessions
 KEEP = ("pxname", "svname", "status", "check_status", "chkfail", "chkdown", "hanafail", "scur", "qcur", "stot", "bck")
+# show info fields kept: pool bytes allocated (free objects cached included) and in use, connections open
+INFO_KEEP = ("PoolAlloc_bytes", "PoolUsed_bytes", "CurrConns")
 
 
 def admin_socket(base: Path = BASE) -> Path | None:
@@ -23,11 +28,12 @@ def admin_socket(base: Path = BASE) -> Path | None:
     return max(socks, key=lambda p: p.stat().st_mtime) if socks else None
 
 
-def show_stat(path: Path, timeout_s: float = 2.0) -> str:
+def ask(path: Path, command: bytes, timeout_s: float = 2.0) -> str:
+    """One command on the admin socket, its whole answer."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
         s.connect(str(path))
-        s.sendall(b"show stat\n")
+        s.sendall(command + b"\n")
         chunks = []
         while chunk := s.recv(65536):
             chunks.append(chunk)
@@ -46,8 +52,24 @@ def servers(base: Path = BASE) -> list[dict[str, str]]:
     if path is None:
         return []
     with contextlib.suppress(OSError):
-        return parse_servers(show_stat(path))
+        return parse_servers(ask(path, b"show stat"))
     return []
+
+
+def parse_info(text: str) -> dict[str, int]:
+    """The INFO_KEEP fields of `show info` ("Name: value" lines), as integers."""
+    fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+    return {k: int(fields[k]) for k in INFO_KEEP if fields.get(k, "").strip().isdigit()}
+
+
+def info(base: Path = BASE) -> dict[str, int]:
+    """The running HAProxy's pools and connections; empty when there is none to ask."""
+    path = admin_socket(base)
+    if path is None:
+        return {}
+    with contextlib.suppress(OSError):
+        return parse_info(ask(path, b"show info"))
+    return {}
 
 
 def summary(samples: list[list[dict[str, str]]]) -> dict[str, dict[str, int | str]]:

@@ -80,6 +80,7 @@ class Sampler(threading.Thread):
         self.rss: dict[str, list[tuple[float, float]]] = {}
         self.router: list[dict[str, Any]] = []
         self.haproxy: list[list[dict[str, str]]] = []
+        self.haproxy_info: list[dict[str, float]] = []  # with the time of each sample, `t`
 
     def run(self) -> None:
         while not self.stop.wait(self.every_s):
@@ -91,6 +92,8 @@ class Sampler(threading.Thread):
                 with contextlib.suppress(psutil.Error):
                     self.rss.setdefault(f"{role}#{p.pid}", []).append((t, p.memory_info().rss / 2**20))
             self.haproxy.append(haproxy_stats.servers())
+            if found := haproxy_stats.info():
+                self.haproxy_info.append({"t": round(t, 1), **found})
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
                 # Bounded by the sampling period: a router slow to answer under the overload must not
                 # thin out the memory samples taken in the same loop.
@@ -133,6 +136,7 @@ def run(s: SoakSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
     out["rss_series_mb"] = {k: [[round(t), round(v, 1)] for t, v in samples] for k, samples in sorted(sampler.rss.items())}
     out["router_samples"] = sampler.router
     out["haproxy_servers"] = haproxy_stats.summary(sampler.haproxy)
+    out["haproxy_info"] = sampler.haproxy_info
     return out
 
 
@@ -219,6 +223,16 @@ def markdown(res: dict[str, Any]) -> str:
         for name, h in r["haproxy_servers"].items():
             lines.append(f"| {name} | {h['backup']} | {h['not_up']} of {h['samples']} | {h['chkdown']} | {h['hanafail']} "
                          f"| {h['requests']} | {h['last_check']} |")  # fmt: skip
+    pools = r.get("haproxy_info") or []
+    if pools:
+        peak = max(pools, key=lambda x: x.get("PoolAlloc_bytes", 0))
+        mib = 2**20
+        lines += ["", f"HAProxy's pools (`show info`, {len(pools)} samples): allocated "
+                  f"{pools[0].get('PoolAlloc_bytes', 0) / mib:.1f} MiB at the first sample, "
+                  f"{peak.get('PoolAlloc_bytes', 0) / mib:.1f} at most (at {peak['t']:.0f} s, "
+                  f"{peak.get('CurrConns', '-')} connections open), {pools[-1].get('PoolAlloc_bytes', 0) / mib:.1f} at the last; "
+                  f"in use at most {max(x.get('PoolUsed_bytes', 0) for x in pools) / mib:.1f} MiB; "
+                  f"connections open at most {max(x.get('CurrConns', 0) for x in pools)}."]  # fmt: skip
     tasks = [x["tasks"] for x in r["router_samples"]]
     if tasks:
         lines += ["", f"Router asyncio tasks over the run (one replica per sample): min {min(tasks)}, max {max(tasks)}."]

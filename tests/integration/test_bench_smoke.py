@@ -175,6 +175,9 @@ def test_soak(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert r["unexpected_statuses"] == {} and r["load"]["refused_without_retry_after"] == 0, r["load"]
     assert "200" in r["load"]["statuses"]
     assert any(k.startswith("replica:router#") for k in r["memory"]) and r["router_samples"]
+    # HAProxy's pools and connections sampled beside the memory, and reported.
+    assert r["haproxy_info"] and {"PoolAlloc_bytes", "PoolUsed_bytes", "CurrConns"} <= set(r["haproxy_info"][-1])
+    assert "HAProxy's pools (`show info`" in (tmp_path / "README.md").read_text()
 
 
 def test_images(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -27,3 +27,29 @@ def test_summary_counts_down_samples_transitions_and_the_backups_requests() -> N
 
 def test_no_running_haproxy_gives_no_rows(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert haproxy_stats.servers(tmp_path) == []
+
+
+# The start of HAProxy 2.8's `show info`, as Serve's HAProxy answered it.
+INFO = """Name: HAProxy
+Version: 2.8.25-5cf5d0683
+Uptime_sec: 0
+Memmax_MB: 0
+PoolAlloc_MB: 0
+PoolUsed_MB: 0
+PoolFailed: 0
+Maxconn: 7680
+CurrConns: 12
+PoolAlloc_bytes: 872352
+PoolUsed_bytes: 610304
+MaxconnReached: 0
+"""
+
+
+def test_show_info_gives_the_pools_bytes_and_the_connections_open() -> None:
+    assert haproxy_stats.parse_info(INFO) == {"PoolAlloc_bytes": 872352, "PoolUsed_bytes": 610304, "CurrConns": 12}
+    # A version without the byte counters gives what it has, not zeros.
+    assert haproxy_stats.parse_info("CurrConns: 3\nPoolAlloc_MB: 1\n") == {"CurrConns": 3}
+
+
+def test_no_running_haproxy_gives_no_info(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert haproxy_stats.info(tmp_path) == {}

@@ -46,14 +46,20 @@ def parse_servers(text: str) -> list[dict[str, str]]:
     return [{k: r.get(k, "") for k in KEEP} for r in rows if r.get("svname") not in ("FRONTEND", "BACKEND", None)]
 
 
-def servers(base: Path = BASE) -> list[dict[str, str]]:
-    """The running HAProxy's servers; empty when there is none to ask."""
+def ask_running(command: bytes, base: Path = BASE) -> str | None:
+    """`command`'s answer from the running HAProxy; None when there is none to ask."""
     path = admin_socket(base)
     if path is None:
-        return []
+        return None
     with contextlib.suppress(OSError):
-        return parse_servers(ask(path, b"show stat"))
-    return []
+        return ask(path, command)
+    return None
+
+
+def servers(base: Path = BASE) -> list[dict[str, str]]:
+    """The running HAProxy's servers; empty when there is none to ask."""
+    text = ask_running(b"show stat", base)
+    return parse_servers(text) if text is not None else []
 
 
 def parse_info(text: str) -> dict[str, int]:
@@ -64,12 +70,8 @@ def parse_info(text: str) -> dict[str, int]:
 
 def info(base: Path = BASE) -> dict[str, int]:
     """The running HAProxy's pools and connections; empty when there is none to ask."""
-    path = admin_socket(base)
-    if path is None:
-        return {}
-    with contextlib.suppress(OSError):
-        return parse_info(ask(path, b"show info"))
-    return {}
+    text = ask_running(b"show info", base)
+    return parse_info(text) if text is not None else {}
 
 
 def summary(samples: list[list[dict[str, str]]]) -> dict[str, dict[str, int | str]]:

@@ -65,7 +65,7 @@ class GcPauses:
             window = [p for t, p in recent if now - t <= window_s]
             entry[f"last_{window_s:g}s"] = {"collections": len(window), "max_ms": round(max(window, default=0.0) * 1e3, 3)}
             out[f"gen{g}"] = entry
-        out["frozen_objects"] = gc.get_freeze_count()
+        out["frozen_objects"] = frozen_objects()
         return out
 
 
@@ -80,6 +80,21 @@ def _copy(recent: deque[tuple[float, float]]) -> list[tuple[float, float]]:
             continue
 
 
+# How many objects the last `freeze_startup_heap` froze; None before the first. Counting them
+# again (`gc.get_freeze_count`) walks every frozen object, a router's whole startup heap, on the
+# event loop of whoever asks: `/router/status` reports this count instead.
+_frozen: int | None = None
+
+
+def frozen_objects() -> int:
+    """Objects out of the collector's reach: as counted when this process last froze its heap
+    here (nothing unfreezes it); counted once now if it never did."""
+    global _frozen
+    if _frozen is None:
+        _frozen = gc.get_freeze_count()
+    return _frozen
+
+
 def freeze_startup_heap() -> int:
     """Move every object alive now out of the collector's reach; returns how many.
 
@@ -89,9 +104,11 @@ def freeze_startup_heap() -> int:
     `router_gc` in benchmarks/results/priority/bench-realsize/). Frozen objects are never
     collected, so collect first: only garbage-free, long-lived state is frozen.
     """
+    global _frozen
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
+    _frozen = gc.get_freeze_count()
+    return _frozen
 
 
 class FullCollectionSchedule:

@@ -3,6 +3,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from serve_app.process.gcwatch import FullCollectionSchedule, GcPauses, freeze_startup_heap
 
 
@@ -67,6 +69,23 @@ def test_installed_watcher_sees_a_real_collection_and_uninstalls():
 def test_frozen_startup_heap_is_left_out_of_collections():
     try:
         assert freeze_startup_heap() > 0 and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
+def test_the_status_reports_the_frozen_count_taken_at_the_freeze_without_counting_again(monkeypatch: pytest.MonkeyPatch):
+    try:
+        frozen = freeze_startup_heap()
+        counted: list[int] = []
+
+        def count() -> int:  # walks every frozen object (a router's whole startup heap) on the caller's loop
+            counted.append(1)
+            return frozen
+
+        monkeypatch.setattr(gc, "get_freeze_count", count)
+        pauses = GcPauses()
+        assert [pauses.snapshot()["frozen_objects"] for _ in range(3)] == [frozen] * 3
+        assert counted == []
     finally:
         gc.unfreeze()
 

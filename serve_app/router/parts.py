@@ -13,7 +13,6 @@ from serve_app.config import AppArgs
 from serve_app.contract import Priority
 from serve_app.manifest import Manifest
 from serve_app.process.gcwatch import GcPauses
-from serve_app.process.unread import UnreadRequests
 from serve_app.router.admission.callers import Callers, build_registry
 from serve_app.router.admission.protect import RouterGate
 from serve_app.router.background import BackgroundLoops
@@ -30,7 +29,7 @@ from serve_app.scheduling.dispatcher import standing_s
 from serve_app.scheduling.protection.breaker import CircuitBreaker
 from serve_app.scheduling.protection.concurrency import ClassConcurrency
 from serve_app.scheduling.protection.degrade import Degrading
-from serve_app.scheduling.protection.overload import ClassShedding, FrontQueue, LoopLag
+from serve_app.scheduling.protection.overload import ClassShedding, LoopLag
 from serve_app.scheduling.traffic import TrafficPolicy
 
 
@@ -174,8 +173,7 @@ def _overload(args: AppArgs) -> tuple[LoopLag | None, ClassShedding | None]:
     target_ms = args.scheduling.router_delay_target_ms
     if target_ms is None:
         return None, None
-    # The sockets it has not read yet tell a saturated router from one late for other reasons.
-    return LoopLag(), ClassShedding(target_ms / 1e3, front=FrontQueue(UnreadRequests().count))
+    return LoopLag(), ClassShedding(target_ms / 1e3)
 
 
 def _gate(args: AppArgs, callers: Callers, shedding: ClassShedding | None) -> RouterGate | None:

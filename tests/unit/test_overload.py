@@ -14,7 +14,7 @@ from serve_app.contract import Priority
 from serve_app.router.background import BackgroundLoops
 from serve_app.router.edge.shedgate import HeaderCheck, ShedGate
 from serve_app.router.parts import RouterParts, build_parts
-from serve_app.scheduling.protection.overload import ClassShedding, FrontQueue, LoopLag
+from serve_app.scheduling.protection.overload import ClassShedding, LoopLag
 from tests.conftest import tiny_args
 
 
@@ -119,74 +119,6 @@ def test_the_level_moves_once_per_interval_and_more_the_later_the_loop():
     assert status["standing_delay_ms"] == 50.0 and status["target_ms"] == 5.0
     with pytest.raises(ValueError):
         ClassShedding(0.0)
-
-
-class Front:
-    """A router's sockets and gate on the fake clock: `rate` requests a second taken in, `unread`
-    waiting in its sockets at each look."""
-
-    def __init__(self, clock: FakeClock, rate: float, unread: int | None) -> None:
-        self.clock, self.rate, self.unread = clock, rate, unread
-        self.queue = FrontQueue(self.count, clock=clock)
-
-    def count(self) -> int | None:
-        self.queue.arrived = round(self.clock.now * self.rate)  # what the gate counted by now
-        return self.unread
-
-
-def _with_front(clock: FakeClock, front: Front) -> ClassShedding:
-    return ClassShedding(target_s=0.005, clock=clock, draw=lambda: 0.5, front=front.queue)
-
-
-def test_a_late_loop_with_nobody_waiting_in_front_refuses_nothing():
-    clock = FakeClock()
-    front = Front(clock, rate=600.0, unread=0)
-    shedding = _with_front(clock, front)
-    # The loop stands far over its target (its cores taken by others), but reads each request
-    # as it comes: no socket holds an unread one.
-    _feed(shedding, clock, [0.05], seconds=10.0)
-    assert shedding.level == 0.0 and not shedding.refuses(Priority.LOW)
-    # A few unread, drained within the target at 600 a second (2 / 600 = 3.3 ms): still nothing.
-    front.unread = 2
-    _feed(shedding, clock, [0.05], seconds=10.0)
-    assert shedding.level == 0.0
-    assert shedding.status()["front"] == {"wait_ms": 3.33, "waiting": 2}
-
-
-def test_a_late_loop_with_requests_waiting_in_front_sheds_as_without_the_front():
-    clock = FakeClock()
-    front = Front(clock, rate=600.0, unread=60)  # 100 ms of requests unread
-    shedding, alone = _with_front(clock, front), _shedding(clock)
-    for _ in range(20):
-        clock.now = round(clock.now + 0.01, 9)
-        shedding.observe(0.05)
-        alone.observe(0.05)
-    assert shedding.level == alone.level == pytest.approx(0.8)
-    assert shedding.front_wait_s == pytest.approx(0.1)
-    # The queue goes (the loop is still late): the level falls back.
-    front.unread = 0
-    _feed(shedding, clock, [0.05], seconds=2.0)
-    assert shedding.level == 0.0
-
-
-def test_without_a_reading_of_the_sockets_lateness_decides_alone():
-    clock = FakeClock()
-    shedding = _with_front(clock, Front(clock, rate=600.0, unread=None))
-    _feed(shedding, clock, [0.05], seconds=0.2)
-    assert shedding.level == pytest.approx(0.8)
-    assert shedding.status()["front"] == {"wait_ms": None, "waiting": 0}
-
-
-def test_requests_waiting_while_the_router_takes_none_in_wait_without_end():
-    clock = FakeClock()
-    front = Front(clock, rate=0.0, unread=5)
-    assert front.queue.wait_s() == float("inf")
-    front.rate, front.unread = 1000.0, 50
-    clock.now = 0.5
-    assert front.queue.wait_s() == pytest.approx(0.05)  # 50 over 500 taken in half a second
-    front.unread = 0
-    clock.now = 1.0
-    assert front.queue.wait_s() == 0.0
 
 
 def test_a_blocked_event_loop_is_seen_as_delay():

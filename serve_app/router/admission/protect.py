@@ -33,14 +33,11 @@ class RouterGate:
         self.callers = callers
         self.shedding = shedding
         self.concurrency = concurrency
-        self.front = shedding.front if shedding is not None else None  # counts what the router takes in
 
     def enter(self, headers: Mapping[str, str]) -> tuple[Priority | None, Overloaded | None]:
         """(the class now in flight, to `leave` when answered; or the refusal to send). Neither for
         a request not judged here. `headers`: lower-cased names, HTTP headers or gRPC metadata."""
         shedding, concurrency = self.shedding, self.concurrency
-        if self.front is not None:
-            self.front.arrived += 1
         shedding_now = shedding is not None and shedding.active
         if not shedding_now and concurrency is None:
             return None, None

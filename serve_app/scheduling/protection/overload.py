@@ -20,20 +20,12 @@ is never refused here. Refusing a share rather than a whole class keeps the rout
 at its capacity: it sheds what the bottleneck cannot take, not everything of a
 class the moment a threshold is crossed.
 
-A late loop is not always a queue, though: on a machine whose cores the router shares, its
-loop runs late whenever others take the CPU, or after a pause, while it still reads every
-request as it comes. So before the level rises, `ClassShedding` asks a second witness when it
-has one (`FrontQueue`): how long the requests that reached the router's sockets and are not
-read yet will wait, their count over the rate the router takes requests in (Little's law). A
-loop that is late with nobody waiting refuses nobody.
-
 No Ray and no event loop here: lateness samples are fed by whoever ticks (the
-router's background loops), and the clock, the random draw and the socket count are injected.
+router's background loops), and the clock and the random draw are injected.
 """
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections import Counter
@@ -58,31 +50,6 @@ class LoopLag:
         self.lag_s += self.weight * (max(0.0, late_s) - self.lag_s)
 
 
-class FrontQueue:
-    """The wait in front of the router: requests in its sockets it has not read (`unread`, None
-    where that cannot be read), over the rate it has taken requests in since the last look."""
-
-    def __init__(self, unread: Callable[[], int | None], clock: Callable[[], float] = time.monotonic) -> None:
-        self.unread, self.clock = unread, clock
-        self.arrived = 0  # requests the router has taken in, counted by its gate
-        self.waiting = 0  # unread requests at the last look
-        self._then, self._arrived_then = clock(), 0
-
-    def wait_s(self) -> float | None:
-        """The estimated wait now; None where the sockets cannot be read. Requests waiting while
-        none was taken in since the last look wait without end: the router is stuck."""
-        waiting = self.unread()
-        now, arrived = self.clock(), self.arrived
-        came, elapsed = arrived - self._arrived_then, now - self._then
-        self._then, self._arrived_then = now, arrived
-        if waiting is None:
-            return None
-        self.waiting = waiting
-        if waiting == 0:
-            return 0.0
-        return waiting * elapsed / came if came > 0 and elapsed > 0 else math.inf
-
-
 class ClassShedding:
     """Which share of each class the router refuses, from the standing delay of its own loop.
 
@@ -92,8 +59,7 @@ class ClassShedding:
     target (capped at four targets' worth, so one very late window does not shed everything).
     `fall`: how far it moves down per second spent under the target. Rates per second, not per
     interval, so that a longer window (a slow model's queue) measures more calmly without
-    reacting more slowly. `front`: when given, a window over the target raises the level only
-    while the requests waiting in front of the source would wait longer than the target too."""
+    reacting more slowly."""
 
     def __init__(
         self,
@@ -103,16 +69,14 @@ class ClassShedding:
         fall: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
         draw: Callable[[], float] = random.random,
-        front: FrontQueue | None = None,
     ) -> None:
         if target_s <= 0:
             raise ValueError(f"the router's delay target must be positive, got {target_s}")
         if interval_s <= 0 or rise <= 0 or fall <= 0:
             raise ValueError(f"interval, rise and fall must be positive, got {interval_s}, {rise}, {fall}")
         self.target_s, self.interval_s, self.rise, self.fall = target_s, interval_s, rise, fall
-        self.clock, self.draw, self.front = clock, draw, front
+        self.clock, self.draw = clock, draw
         self.level = 0.0
-        self.front_wait_s: float | None = None  # the front's wait at the last window over the target
         self.standing_s = 0.0  # the last interval's standing delay
         self.refused: Counter[str] = Counter()  # by priority name, for /router/status
         self._window_min: float | None = None
@@ -133,19 +97,12 @@ class ClassShedding:
         if elapsed < self.interval_s * (1 - 1e-9):  # a clock's rounding is not a window short
             return
         self.standing_s, self._window_min, self._window_start = self._window_min, None, now
-        if self.standing_s > self.target_s and self._someone_waits():
+        if self.standing_s > self.target_s:
             over = min(4.0, self.standing_s / self.target_s - 1.0)
             # One window's worth of rise, however long ago the last sample was.
             self.level = min(SHED_CEILING, self.level + self.rise * self.interval_s * max(over, 0.25))
         else:  # a source that samples only when busy (a queue) says nothing while idle: idle is on time
             self.level = max(0.0, self.level - self.fall * elapsed)
-
-    def _someone_waits(self) -> bool:
-        """Whether requests wait in front longer than the target; true where nobody can tell."""
-        if self.front is None:
-            return True
-        self.front_wait_s = self.front.wait_s()
-        return self.front_wait_s is None or self.front_wait_s > self.target_s
 
     def share(self, priority: Priority) -> float:
         """The share of this class refused at the current level."""
@@ -169,14 +126,9 @@ class ClassShedding:
             "level": round(self.level, 3),
             "standing_delay_ms": round(self.standing_s * 1e3, 2),
             "target_ms": round(self.target_s * 1e3, 2),
-            **({} if self.front is None else {"front": self._front_status(self.front)}),
             "refused_share": {p.name.lower(): round(self.share(p), 3) for p in (Priority.NORMAL, Priority.LOW)},
             "refused": dict(self.refused),
         }
-
-    def _front_status(self, front: FrontQueue) -> dict[str, object]:
-        wait = self.front_wait_s
-        return {"wait_ms": None if wait is None or math.isinf(wait) else round(wait * 1e3, 2), "waiting": front.waiting}
 
 
 class CpuMeter:

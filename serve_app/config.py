@@ -160,6 +160,13 @@ class ModelConfig(ConfigModel):
         "never wait for a running batch. On CPU the bulk lane runs one single-threaded session per intra-op thread, "
         "side by side. Costs a copy of the weights in replica memory per extra session",
     )
+    urgent_session: bool = Field(
+        True,
+        description="classifiers, with the urgent lane on: whether its batches run on a session of their own beside "
+        "the bulk lane (the shortest wait, at the cost of a third copy of the weights and of threads that compete "
+        "with the bulk lane's) or, off, next on the bulk lane's sessions, ahead of the bulk batches waiting there "
+        "(a high-priority batch then waits for a running batch to end, never for queued ones)",
+    )
     urgent_threads: int | None = Field(
         None,
         ge=1,

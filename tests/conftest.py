@@ -55,11 +55,12 @@ def tiny_args(model_dir: Path, **batching: Any) -> dict[str, Any]:
             # Two threads: its bulk lane runs two single-threaded sessions side by side.
             "bert-heavy": {"preset": "bert-tiny", "batching": b, "intra_op_threads": 2},
             "resnet-light": {"preset": "resnet-tiny", "batching": b},
-            # No urgent lane, two single-threaded sessions side by side (as configs/local.yaml).
+            # Two single-threaded sessions side by side, and an urgent lane without a session of its
+            # own: its batches run next on those two (as configs/local.yaml).
             "resnet-heavy": {
                 "preset": "resnet-tiny",
                 "batching": b,
-                "urgent_lane": False,
+                "urgent_session": False,
                 "intra_op_threads": 2,
                 "bulk_sessions": 2,
             },

@@ -32,6 +32,14 @@ def own_session_threads(config: ModelConfig, threads: int, lanes_enabled: bool) 
     return (config.urgent_threads or threads) if lanes_enabled else threads
 
 
+def session_plan(config: ModelConfig, supports_lanes: bool) -> tuple[bool, bool]:
+    """(whether the urgent lane has a session of its own, whether bulk sessions run side by side
+    without one). Without its own session (`urgent_session: false`) the urgent lane's batches run
+    next on the bulk lane's sessions (serve_app.models.executor)."""
+    own = supports_lanes and config.urgent_lane and config.urgent_session
+    return own, supports_lanes and not own and (config.bulk_sessions or 1) > 1
+
+
 class OnnxModel:
     """Loads the model; the deployment warms it up before the replica reports ready."""
 
@@ -48,9 +56,7 @@ class OnnxModel:
         num_cpus = ctx.get_assigned_resources().get("CPU")
         self.providers = select_providers(self.gpu_ids)
         self.threads = self.config.intra_op_threads or intra_op_threads(num_cpus)
-        self.lanes_enabled = self.supports_lanes and self.config.urgent_lane
-        # Sessions of their own run the batches: the bulk lane's beside an urgent lane, or side by side without one.
-        self.side_by_side = self.supports_lanes and not self.lanes_enabled and (self.config.bulk_sessions or 1) > 1
+        self.lanes_enabled, self.side_by_side = session_plan(self.config, self.supports_lanes)
         # With two sessions sharing the cores, neither pool may spin while idle (runtime.create_session).
         self.onnx_path = self.model_dir / self.manifest.onnx_file_for(self.config.precision)
         spinning = not (self.lanes_enabled or self.side_by_side)

@@ -154,9 +154,10 @@ class Classifier(OnnxModel):
         arrived = time.monotonic()
         self.router_load.report(router, router_queued / self.batching.max_batch_size, arrived)
         items = sum(payload_items(p) for p in payloads)
-        # A router configured for lanes may meet a replica without them (urgent_lane: false).
+        # Without a session of its own (urgent_session: false, or a replica without lanes), an urgent
+        # batch runs next on the bulk lane's sessions.
         executor = self.lanes.get(lane) or self.lanes[BULK]
-        results, wait_s, exec_s = await executor.submit(payloads, items)
+        results, wait_s, exec_s = await executor.submit(payloads, items, urgent=lane == URGENT)
         if traces:
             self._trace_batch(traces, results, arrived + wait_s, exec_s, items, lane)
         link = await self._link_address()

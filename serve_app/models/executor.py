@@ -13,6 +13,12 @@ its batches in threads of its own (`pool`), and the bulk lane's threads run
 at the lowest CPU priority (serve_app.models.runtime), so a high-priority
 batch started beside a running bulk batch gets the cores.
 
+An urgent call (a high-priority batch the router sent on its urgent lane to a
+replica that runs no session of its own for it: `urgent_session: false`) goes
+ahead of every bulk call still waiting and runs as a batch of urgent calls
+only: it waits for a running batch to end, never for the batches queued
+behind it, and its own batch is not made longer by bulk rows.
+
 Several `runs` (one per session) run that many batches at once. On CPU the
 bulk lane uses this: two single-threaded sessions side by side instead of one
 session on two threads. Why: a background batch is preempted by everything
@@ -45,6 +51,7 @@ class _Call:
     items: int
     arrived: float
     future: asyncio.Future[tuple[list[Any], float, float]]
+    urgent: bool = False
 
 
 class BatchExecutor:
@@ -66,11 +73,15 @@ class BatchExecutor:
         self._pending: list[_Call] = []
         self._workers: list[asyncio.Task[None] | None] = [None] * len(self.runs)
 
-    async def submit(self, payloads: list[Any], items: int) -> tuple[list[Any], float, float]:
-        """Results for `payloads`, the seconds the call waited, and the seconds its batch ran."""
+    async def submit(self, payloads: list[Any], items: int, urgent: bool = False) -> tuple[list[Any], float, float]:
+        """Results for `payloads`, the seconds the call waited, and the seconds its batch ran.
+        `urgent`: taken before every bulk call waiting, after the urgent ones that came first."""
         loop = asyncio.get_running_loop()
-        call = _Call(payloads, items, self.clock(), loop.create_future())
-        self._pending.append(call)
+        call = _Call(payloads, items, self.clock(), loop.create_future(), urgent)
+        if urgent:
+            self._pending.insert(sum(1 for c in self._pending if c.urgent), call)
+        else:
+            self._pending.append(call)
         for i, worker in enumerate(self._workers):
             if worker is None or worker.done():
                 self._workers[i] = loop.create_task(self._drain(self.runs[i]))
@@ -78,10 +89,11 @@ class BatchExecutor:
         return await call.future
 
     def _take(self) -> list[_Call]:
-        """Whole calls, oldest first, up to `max_items` rows (at least one call)."""
-        taken, size = [self._pending.pop(0)], 0
+        """Whole calls, oldest first, up to `max_items` rows (at least one call); urgent calls
+        first, and a batch of them takes no bulk call."""
+        taken = [self._pending.pop(0)]
         size = taken[0].items
-        while self._pending and size + self._pending[0].items <= self.max_items:
+        while self._pending and size + self._pending[0].items <= self.max_items and self._pending[0].urgent == taken[0].urgent:
             call = self._pending.pop(0)
             taken.append(call)
             size += call.items

@@ -77,6 +77,11 @@ class DispatchSettings:
     breaker_failures: int = 5  # failed batches in a row that open the circuit
     breaker_open_s: float = 5.0
     urgent_lane: bool = False  # the replica runs high-priority batches on a lane of their own
+    # The urgent lane's batches in flight never go below this. Where they run next on the bulk
+    # lane's sessions (`urgent_session: false`), each waits for a running bulk batch, which the
+    # learned limit would read as a queue and answer with one batch at a time: high priority would
+    # then queue behind high priority in the router. One per bulk session keeps them all going.
+    urgent_min_inflight: int = 1
 
     def wait_budget_s(self, priority: Priority) -> float | None:
         """The longest a request of this class may be predicted to wait in the router's queue and
@@ -240,7 +245,9 @@ class Dispatcher:
         self.lanes = [self.bulk]
         if s.urgent_lane and self.prioritized:
             # Its own bound: high-priority work neither evicts nor is crowded out by the bulk queue.
-            self.lanes.insert(0, Lane(URGENT, make_queue(s.policy, s.max_queue_items), AdaptiveLimit(initial=1)))
+            urgent = AdaptiveLimit(initial=s.urgent_min_inflight)
+            urgent.hold_at_least(s.urgent_min_inflight)
+            self.lanes.insert(0, Lane(URGENT, make_queue(s.policy, s.max_queue_items), urgent))
         self.breaker = CircuitBreaker(s.breaker_failures, s.breaker_open_s, clock)
         self.clock = clock
         # Errors after which a batch may run again elsewhere: the replica died, not the model

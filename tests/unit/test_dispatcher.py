@@ -347,6 +347,44 @@ async def test_urgent_lane_serves_high_priority_beside_a_running_bulk_batch():
     assert sorted(model.lanes_seen["bulk"]) == sorted(f"low{i}" for i in range(6))
 
 
+class WaitingUrgentModel:
+    """Urgent batches that run next on busy bulk sessions: each reports waiting three times its run."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.most_running = 0
+
+    async def send(self, payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        await asyncio.sleep(0.1)
+        self.running -= 1
+        return BatchReply([p.upper() for p in payloads], wait_s=0.3, exec_s=0.1)
+
+
+async def _urgent_together(floor: int) -> int:
+    """How many of three high requests sent at once ran together, after replies that say wait."""
+    model = WaitingUrgentModel()
+    settings = DispatchSettings(max_batch_size=1, batch_wait_timeout_s=0.0, urgent_lane=True, urgent_min_inflight=floor)
+    d = Dispatcher("m", model.send, settings, clock=loop_clock())
+    for i in range(20):  # the replies teach the limit that every batch waited: it would shrink
+        await d.submit(f"h{i}", 1, Priority.HIGH)
+    model.most_running = 0
+    await asyncio.gather(*(d.submit(f"x{i}", 1, Priority.HIGH) for i in range(3)))
+    assert d.lanes[0].limit.slots == floor
+    return model.most_running
+
+
+@virtual_time
+async def test_urgent_batches_that_wait_at_the_replica_shrink_the_lane_to_one_by_default():
+    assert await _urgent_together(1) == 1
+
+
+@virtual_time
+async def test_urgent_batches_run_next_on_bulk_sessions_keep_one_slot_per_session():
+    assert await _urgent_together(2) == 2
+
+
 @virtual_time
 async def test_fifo_policy_has_one_lane_even_when_the_replica_offers_two():
     model = LanedModel(base_s=0.01)

@@ -129,6 +129,43 @@ async def test_several_runs_take_batches_side_by_side_and_each_runs_one_at_a_tim
     assert results[1][1] == 0.0 and min(r[1] for r in results[2:]) == pytest.approx(0.05)
 
 
+async def test_an_urgent_call_runs_next_ahead_of_the_bulk_calls_waiting_and_alone():
+    """A high-priority batch on a replica without an urgent session: it waits for the running
+    batch only, not for the bulk calls queued before it, and no bulk row lengthens its batch."""
+    clock = Clock()
+    run = GatedRun(clock, gated=True)
+    ex = BatchExecutor(run, max_items=4, clock=clock)
+    running = asyncio.ensure_future(ex.submit([1], 1))
+    await started(run)
+    bulk = [asyncio.ensure_future(ex.submit([i], 1)) for i in (2, 3)]
+    await asyncio.sleep(0)
+    urgent = [asyncio.ensure_future(ex.submit([i], 1, urgent=True)) for i in (8, 9)]
+    more_bulk = asyncio.ensure_future(ex.submit([4], 1))
+    await asyncio.sleep(0)
+    clock.now = 0.03
+    run.release.set()
+    results = await asyncio.gather(running, *bulk, *urgent, more_bulk)
+    assert [r[0] for r in results] == [[10], [20], [30], [80], [90], [40]]
+    # The urgent calls merge with each other, in their order, and run before every bulk call queued.
+    assert run.batches == [[1], [8, 9], [2, 3, 4]]
+
+
+async def test_urgent_calls_over_max_items_keep_their_order_and_bulk_waits_for_all_of_them():
+    run = GatedRun(Clock(), gated=True)
+    ex = BatchExecutor(run, max_items=2)
+    running = asyncio.ensure_future(ex.submit([1], 1))
+    await started(run)
+    calls = [
+        asyncio.ensure_future(ex.submit([2], 1)),
+        asyncio.ensure_future(ex.submit([7, 8], 2, urgent=True)),
+        asyncio.ensure_future(ex.submit([9], 1, urgent=True)),
+    ]
+    await asyncio.sleep(0)
+    run.release.set()
+    await asyncio.gather(running, *calls)
+    assert run.batches == [[1], [7, 8], [9], [2]]
+
+
 def test_an_executor_needs_a_run_function():
     with pytest.raises(ValueError):
         BatchExecutor([], max_items=4)

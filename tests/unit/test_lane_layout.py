@@ -1,7 +1,7 @@
 import pytest
 
 from serve_app.config import ModelConfig
-from serve_app.models.base import own_session_threads
+from serve_app.models.base import own_session_threads, session_plan
 from serve_app.models.classifier import bulk_layout
 
 
@@ -28,3 +28,13 @@ def test_the_urgent_lane_takes_its_own_threads_and_the_replicas_without_them():
     assert own_session_threads(ModelConfig(preset="bert-heavy"), 2, lanes_enabled=True) == 2
     with pytest.raises(ValueError):
         ModelConfig(preset="bert-heavy", urgent_threads=0)
+
+
+def test_an_urgent_lane_without_a_session_of_its_own_runs_on_the_bulk_sessions():
+    beside = ModelConfig(preset="bert-heavy")
+    assert session_plan(beside, supports_lanes=True) == (True, False)
+    nxt = ModelConfig(preset="bert-heavy", urgent_session=False, bulk_sessions=2)
+    assert session_plan(nxt, supports_lanes=True) == (False, True)
+    assert session_plan(ModelConfig(preset="bert-heavy", urgent_session=False), supports_lanes=True) == (False, False)
+    assert session_plan(ModelConfig(preset="bert-heavy", urgent_lane=False, bulk_sessions=2), True) == (False, True)
+    assert session_plan(beside, supports_lanes=False) == (False, False)

@@ -248,7 +248,7 @@ def test_a_two_thread_cpu_model_runs_its_bulk_lane_as_two_sessions_side_by_side(
     assert info["lane_sessions"] == {"bulk": [1, 1], "urgent": [2]}
     single = deployment_handle("bert-light", APP).runtime_info.remote().result()
     assert single["lane_sessions"] == {"bulk": [1], "urgent": [1]}
-    # Without an urgent lane, `bulk_sessions` still runs them side by side (and the image
+    # Without an urgent lane session, `bulk_sessions` still runs them side by side (and the image
     # test above checks their answers against ONNX Runtime's).
-    no_lane = deployment_handle("resnet-heavy", APP).runtime_info.remote().result()
-    assert no_lane["lane_sessions"] == {"bulk": [1, 1]}
+    no_session = deployment_handle("resnet-heavy", APP).runtime_info.remote().result()
+    assert no_session["lane_sessions"] == {"bulk": [1, 1]}

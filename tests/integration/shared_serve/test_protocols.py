@@ -40,7 +40,7 @@ from serve_app.router.routing.catalog import STATS_TTL_S
 from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args
 from tests.integration.reference import greedy_text, session
-from tests.integration.serving import SHARED_GRPC_PORT, SHARED_PORT, app_for_module
+from tests.integration.serving import SHARED_GRPC_PORT, SHARED_PORT, app_for_module, deployment_handle
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, running_receiver, traceparent
 
 pytestmark = pytest.mark.integration
@@ -607,6 +607,36 @@ def test_bad_requests_mixed_into_a_burst_never_fail_the_good_ones(app_url):
     responses = asyncio.run(burst())
     assert [r.status_code for r in responses[0::2]] == [200] * 24
     assert [r.status_code for r in responses[1::2]] == [400] * 24
+
+
+def test_high_priority_images_run_in_batches_of_their_own_on_the_bulk_sessions(app_url, tiny_model_dir):
+    """resnet-heavy keeps its urgent lane without a session of its own (as configs/local.yaml): the
+    router sends high priority in batches of its own, which the replica runs next on the bulk
+    sessions. Mixed with normal priority, every answer is still the model's own for its image."""
+    images = _images(16)
+
+    def body(i: int) -> dict[str, Any]:
+        image = images[i : i + 1]
+        return {"inputs": [{"name": "image", "shape": list(image.shape), "datatype": "FP32", "data": image.ravel().tolist()}]}
+
+    async def mixed() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=app_url, timeout=60) as http:
+            calls = [
+                http.post("/v2/models/resnet-heavy/infer", json=body(i), headers={"x-priority": "high" if i % 2 else "normal"})
+                for i in range(len(images))
+            ]
+            return await asyncio.gather(*calls)
+
+    responses = asyncio.run(mixed())
+    (expected,) = session(tiny_model_dir, "resnet-heavy").run(None, {"image": images})
+    for i, resp in enumerate(responses):
+        assert resp.status_code == 200, resp.text
+        (logits,) = [o for o in resp.json()["outputs"] if o["name"] == "logits"]
+        np.testing.assert_allclose(np.array(logits["data"]).reshape(logits["shape"])[0], expected[i], atol=1e-4)
+    lanes = _status(app_url, "resnet-heavy")["lanes"]
+    assert lanes["urgent"]["recent_ms"] and lanes["bulk"]["recent_ms"], lanes  # both lanes ran batches
+    info = deployment_handle("resnet-heavy", "default").runtime_info.remote().result()
+    assert info["lane_sessions"] == {"bulk": [1, 1]}  # no session of the urgent lane's own
 
 
 # -- client disconnects ----------------------------------------------------------------------

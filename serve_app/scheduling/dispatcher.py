@@ -244,10 +244,7 @@ class Dispatcher:
         self.bulk = Lane(BULK, make_queue(s.policy, s.max_queue_items), limit or AdaptiveLimit())
         self.lanes = [self.bulk]
         if s.urgent_lane and self.prioritized:
-            # Its own bound: high-priority work neither evicts nor is crowded out by the bulk queue.
-            urgent = AdaptiveLimit(initial=s.urgent_min_inflight)
-            urgent.hold_at_least(s.urgent_min_inflight)
-            self.lanes.insert(0, Lane(URGENT, make_queue(s.policy, s.max_queue_items), urgent))
+            self.lanes.insert(0, _urgent_lane(s))
         self.breaker = CircuitBreaker(s.breaker_failures, s.breaker_open_s, clock)
         self.clock = clock
         # Errors after which a batch may run again elsewhere: the replica died, not the model
@@ -476,6 +473,13 @@ class Dispatcher:
                 raise NobodyWaits(self.model) from e
         self.stats.retried_batches += 1
         return await _call(self, lane.name, spans, again), again
+
+
+def _urgent_lane(s: DispatchSettings) -> Lane:
+    """High priority's lane, with a bound of its own: its work neither evicts nor is crowded out by
+    the bulk queue, and its batches in flight never go below `urgent_min_inflight`."""
+    limit = AdaptiveLimit(initial=s.urgent_min_inflight, floor=s.urgent_min_inflight)
+    return Lane(URGENT, make_queue(s.policy, s.max_queue_items), limit)
 
 
 def standing_s(d: Dispatcher) -> float:

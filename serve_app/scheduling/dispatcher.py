@@ -77,11 +77,12 @@ class DispatchSettings:
     breaker_failures: int = 5  # failed batches in a row that open the circuit
     breaker_open_s: float = 5.0
     urgent_lane: bool = False  # the replica runs high-priority batches on a lane of their own
-    # The urgent lane's batches in flight never go below this. Where they run next on the bulk
-    # lane's sessions (`urgent_session: false`), each waits for a running bulk batch, which the
-    # learned limit would read as a queue and answer with one batch at a time: high priority would
-    # then queue behind high priority in the router. One per bulk session keeps them all going.
-    urgent_min_inflight: int = 1
+    # Each lane's batches in flight never go below this. Where urgent batches run next on the bulk
+    # lane's sessions (`urgent_session: false`), a batch of either lane waits for a running batch of
+    # the other, which the learned limit would read as a queue and answer with one batch at a time:
+    # high priority would queue behind high priority in the router, and with high the most of the
+    # traffic, bulk batches would keep one session of several busy. One per session keeps them all going.
+    lane_min_inflight: int = 1
 
     def wait_budget_s(self, priority: Priority) -> float | None:
         """The longest a request of this class may be predicted to wait in the router's queue and
@@ -241,10 +242,8 @@ class Dispatcher:
         self.send = send
         self.cold = cold  # a multiplexed pool's model: what a load adds (its replies feed it: DispatcherPool)
         self.settings = s = settings or DispatchSettings()
-        self.bulk = Lane(BULK, make_queue(s.policy, s.max_queue_items), limit or AdaptiveLimit())
-        self.lanes = [self.bulk]
-        if s.urgent_lane and self.prioritized:
-            self.lanes.insert(0, _urgent_lane(s))
+        self.bulk = _bulk_lane(s, limit)
+        self.lanes = [_urgent_lane(s), self.bulk] if s.urgent_lane and self.prioritized else [self.bulk]
         self.breaker = CircuitBreaker(s.breaker_failures, s.breaker_open_s, clock)
         self.clock = clock
         # Errors after which a batch may run again elsewhere: the replica died, not the model
@@ -475,10 +474,20 @@ class Dispatcher:
         return await _call(self, lane.name, spans, again), again
 
 
+def _bulk_lane(s: DispatchSettings, limit: AdaptiveLimit | None) -> Lane:
+    """The lane of every class below the urgent lane's (of all of them where there is none), its
+    batches in flight learned by `limit` (a new one when None); beside an urgent lane never below
+    `lane_min_inflight`."""
+    queue, limit = make_queue(s.policy, s.max_queue_items), limit or AdaptiveLimit()
+    if s.urgent_lane and queue.prioritized and s.lane_min_inflight > 1:
+        limit.hold_at_least(s.lane_min_inflight)
+    return Lane(BULK, queue, limit)
+
+
 def _urgent_lane(s: DispatchSettings) -> Lane:
     """High priority's lane, with a bound of its own: its work neither evicts nor is crowded out by
-    the bulk queue, and its batches in flight never go below `urgent_min_inflight`."""
-    limit = AdaptiveLimit(initial=s.urgent_min_inflight, floor=s.urgent_min_inflight)
+    the bulk queue, and its batches in flight never go below `lane_min_inflight`."""
+    limit = AdaptiveLimit(initial=s.lane_min_inflight, floor=s.lane_min_inflight)
     return Lane(URGENT, make_queue(s.policy, s.max_queue_items), limit)
 
 

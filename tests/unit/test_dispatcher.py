@@ -347,8 +347,8 @@ async def test_urgent_lane_serves_high_priority_beside_a_running_bulk_batch():
     assert sorted(model.lanes_seen["bulk"]) == sorted(f"low{i}" for i in range(6))
 
 
-class WaitingUrgentModel:
-    """Urgent batches that run next on busy bulk sessions: each reports waiting three times its run."""
+class WaitingModel:
+    """Batches that run next on busy sessions: each reports waiting three times its run."""
 
     def __init__(self) -> None:
         self.running = 0
@@ -362,27 +362,39 @@ class WaitingUrgentModel:
         return BatchReply([p.upper() for p in payloads], wait_s=0.3, exec_s=0.1)
 
 
-async def _urgent_together(floor: int) -> int:
-    """How many of three high requests sent at once ran together, after replies that say wait."""
-    model = WaitingUrgentModel()
-    settings = DispatchSettings(max_batch_size=1, batch_wait_timeout_s=0.0, urgent_lane=True, urgent_min_inflight=floor)
+async def _together(floor: int, priority: Priority = Priority.HIGH, urgent_lane: bool = True) -> tuple[int, int]:
+    """How many of three requests of `priority` sent at once ran together after replies that say
+    wait, and the batches in flight their lane then allows."""
+    model = WaitingModel()
+    settings = DispatchSettings(max_batch_size=1, batch_wait_timeout_s=0.0, urgent_lane=urgent_lane, lane_min_inflight=floor)
     d = Dispatcher("m", model.send, settings, clock=loop_clock())
     for i in range(20):  # the replies teach the limit that every batch waited: it would shrink
-        await d.submit(f"h{i}", 1, Priority.HIGH)
+        await d.submit(f"h{i}", 1, priority)
     model.most_running = 0
-    await asyncio.gather(*(d.submit(f"x{i}", 1, Priority.HIGH) for i in range(3)))
-    assert d.lanes[0].limit.slots == floor
-    return model.most_running
+    await asyncio.gather(*(d.submit(f"x{i}", 1, priority) for i in range(3)))
+    return model.most_running, d.lane_for(priority).limit.slots
 
 
 @virtual_time
 async def test_urgent_batches_that_wait_at_the_replica_shrink_the_lane_to_one_by_default():
-    assert await _urgent_together(1) == 1
+    assert await _together(1) == (1, 1)
 
 
 @virtual_time
 async def test_urgent_batches_run_next_on_bulk_sessions_keep_one_slot_per_session():
-    assert await _urgent_together(2) == 2
+    assert await _together(2) == (2, 2)
+
+
+@virtual_time
+async def test_bulk_batches_waiting_behind_urgent_ones_keep_one_slot_per_session():
+    """Mostly high priority on shared sessions: lower classes still keep every session busy."""
+    assert await _together(2, Priority.LOW) == (2, 2)
+    assert await _together(2, Priority.NORMAL) == (2, 2)
+
+
+@virtual_time
+async def test_without_an_urgent_lane_the_bulk_limit_is_learned_alone():
+    assert await _together(2, Priority.LOW, urgent_lane=False) == (1, 1)
 
 
 @virtual_time

@@ -135,7 +135,7 @@ class DispatcherPool:
             breaker_failures=sched.breaker_failures,
             breaker_open_s=sched.breaker_open_s,
             urgent_lane=config.urgent_lane,
-            urgent_min_inflight=1 if config.urgent_session else (config.bulk_sessions or 1),
+            lane_min_inflight=1 if config.urgent_session else (config.bulk_sessions or 1),
         )
 
     def busy(self, ignored: Collection[str] = ()) -> bool:

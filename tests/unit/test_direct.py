@@ -4,6 +4,7 @@ calls take it, the request id, a client that leaves, and the install through Ser
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from serve_app.router.edge import callwatch, direct
 from tests.unit.fakes import VirtualTimeLoop
@@ -158,6 +160,27 @@ def test_a_handler_that_has_answered_is_not_cancelled_by_the_answers_end_or_the_
 
     assert run_server(lane, client).endswith(b"router")
     assert (router.finished, router.cancelled) == (1, 0)
+
+
+def test_a_finished_call_leaves_nothing_for_the_garbage_collector(apps: tuple[Recorder, Recorder]) -> None:
+    """A call's watch, request cycle and task go when it ends, by reference counting. Held in a
+    reference cycle they would wait for a full collection: under a spike that is thousands of
+    calls, with what they reference, in the router's heap, and every full collection after the
+    spike walks them with the event loop stopped."""
+    lane = on_this_loop(apps[1])
+
+    async def client(port: int) -> list[bytes]:
+        return [await exchange(port, post("/v2/models/m/infer", "connection: close\r\n")) for _ in range(5)]
+
+    gc.collect()
+    gc.disable()
+    try:
+        answers = run_server(lane, client)
+        left = [type(o).__name__ for o in gc.get_objects() if isinstance(o, (callwatch.ClientWatch, RequestResponseCycle))]
+    finally:
+        gc.enable()
+    assert [a.rsplit(b"\r\n\r\n", 1)[1] for a in answers] == [b"router"] * 5
+    assert left == []
 
 
 def test_an_answers_head_goes_out_only_with_its_body(apps: tuple[Recorder, Recorder]) -> None:

@@ -33,6 +33,16 @@ class ClientWatch(asyncio.Event):
             self.timed_out = True
             self.task.cancel()
 
+    def release(self) -> None:
+        """Once the call is over: give the cycle back an event of its own. The cycle holding this
+        watch while the watch holds the cycle (and the task, its coroutine and context) is a
+        reference cycle, which only a full garbage collection frees; under a spike thousands of
+        them pile up and every full collection after it stops the event loop for longer."""
+        event = asyncio.Event()
+        if self.is_set():
+            event.set()
+        self.cycle.message_event = event
+
 
 class Deadlines:
     """The whole-call time limit of the calls one server sends the direct way, from one timer: a check every

@@ -167,6 +167,7 @@ class DirectInfer:
             await error_response(scope["path"], late)(scope, receive, send_with_id)
         finally:
             self.deadlines.discard(watch)
+            watch.release()
 
 
 def active() -> bool:

@@ -480,6 +480,8 @@ def _bulk_lane(s: DispatchSettings, limit: AdaptiveLimit | None) -> Lane:
     `lane_min_inflight`."""
     queue, limit = make_queue(s.policy, s.max_queue_items), limit or AdaptiveLimit()
     if s.urgent_lane and queue.prioritized and s.lane_min_inflight > 1:
+        # A base a pool's floor (which follows its holders) never lowers.
+        limit.base_floor = s.lane_min_inflight
         limit.hold_at_least(s.lane_min_inflight)
     return Lane(BULK, queue, limit)
 

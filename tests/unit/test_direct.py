@@ -172,11 +172,16 @@ def test_a_finished_call_leaves_nothing_for_the_garbage_collector(apps: tuple[Re
     async def client(port: int) -> list[bytes]:
         return [await exchange(port, post("/v2/models/m/infer", "connection: close\r\n")) for _ in range(5)]
 
+    def alive() -> dict[int, str]:
+        kinds = (callwatch.ClientWatch, RequestResponseCycle)
+        return {id(o): type(o).__name__ for o in gc.get_objects() if isinstance(o, kinds)}
+
     gc.collect()
     gc.disable()
     try:
+        before = alive()  # what earlier tests may have left (a kept traceback), not this one's
         answers = run_server(lane, client)
-        left = [type(o).__name__ for o in gc.get_objects() if isinstance(o, (callwatch.ClientWatch, RequestResponseCycle))]
+        left = [kind for key, kind in alive().items() if key not in before]
     finally:
         gc.enable()
     assert [a.rsplit(b"\r\n\r\n", 1)[1] for a in answers] == [b"router"] * 5

@@ -393,8 +393,27 @@ async def test_bulk_batches_waiting_behind_urgent_ones_keep_one_slot_per_session
 
 
 @virtual_time
+async def test_a_pools_bulk_limit_keeps_the_lanes_floor_whatever_the_pool_holds():
+    """A multiplexed pool's dispatcher gets a limit whose floor follows the replicas holding the
+    model (`hold_at_least` after every reply); beside an urgent lane the lane's own floor stays."""
+    settings = DispatchSettings(urgent_lane=True, lane_min_inflight=3)
+    d = Dispatcher("m", WaitingModel().send, settings, limit=AdaptiveLimit(initial=1), clock=loop_clock())
+    d.bulk.limit.hold_at_least(2)  # one holder
+    for i in range(20):  # replies that say every batch waited: the limit shrinks to its floor
+        await d.submit(f"l{i}", 1, Priority.LOW)
+    assert d.bulk.limit.slots == 3
+
+
+@virtual_time
 async def test_without_an_urgent_lane_the_bulk_limit_is_learned_alone():
     assert await _together(2, Priority.LOW, urgent_lane=False) == (1, 1)
+
+
+@virtual_time
+async def test_fifo_policy_gets_no_floor_from_an_urgent_lane_it_does_not_have():
+    settings = DispatchSettings(policy="fifo", urgent_lane=True, lane_min_inflight=3)
+    d = Dispatcher("m", WaitingModel().send, settings, clock=loop_clock())
+    assert [lane.name for lane in d.lanes] == ["bulk"] and d.bulk.limit.floor == 0.0
 
 
 @virtual_time

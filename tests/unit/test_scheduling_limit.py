@@ -163,6 +163,17 @@ def test_a_floor_holds_the_limit_up_against_queueing_and_failures_until_it_is_lo
     assert lim.value == lim.maximum
 
 
+def test_a_pools_floor_that_follows_its_holders_never_lowers_the_lanes_own():
+    lim = AdaptiveLimit(initial=2.0, base_floor=4.0)  # four sessions shared with an urgent lane
+    lim.hold_at_least(4.0)
+    lim.hold_at_least(2.0)  # a pool with one holder busy at one batch, and one for a second copy
+    for _ in range(50):
+        lim.on_batch(wait_s=0.02, exec_s=0.01, inflight=5)
+    assert lim.slots == 4
+    lim.hold_at_least(6.0)
+    assert lim.slots == 6
+
+
 def test_arrival_rates_by_class_and_what_overtakes_each():
     arrivals = ArrivalRates(window_s=1.0, smoothing=0.5)
     for i in range(100):  # one second: 60 high rows, 40 normal

@@ -31,6 +31,9 @@ class AdaptiveLimit:
     # A lower bound the caller sets from what it knows of the replicas (a pool model's holders:
     # serve_app.router.routing.dispatchers); never above `maximum`.
     floor: float = 0.0
+    # The least `hold_at_least` may lower `floor` to: what the lane itself needs whatever the
+    # replicas (one batch per session where two lanes share a replica's sessions: the dispatcher).
+    base_floor: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.minimum <= self.initial <= self.maximum:
@@ -62,6 +65,7 @@ class AdaptiveLimit:
         self.value = max(self.minimum, self.floor, self.value / 2)
 
     def hold_at_least(self, floor: float) -> None:
-        """Keep the limit at `floor` or above from now on (until a lower floor is set)."""
-        self.floor = min(floor, self.maximum)
+        """Keep the limit at `floor` (never less than `base_floor`) or above from now on, until a
+        lower floor is set."""
+        self.floor = min(max(floor, self.base_floor), self.maximum)
         self.value = max(self.value, self.floor)

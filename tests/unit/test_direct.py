@@ -278,7 +278,7 @@ def test_the_time_limit_expires_only_late_calls_and_keeps_no_timer_once_they_are
     cycle = SimpleNamespace(disconnected=False)
 
     async def call(hold_s: float) -> tuple[str, float]:
-        watch = callwatch.ClientWatch(cycle, this_task())
+        watch = callwatch.ClientWatch(cycle, this_task(), asyncio.Event())
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadlines.add(watch, 0.2)
@@ -309,7 +309,7 @@ def test_the_time_limit_still_fires_for_calls_on_a_later_event_loop() -> None:
     cycle = SimpleNamespace(disconnected=False)
 
     async def call(hold_s: float) -> str:
-        watch = callwatch.ClientWatch(cycle, this_task())
+        watch = callwatch.ClientWatch(cycle, this_task(), asyncio.Event())
         deadlines.add(watch, 0.2)
         try:
             await asyncio.sleep(hold_s)
@@ -321,7 +321,7 @@ def test_the_time_limit_still_fires_for_calls_on_a_later_event_loop() -> None:
 
     async def first() -> None:
         # A call that never finishes its turn on this loop: the loop closes with its tick pending.
-        watch = callwatch.ClientWatch(cycle, this_task())
+        watch = callwatch.ClientWatch(cycle, this_task(), asyncio.Event())
         deadlines.add(watch, 0.2)
 
     asyncio.run(first())

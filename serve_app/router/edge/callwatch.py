@@ -15,10 +15,13 @@ class ClientWatch(asyncio.Event):
     yet complete, it cancels the task serving the request: the same notice Serve's client-watch
     task gives, without a task. `expire` cancels it the same way when the call's time is up."""
 
-    def __init__(self, cycle: Any, task: asyncio.Task[Any]) -> None:
+    def __init__(self, cycle: Any, task: asyncio.Task[Any], event: asyncio.Event) -> None:
         super().__init__()
         self.cycle = cycle
         self.task = task
+        self.event = event  # the cycle's own, given back by `release`
+        if event.is_set():  # a body chunk that arrived before the app started
+            super().set()
         self.left = False
         self.timed_out = False
 
@@ -34,14 +37,15 @@ class ClientWatch(asyncio.Event):
             self.task.cancel()
 
     def release(self) -> None:
-        """Once the call is over: give the cycle back an event of its own. The cycle holding this
-        watch while the watch holds the cycle (and the task, its coroutine and context) is a
-        reference cycle, which only a full garbage collection frees; under a spike thousands of
-        them pile up and every full collection after it stops the event loop for longer."""
-        event = asyncio.Event()
+        """Once the call is over: give the cycle back its own event, in this watch's state. The
+        cycle holding this watch while the watch holds the cycle (and the task, its coroutine and
+        context) is a reference cycle, which only a full garbage collection frees; under a spike
+        thousands of them pile up and every full collection after it stops the event loop for longer."""
         if self.is_set():
-            event.set()
-        self.cycle.message_event = event
+            self.event.set()
+        else:
+            self.event.clear()
+        self.cycle.message_event = self.event
 
 
 class Deadlines:
@@ -89,8 +93,6 @@ def watch_client(receive: Receive) -> ClientWatch | None:
     task = asyncio.current_task()
     if not isinstance(event, asyncio.Event) or task is None or getattr(cycle, "disconnected", True):
         return None
-    watch = ClientWatch(cycle, task)
-    if event.is_set():  # a body chunk that arrived before the app started
-        asyncio.Event.set(watch)
+    watch = ClientWatch(cycle, task, event)
     cycle.message_event = watch
     return watch

@@ -83,6 +83,11 @@ class DispatchSettings:
     # high priority would queue behind high priority in the router, and with high the most of the
     # traffic, bulk batches would keep one session of several busy. One per session keeps them all going.
     lane_min_inflight: int = 1
+    # Urgent batches run next on the bulk lane's sessions (`urgent_session: false`). While high
+    # priority waits in the router with every urgent slot taken, the bulk lane sends nothing: a
+    # session that frees then takes the next urgent batch, not a bulk one sent ahead of it, so high
+    # priority is served first when the model cannot serve every class.
+    urgent_shares_sessions: bool = False
 
     def wait_budget_s(self, priority: Priority) -> float | None:
         """The longest a request of this class may be predicted to wait in the router's queue and
@@ -278,7 +283,8 @@ class Dispatcher:
 
     def wait_s(self, priority: Priority) -> float:
         """Predicted seconds before a request of this class would start its own batch."""
-        return self.lane_for(priority).wait_s(priority, self.settings.max_batch_size)
+        lane = self.lane_for(priority)
+        return lane.wait_s(priority, self.settings.max_batch_size) + _held_s(self, lane)
 
     def _retry_after(self, lane: Lane) -> float:
         return lane.retry_after_s(self.settings.max_batch_size)
@@ -300,7 +306,8 @@ class Dispatcher:
         if budget is not None:
             # Predicted from the rows ahead, and seen: the oldest of this class still queued has waited
             # past the budget (classes above kept overtaking it, which no prediction of the rows ahead sees).
-            queued = max(lane.queue_wait_s(priority, self.settings.max_batch_size), lane.queue.oldest_wait(now, priority))
+            ahead = lane.queue_wait_s(priority, self.settings.max_batch_size) + _held_s(self, lane)
+            queued = max(ahead, lane.queue.oldest_wait(now, priority))
             if queued > budget:
                 raise self._refuse(lane, "queue_budget", priority, f"overloaded (about {queued:.1f} s queued ahead)")
         # The wait, not the request's own batch: an estimate inflated by one slow batch would otherwise
@@ -397,7 +404,7 @@ class Dispatcher:
     def _dispatch(self, lane: Lane) -> None:
         """Send batches on `lane` while it has free slots. Runs on every admission and completion."""
         s, queue = self.settings, lane.queue
-        while queue.items and lane.inflight < lane.limit.slots:
+        while queue.items and lane.inflight < lane.limit.slots and not _yields(self, lane):
             now = self.clock()
             if lane.inflight and queue.items < s.max_batch_size:
                 # A batch is running anyway: let this one fill for up to the batch timeout.
@@ -459,6 +466,8 @@ class Dispatcher:
             lane.inflight -= 1
             lane.inflight_items -= sum(t.items for t in batch)
             self._dispatch(lane)
+            if lane is not self.bulk:  # the bulk lane may have held back for this one (`_yields`)
+                self._dispatch(self.bulk)
 
     async def _send(self, lane: Lane, batch: list[Ticket], spans: BatchSpans | None) -> tuple[BatchReply, list[Ticket]]:
         """The batch's round trip and the tickets it carried. If its replica died under it, sent once
@@ -491,6 +500,21 @@ def _urgent_lane(s: DispatchSettings) -> Lane:
     the bulk queue, and its batches in flight never go below `lane_min_inflight`."""
     limit = AdaptiveLimit(initial=s.lane_min_inflight, floor=s.lane_min_inflight)
     return Lane(URGENT, make_queue(s.policy, s.max_queue_items), limit)
+
+
+def _yields(d: Dispatcher, lane: Lane) -> bool:
+    """Whether `lane` holds its next batch back for the urgent lane, whose batches run on its
+    sessions (`DispatchSettings.urgent_shares_sessions`): that lane has every slot taken and high
+    priority still queued."""
+    if lane is not d.bulk or len(d.lanes) == 1 or not d.settings.urgent_shares_sessions:
+        return False
+    urgent = d.lanes[0]
+    return urgent.saturated and urgent.queue.items > 0
+
+
+def _held_s(d: Dispatcher, lane: Lane) -> float:
+    """How long `lane` is predicted to hold its batches back for the urgent lane's queue (`_yields`)."""
+    return d.lanes[0].wait_s(Priority.HIGH, d.settings.max_batch_size) if _yields(d, lane) else 0.0
 
 
 def standing_s(d: Dispatcher) -> float:

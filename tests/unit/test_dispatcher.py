@@ -392,6 +392,75 @@ async def test_bulk_batches_waiting_behind_urgent_ones_keep_one_slot_per_session
     assert await _together(2, Priority.NORMAL) == (2, 2)
 
 
+class OneSession:
+    """One replica session that both lanes' batches run on, one at a time, in the order they came."""
+
+    def __init__(self) -> None:
+        self.session = asyncio.Semaphore(1)
+        self.ran: list[str] = []
+
+    async def send(self, payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
+        arrived = asyncio.get_running_loop().time()
+        async with self.session:
+            started = asyncio.get_running_loop().time()
+            self.ran += payloads
+            await asyncio.sleep(0.1)
+        return BatchReply([p.upper() for p in payloads], wait_s=started - arrived, exec_s=0.1)
+
+
+async def _session_order(shares: bool) -> list[str]:
+    """The order one shared session ran a low request, three high ones sent together while it ran,
+    and two more low ones right after them."""
+    model = OneSession()
+    settings = DispatchSettings(max_batch_size=1, batch_wait_timeout_s=0.0, urgent_lane=True, urgent_shares_sessions=shares)
+    d = Dispatcher("m", model.send, settings, clock=loop_clock())
+    first = asyncio.ensure_future(d.submit("low0", 1, Priority.LOW))
+    await asyncio.sleep(0.01)
+    highs = [asyncio.ensure_future(d.submit(f"high{i}", 1, Priority.HIGH)) for i in range(3)]
+    await asyncio.sleep(0.01)
+    lows = [asyncio.ensure_future(d.submit(f"low{i}", 1, Priority.LOW)) for i in (1, 2)]
+    await asyncio.gather(first, *highs, *lows)
+    return model.ran
+
+
+@virtual_time
+async def test_on_shared_sessions_bulk_batches_wait_while_high_priority_queues_in_the_router():
+    assert await _session_order(shares=True) == ["low0", "high0", "high1", "high2", "low1", "low2"]
+
+
+@virtual_time
+async def test_with_an_urgent_session_of_its_own_the_bulk_lane_never_waits_for_it():
+    ran = await _session_order(shares=False)
+    assert ran.index("low1") < ran.index("high1")
+
+
+async def _low_behind_high_backlog(shares: bool) -> tuple[Dispatcher, list[asyncio.Task[Any]]]:
+    """A dispatcher on one shared session that learned its batch time, with a low request running
+    and twenty high ones (two seconds of work) queued behind it."""
+    d = Dispatcher("m", OneSession().send, DispatchSettings(max_batch_size=1, batch_wait_timeout_s=0.0,
+                   urgent_lane=True, urgent_shares_sessions=shares), clock=loop_clock())  # fmt: skip
+    for i in range(5):
+        await d.submit(f"warm{i}", 1, Priority.HIGH)
+        await d.submit(f"warm{i}", 1, Priority.LOW)
+    running = [asyncio.ensure_future(d.submit("low0", 1, Priority.LOW))]
+    await asyncio.sleep(0.01)
+    running += [asyncio.ensure_future(d.submit(f"high{i}", 1, Priority.HIGH)) for i in range(20)]
+    await asyncio.sleep(0.01)
+    return d, running
+
+
+@virtual_time
+async def test_while_the_bulk_lane_holds_back_for_high_priority_low_is_refused_at_once():
+    d, running = await _low_behind_high_backlog(shares=True)
+    with pytest.raises(Overloaded, match="queued ahead"):
+        d.precheck(Priority.LOW, None)
+    assert d.wait_s(Priority.LOW) > 0.5
+    await asyncio.gather(*running)
+    d, running = await _low_behind_high_backlog(shares=False)
+    d.precheck(Priority.LOW, None)  # its own lane is free
+    await asyncio.gather(*running)
+
+
 @virtual_time
 async def test_a_pools_bulk_limit_keeps_the_lanes_floor_whatever_the_pool_holds():
     """A multiplexed pool's dispatcher gets a limit whose floor follows the replicas holding the

@@ -136,6 +136,7 @@ class DispatcherPool:
             breaker_open_s=sched.breaker_open_s,
             urgent_lane=config.urgent_lane,
             lane_min_inflight=1 if config.urgent_session else (config.bulk_sessions or 1),
+            urgent_shares_sessions=not config.urgent_session,
         )
 
     def busy(self, ignored: Collection[str] = ()) -> bool:

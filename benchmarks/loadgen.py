@@ -278,12 +278,14 @@ class LoadGenerator:
         body = stream.last_body
         try:
             try:
-                answer = await asyncio.wait_for(conn.request(raw), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):
+                    answer = await conn.request(raw)
             except StaleConnection:
                 conn.close()
                 self.run.stale_connection_retries += 1
                 left = self.timeout_s - (time.perf_counter() - scheduled)
-                answer = await asyncio.wait_for(conn.request(raw), max(left, 0.001))
+                async with asyncio.timeout(max(left, 0.001)):
+                    answer = await conn.request(raw)
         except asyncio.TimeoutError:
             conn.close()
             answer = STATUS_TIMEOUT, "", None, None

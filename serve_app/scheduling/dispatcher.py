@@ -357,15 +357,20 @@ class Dispatcher:
         """A 504 when the ticket's deadline passes, queued or in a batch not answered yet (a replica
         starting from zero)."""
         if queued:
-            lane.queue.cancel(ticket)
+            self._unqueue(lane, ticket)
         self.stats.count_shed("expired", ticket.priority)
         where = "queued" if queued else "the model ran"
         ticket.result.set_exception(DeadlineExceeded(f"{self.model}: deadline passed while {where}"))
 
+    def _unqueue(self, lane: Lane, ticket: Ticket) -> None:
+        lane.queue.cancel(ticket)
+        if lane is not self.bulk:  # the bulk lane may have held back for it (`_yields`)
+            self._dispatch(self.bulk)
+
     def _starve(self, lane: Lane, ticket: Ticket) -> None:
         """A 503 with Retry-After when still queued `max_queued_s` after admission (higher classes
         kept arriving ahead of it), rather than holding its memory until its client gives up."""
-        lane.queue.cancel(ticket)
+        self._unqueue(lane, ticket)
         self.stats.count_shed("starved", ticket.priority)
         waited = self.clock() - ticket.enqueued
         error = Overloaded(f"{self.model}: overloaded (queued {waited:.1f} s)", retry_after_s=self._retry_after(lane))
@@ -391,7 +396,7 @@ class Dispatcher:
             # The client went away: free its place so it costs no model time.
             if not ticket.done:
                 self.stats.cancelled_items += ticket.items
-            self.lane_for(ticket.priority).queue.cancel(ticket)
+            self._unqueue(self.lane_for(ticket.priority), ticket)
             ticket.result.cancel()  # nobody waits for it now: its deadline timer goes too
             raise
 

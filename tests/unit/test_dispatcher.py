@@ -398,9 +398,11 @@ class OneSession:
     def __init__(self) -> None:
         self.session = asyncio.Semaphore(1)
         self.ran: list[str] = []
+        self.sent: dict[str, float] = {}
 
     async def send(self, payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
         arrived = asyncio.get_running_loop().time()
+        self.sent.update(dict.fromkeys(payloads, arrived))
         async with self.session:
             started = asyncio.get_running_loop().time()
             self.ran += payloads
@@ -459,6 +461,27 @@ async def test_while_the_bulk_lane_holds_back_for_high_priority_low_is_refused_a
     d, running = await _low_behind_high_backlog(shares=False)
     d.precheck(Priority.LOW, None)  # its own lane is free
     await asyncio.gather(*running)
+
+
+@virtual_time
+async def test_the_bulk_lane_goes_on_once_the_queued_high_priority_leaves_without_a_batch():
+    """High requests whose clients leave free the bulk lane at once, not when the next urgent batch ends."""
+    model = OneSession()
+    settings = DispatchSettings(max_batch_size=1, batch_wait_timeout_s=0.0, urgent_lane=True, urgent_shares_sessions=True)
+    d = Dispatcher("m", model.send, settings, clock=loop_clock())
+    first = asyncio.ensure_future(d.submit("low0", 1, Priority.LOW))
+    await asyncio.sleep(0.01)
+    highs = [asyncio.ensure_future(d.submit(f"high{i}", 1, Priority.HIGH)) for i in range(4)]
+    await asyncio.sleep(0.01)
+    low = asyncio.ensure_future(d.submit("low1", 1, Priority.LOW))
+    await asyncio.sleep(0.01)
+    assert "low1" not in model.sent  # held back behind the queued high requests
+    left_at = asyncio.get_running_loop().time()
+    for task in highs[1:]:  # still in the router's queue: their clients leave
+        task.cancel()
+    await asyncio.sleep(0.001)
+    assert model.sent["low1"] == pytest.approx(left_at, abs=0.001)
+    await asyncio.gather(first, highs[0], low)
 
 
 @virtual_time

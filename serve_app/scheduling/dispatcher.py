@@ -283,8 +283,7 @@ class Dispatcher:
 
     def wait_s(self, priority: Priority) -> float:
         """Predicted seconds before a request of this class would start its own batch."""
-        lane = self.lane_for(priority)
-        return lane.wait_s(priority, self.settings.max_batch_size) + _held_s(self, lane)
+        return self.lane_for(priority).wait_s(priority, self.settings.max_batch_size) + _held_s(self, priority)
 
     def _retry_after(self, lane: Lane) -> float:
         return lane.retry_after_s(self.settings.max_batch_size)
@@ -306,7 +305,7 @@ class Dispatcher:
         if budget is not None:
             # Predicted from the rows ahead, and seen: the oldest of this class still queued has waited
             # past the budget (classes above kept overtaking it, which no prediction of the rows ahead sees).
-            ahead = lane.queue_wait_s(priority, self.settings.max_batch_size) + _held_s(self, lane)
+            ahead = lane.queue_wait_s(priority, self.settings.max_batch_size) + _held_s(self, priority)
             queued = max(ahead, lane.queue.oldest_wait(now, priority))
             if queued > budget:
                 raise self._refuse(lane, "queue_budget", priority, f"overloaded (about {queued:.1f} s queued ahead)")
@@ -357,20 +356,15 @@ class Dispatcher:
         """A 504 when the ticket's deadline passes, queued or in a batch not answered yet (a replica
         starting from zero)."""
         if queued:
-            self._unqueue(lane, ticket)
+            _unqueue(self, lane, ticket)
         self.stats.count_shed("expired", ticket.priority)
         where = "queued" if queued else "the model ran"
         ticket.result.set_exception(DeadlineExceeded(f"{self.model}: deadline passed while {where}"))
 
-    def _unqueue(self, lane: Lane, ticket: Ticket) -> None:
-        lane.queue.cancel(ticket)
-        if lane is not self.bulk:  # the bulk lane may have held back for it (`_yields`)
-            self._dispatch(self.bulk)
-
     def _starve(self, lane: Lane, ticket: Ticket) -> None:
         """A 503 with Retry-After when still queued `max_queued_s` after admission (higher classes
         kept arriving ahead of it), rather than holding its memory until its client gives up."""
-        self._unqueue(lane, ticket)
+        _unqueue(self, lane, ticket)
         self.stats.count_shed("starved", ticket.priority)
         waited = self.clock() - ticket.enqueued
         error = Overloaded(f"{self.model}: overloaded (queued {waited:.1f} s)", retry_after_s=self._retry_after(lane))
@@ -396,7 +390,7 @@ class Dispatcher:
             # The client went away: free its place so it costs no model time.
             if not ticket.done:
                 self.stats.cancelled_items += ticket.items
-            self._unqueue(self.lane_for(ticket.priority), ticket)
+            _unqueue(self, self.lane_for(ticket.priority), ticket)
             ticket.result.cancel()  # nobody waits for it now: its deadline timer goes too
             raise
 
@@ -471,8 +465,7 @@ class Dispatcher:
             lane.inflight -= 1
             lane.inflight_items -= sum(t.items for t in batch)
             self._dispatch(lane)
-            if lane is not self.bulk:  # the bulk lane may have held back for this one (`_yields`)
-                self._dispatch(self.bulk)
+            _wake_bulk(self, lane)
 
     async def _send(self, lane: Lane, batch: list[Ticket], spans: BatchSpans | None) -> tuple[BatchReply, list[Ticket]]:
         """The batch's round trip and the tickets it carried. If its replica died under it, sent once
@@ -517,9 +510,21 @@ def _yields(d: Dispatcher, lane: Lane) -> bool:
     return urgent.saturated and urgent.queue.items > 0
 
 
-def _held_s(d: Dispatcher, lane: Lane) -> float:
-    """How long `lane` is predicted to hold its batches back for the urgent lane's queue (`_yields`)."""
-    return d.lanes[0].wait_s(Priority.HIGH, d.settings.max_batch_size) if _yields(d, lane) else 0.0
+def _held_s(d: Dispatcher, priority: Priority) -> float:
+    """How long the lane of `priority` is predicted to hold its batches back for the urgent lane's
+    queue (`_yields`)."""
+    return d.lanes[0].wait_s(Priority.HIGH, d.settings.max_batch_size) if _yields(d, d.lane_for(priority)) else 0.0
+
+
+def _wake_bulk(d: Dispatcher, lane: Lane) -> None:
+    """After the urgent lane lost a batch or a queued request: the bulk lane may have held back for it."""
+    if lane is not d.bulk:
+        d._dispatch(d.bulk)
+
+
+def _unqueue(d: Dispatcher, lane: Lane, ticket: Ticket) -> None:
+    lane.queue.cancel(ticket)
+    _wake_bulk(d, lane)
 
 
 def standing_s(d: Dispatcher) -> float:

@@ -410,16 +410,27 @@ class OneSession:
         return BatchReply([p.upper() for p in payloads], wait_s=started - arrived, exec_s=0.1)
 
 
+def _one_session(shares: bool) -> tuple[OneSession, Dispatcher]:
+    """A dispatcher with both lanes, one row a batch, in front of one session."""
+    model = OneSession()
+    settings = DispatchSettings(max_batch_size=1, batch_wait_timeout_s=0.0, urgent_lane=True, urgent_shares_sessions=shares)
+    return model, Dispatcher("m", model.send, settings, clock=loop_clock())
+
+
+async def _low_then_highs(d: Dispatcher, highs: int) -> tuple[asyncio.Task[Any], list[asyncio.Task[Any]]]:
+    """A low request, then `highs` high ones sent together while it runs."""
+    first = asyncio.ensure_future(d.submit("low0", 1, Priority.LOW))
+    await asyncio.sleep(0.01)
+    sent = [asyncio.ensure_future(d.submit(f"high{i}", 1, Priority.HIGH)) for i in range(highs)]
+    await asyncio.sleep(0.01)
+    return first, sent
+
+
 async def _session_order(shares: bool) -> list[str]:
     """The order one shared session ran a low request, three high ones sent together while it ran,
     and two more low ones right after them."""
-    model = OneSession()
-    settings = DispatchSettings(max_batch_size=1, batch_wait_timeout_s=0.0, urgent_lane=True, urgent_shares_sessions=shares)
-    d = Dispatcher("m", model.send, settings, clock=loop_clock())
-    first = asyncio.ensure_future(d.submit("low0", 1, Priority.LOW))
-    await asyncio.sleep(0.01)
-    highs = [asyncio.ensure_future(d.submit(f"high{i}", 1, Priority.HIGH)) for i in range(3)]
-    await asyncio.sleep(0.01)
+    model, d = _one_session(shares)
+    first, highs = await _low_then_highs(d, 3)
     lows = [asyncio.ensure_future(d.submit(f"low{i}", 1, Priority.LOW)) for i in (1, 2)]
     await asyncio.gather(first, *highs, *lows)
     return model.ran
@@ -439,16 +450,12 @@ async def test_with_an_urgent_session_of_its_own_the_bulk_lane_never_waits_for_i
 async def _low_behind_high_backlog(shares: bool) -> tuple[Dispatcher, list[asyncio.Task[Any]]]:
     """A dispatcher on one shared session that learned its batch time, with a low request running
     and twenty high ones (two seconds of work) queued behind it."""
-    d = Dispatcher("m", OneSession().send, DispatchSettings(max_batch_size=1, batch_wait_timeout_s=0.0,
-                   urgent_lane=True, urgent_shares_sessions=shares), clock=loop_clock())  # fmt: skip
+    _, d = _one_session(shares)
     for i in range(5):
         await d.submit(f"warm{i}", 1, Priority.HIGH)
         await d.submit(f"warm{i}", 1, Priority.LOW)
-    running = [asyncio.ensure_future(d.submit("low0", 1, Priority.LOW))]
-    await asyncio.sleep(0.01)
-    running += [asyncio.ensure_future(d.submit(f"high{i}", 1, Priority.HIGH)) for i in range(20)]
-    await asyncio.sleep(0.01)
-    return d, running
+    first, highs = await _low_then_highs(d, 20)
+    return d, [first, *highs]
 
 
 @virtual_time
@@ -466,13 +473,8 @@ async def test_while_the_bulk_lane_holds_back_for_high_priority_low_is_refused_a
 @virtual_time
 async def test_the_bulk_lane_goes_on_once_the_queued_high_priority_leaves_without_a_batch():
     """High requests whose clients leave free the bulk lane at once, not when the next urgent batch ends."""
-    model = OneSession()
-    settings = DispatchSettings(max_batch_size=1, batch_wait_timeout_s=0.0, urgent_lane=True, urgent_shares_sessions=True)
-    d = Dispatcher("m", model.send, settings, clock=loop_clock())
-    first = asyncio.ensure_future(d.submit("low0", 1, Priority.LOW))
-    await asyncio.sleep(0.01)
-    highs = [asyncio.ensure_future(d.submit(f"high{i}", 1, Priority.HIGH)) for i in range(4)]
-    await asyncio.sleep(0.01)
+    model, d = _one_session(True)
+    first, highs = await _low_then_highs(d, 4)
     low = asyncio.ensure_future(d.submit("low1", 1, Priority.LOW))
     await asyncio.sleep(0.01)
     assert "low1" not in model.sent  # held back behind the queued high requests

@@ -17,7 +17,12 @@ An urgent call (a high-priority batch the router sent on its urgent lane to a
 replica that runs no session of its own for it: `urgent_session: false`) goes
 ahead of every bulk call still waiting and runs as a batch of urgent calls
 only: it waits for a running batch to end, never for the batches queued
-behind it, and its own batch is not made longer by bulk rows.
+behind it, and its own batch is not made longer by bulk rows. Up to a bound: a
+bulk call that has waited `bulk_max_wait_s` goes next, ahead of the urgent
+ones. With more high priority than the model can run, urgent calls would
+otherwise be waiting at every turn, and the bulk batches the router had
+already sent (admitted requests, in no queue of the router's any more) would
+wait until their clients gave up.
 
 Several `runs` (one per session) run that many batches at once. On CPU the
 bulk lane uses this: two single-threaded sessions side by side instead of one
@@ -41,6 +46,10 @@ from typing import Any
 
 from serve_app.models.health import StallWatch
 
+# The longest a bulk call waits while urgent calls keep going ahead of it: past a router's own
+# queue budgets (serve_app.scheduling.dispatcher), well inside a client's timeout.
+BULK_MAX_WAIT_S = 1.0
+
 # Runs in a worker thread: payloads in, one result (or ServeAppError) per payload out.
 RunBatch = Callable[[list[Any]], list[Any]]
 
@@ -61,6 +70,7 @@ class BatchExecutor:
         max_items: int,
         pool: Executor | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        bulk_max_wait_s: float = BULK_MAX_WAIT_S,
     ) -> None:
         # One worker per run function; each runs one batch at a time (a session is not shared).
         self.runs = run if isinstance(run, list) else [run]
@@ -69,6 +79,7 @@ class BatchExecutor:
         self.max_items = max_items
         self.pool = pool  # None: asyncio's default thread pool; else one with a thread per run
         self.clock = clock
+        self.bulk_max_wait_s = bulk_max_wait_s
         self.watch = StallWatch(clock)  # the batches running now, for the replica's health check
         self._pending: list[_Call] = []
         self._workers: list[asyncio.Task[None] | None] = [None] * len(self.runs)
@@ -90,14 +101,30 @@ class BatchExecutor:
 
     def _take(self) -> list[_Call]:
         """Whole calls, oldest first, up to `max_items` rows (at least one call); urgent calls
-        first, and a batch of them takes no bulk call."""
-        taken = [self._pending.pop(0)]
+        first, unless a bulk call has waited `bulk_max_wait_s`; a batch of either kind takes no
+        call of the other."""
+        first = self._starved_bulk()
+        taken = [self._pending.pop(first)]
         size = taken[0].items
-        while self._pending and size + self._pending[0].items <= self.max_items and self._pending[0].urgent == taken[0].urgent:
-            call = self._pending.pop(0)
+        while (
+            len(self._pending) > first
+            and size + self._pending[first].items <= self.max_items
+            and self._pending[first].urgent == taken[0].urgent
+        ):
+            call = self._pending.pop(first)
             taken.append(call)
             size += call.items
         return taken
+
+    def _starved_bulk(self) -> int:
+        """Where the next batch starts in the pending calls: at the oldest bulk call if urgent calls
+        are ahead of it and it has waited `bulk_max_wait_s`, else at the front."""
+        if not self._pending[0].urgent:
+            return 0
+        bulk = next((i for i, c in enumerate(self._pending) if not c.urgent), None)
+        if bulk is None or self.clock() - self._pending[bulk].arrived < self.bulk_max_wait_s:
+            return 0
+        return bulk
 
     async def _drain(self, run: RunBatch) -> None:
         while self._pending:

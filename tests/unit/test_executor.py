@@ -166,6 +166,40 @@ async def test_urgent_calls_over_max_items_keep_their_order_and_bulk_waits_for_a
     assert run.batches == [[1], [7, 8], [9], [2]]
 
 
+async def test_a_bulk_call_waits_behind_urgent_calls_no_longer_than_its_bound():
+    """More high priority than the model can run: urgent calls are waiting at every turn. A bulk
+    call the router already sent runs once it has waited `bulk_max_wait_s`, ahead of them,
+    instead of waiting until its clients give up; one that has waited less still goes after them."""
+    clock = Clock()
+    run = GatedRun(clock, gated=True)
+    ex = BatchExecutor(run, max_items=4, clock=clock, bulk_max_wait_s=1.0)
+    running = asyncio.ensure_future(ex.submit([1], 1, urgent=True))
+    await started(run)
+    old_bulk = [asyncio.ensure_future(ex.submit([i], 1)) for i in (2, 3)]
+    await asyncio.sleep(0)  # queued at 0
+    clock.now = 1.0
+    new_bulk = asyncio.ensure_future(ex.submit([4], 1))
+    urgent = [asyncio.ensure_future(ex.submit([i], 1, urgent=True)) for i in (8, 9)]
+    await asyncio.sleep(0)
+    run.release.set()
+    results = await asyncio.gather(running, *old_bulk, new_bulk, *urgent)
+    assert [r[0] for r in results] == [[10], [20], [30], [40], [80], [90]]
+    # The starved bulk call takes the bulk calls behind it along, as any bulk batch does.
+    assert run.batches == [[1], [2, 3, 4], [8, 9]]
+    fresh = GatedRun(clock, gated=True)
+    ex = BatchExecutor(fresh, max_items=4, clock=clock, bulk_max_wait_s=1.0)
+    running = asyncio.ensure_future(ex.submit([1], 1, urgent=True))
+    await started(fresh)
+    bulk = asyncio.ensure_future(ex.submit([2], 1))
+    await asyncio.sleep(0)  # queued at 1.0
+    clock.now = 1.9
+    urgent = [asyncio.ensure_future(ex.submit([8], 1, urgent=True))]
+    await asyncio.sleep(0)
+    fresh.release.set()
+    await asyncio.gather(running, bulk, *urgent)
+    assert fresh.batches == [[1], [8], [2]]
+
+
 def test_an_executor_needs_a_run_function():
     with pytest.raises(ValueError):
         BatchExecutor([], max_items=4)

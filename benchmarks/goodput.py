@@ -13,6 +13,8 @@ a tenth of capacity. Then every (mix, offered load) point, each on the same depl
 - the load generator's own CPU, so that it is known not to be the bottleneck, and the cores of
   every process role;
 - the router's overload control after the point (its shed level and refusals by class).
+Last, the capacity point again: on a machine whose speed drifts (a shared VM) the ratios of a run
+whose second capacity differs from its first are read with that in mind.
 
 On a tiered route (`--models text-classify`) the answers are scored against the inputs' true
 labels, and `--degrade on off` runs every point on the route as configured and on a copy of it
@@ -232,12 +234,8 @@ def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any
             # A route's capacity is the strict copy's: its escalations all go to the heavy tier.
             measured = arms["off"] if s.degrade else s.model
             normal = workloads.write([workloads.v2_infer(measured, inputs, "normal", scored=is_route)], tmp / "normal.json")
-            cap = run_loadgen(BASE_URL, normal, {"concurrency": s.capacity_clients}, s.capacity_seconds, s.warmup)
-            # Its cores by role too: a point that answers less than capacity is read against them.
-            out["capacity"] = {"goodput_rps": float(cap["goodput_rps"]), "p99_ms": cap["p99_ms"], "statuses": cap["statuses"],
-                               "cpu_cores_by_role": cap.get("cpu_cores_by_role"),
-                               **({"scored": cap["scored"]} if "scored" in cap else {})}  # fmt: skip
-            capacity = s.capacity_rps or float(cap["goodput_rps"])
+            out["capacity"] = capacity_point(normal, s)
+            capacity = s.capacity_rps or out["capacity"]["goodput_rps"]
             out["capacity_basis_rps"] = capacity
             high = workloads.write(streams(measured, inputs, (1, 0, 0)), tmp / "high.json")
             unloaded = run_loadgen(BASE_URL, high, {"rate": max(1.0, capacity / 10)}, s.seconds, s.warmup, timeout_s=s.timeout_s)
@@ -264,11 +262,30 @@ def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any
                                 f"goodput {mix} at {load}x{label}: {point.result['goodput_over_capacity']}x of capacity",
                                 flush=True,
                             )
+            # The same point again: a machine that got slower or faster during the run shows here, and its
+            # ratios are read with that in mind (a shared VM's speed drifts for minutes at a time).
+            out["capacity_after"] = capacity_point(normal, s)
     out["points"] = [asdict(p) for p in points]
     out["checks"] = checks(out)
     if s.degrade:
         out["degrade"] = degrade_table(out["points"])
     return out
+
+
+def capacity_point(workload: Path, s: GoodputSettings) -> dict[str, Any]:
+    """Closed-loop normal-priority clients on the model: its capacity. Its cores by role too: a
+    point that answers less than capacity is read against them."""
+    cap = run_loadgen(BASE_URL, workload, {"concurrency": s.capacity_clients}, s.capacity_seconds, s.warmup)
+    return {"goodput_rps": float(cap["goodput_rps"]), "p99_ms": cap["p99_ms"], "statuses": cap["statuses"],
+            "cpu_cores_by_role": cap.get("cpu_cores_by_role"),
+            **({"scored": cap["scored"]} if "scored" in cap else {})}  # fmt: skip
+
+
+def drift(out: dict[str, Any]) -> float | None:
+    """The capacity measured after the points over the one before them (None in runs without it)."""
+    before = (out.get("capacity") or {}).get("goodput_rps")
+    after = (out.get("capacity_after") or {}).get("goodput_rps")
+    return round(after / before, 3) if after is not None and before else None
 
 
 def degrade_table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -333,7 +350,7 @@ def checks(out: dict[str, Any]) -> dict[str, Any]:
                     "refused_p99_ms": r["refused_p99_ms"],
                 }
             )
-    return {"at_or_below_0.9x": below, "over_capacity_10_30_60": over}
+    return {"capacity_after_over_before": drift(out), "at_or_below_0.9x": below, "over_capacity_10_30_60": over}
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -360,6 +377,8 @@ def markdown(res: dict[str, Any]) -> str:
     u = r["unloaded_high"]
     given = s.get("capacity_rps")
     basis = f"; loads and goodput are over {given} req/s, given with --capacity-rps" if given else ""
+    if (after := r.get("capacity_after")) is not None:
+        basis += f"; measured again after the points: {after['goodput_rps']} req/s ({drift(r)} of the first)"
     return "\n".join(
         [
             f"`{s['model']}` (one replica), open loop (Poisson), {s['seconds']:.0f} s per point, client timeout "

@@ -116,3 +116,18 @@ def test_a_run_given_its_capacity_says_so_beside_the_one_it_measured():
     assert "Capacity: 912.0 req/s" in report(GoodputSettings()) and "--capacity-rps" not in report(GoodputSettings())
     given = report(GoodputSettings(capacity_rps=750.0))
     assert "Capacity: 912.0 req/s" in given and "goodput are over 750.0 req/s, given with --capacity-rps" in given
+
+
+def test_the_capacity_measured_again_after_the_points_is_reported_over_the_first():
+    from dataclasses import asdict
+
+    from benchmarks.goodput import GoodputSettings, checks, markdown
+
+    result: dict[str, Any] = {
+        "settings": asdict(GoodputSettings()), "scheduling": {}, "capacity": {"goodput_rps": 800.0},
+        "capacity_after": {"goodput_rps": 440.0}, "unloaded_high": {"p50_ms": 5.0, "p99_ms": 20.0}, "points": [],
+    }  # fmt: skip
+    result["checks"] = checks(result)
+    assert result["checks"]["capacity_after_over_before"] == 0.55
+    assert "measured again after the points: 440.0 req/s (0.55 of the first)" in markdown({"result": result})
+    assert checks({**result, "capacity_after": None})["capacity_after_over_before"] is None  # runs before it

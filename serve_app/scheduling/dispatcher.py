@@ -140,17 +140,17 @@ class Lane:
                 return drained
         return self.estimator.wait_s(ahead, max_batch_size, self.limit.slots, self.inflight, self.inflight_items)
 
-    def queue_wait_s(self, priority: Priority, max_batch_size: int) -> float:
+    def queue_wait_s(self, priority: Priority, max_batch_size: int, now: float | None = None) -> float:
         """Predicted seconds a request of this class would spend in the router's queue before its
         batch is sent: nothing while a slot is free; else the rows ahead leave as batches in
         flight complete, at the rate the lane delivers less the rate of the classes that will
-        overtake it meanwhile (infinite when those alone take all of it)."""
+        overtake it meanwhile (infinite when those alone take all of it; `ArrivalRates.above`)."""
         ahead = self.queue.items_ahead(priority)
         if not ahead or not self.saturated:
             return 0.0
         if self.drain.rate <= 0:  # no saturated window measured yet: the batches' own time
             return self.estimator.drain_s(ahead, max_batch_size, self.limit.slots)
-        left = self.drain.rate - self.arrivals.above(priority)
+        left = self.drain.rate - self.arrivals.above(priority, now)
         return ahead / left if left > 0 else float("inf")
 
     def retry_after_s(self, max_batch_size: int) -> float:
@@ -305,7 +305,7 @@ class Dispatcher:
         if budget is not None:
             # Predicted from the rows ahead, and seen: the oldest of this class still queued has waited
             # past the budget (classes above kept overtaking it, which no prediction of the rows ahead sees).
-            ahead = lane.queue_wait_s(priority, self.settings.max_batch_size) + _held_s(self, priority)
+            ahead = lane.queue_wait_s(priority, self.settings.max_batch_size, now) + _held_s(self, priority)
             queued = max(ahead, lane.queue.oldest_wait(now, priority))
             if queued > budget:
                 raise self._refuse(lane, "queue_budget", priority, f"overloaded (about {queued:.1f} s queued ahead)")

@@ -167,6 +167,10 @@ class DrainRate:
         return rows / self.rate if self.rate > 0 else None
 
 
+# The shortest part of an open window whose rate `ArrivalRates.above` reads beside the average.
+MIN_WINDOW_S = 0.1
+
+
 @dataclass
 class ArrivalRates:
     """Rows per second admitted to a lane, by class, as an EWMA over windows of `window_s`.
@@ -194,6 +198,14 @@ class ArrivalRates:
             self._opened = now
         self._rows[priority] += rows
 
-    def above(self, priority: Priority) -> float:
-        """Rows per second of the classes served before `priority`."""
-        return sum(rate for p, rate in self.rates.items() if p < priority)  # a lower value is served first
+    def above(self, priority: Priority, now: float | None = None) -> float:
+        """Rows per second of the classes served before `priority`. Given `now`, the higher of the
+        average and the rate of the window open now (once `MIN_WINDOW_S` old): a spike's rise counts
+        within a tenth of a second, not a window and several smoothing steps later. Until then a
+        lower class was admitted on the rate before the spike, and then overtaken by the spike's
+        higher classes until its `max_queued_s` ran out; a fall still shows at the average's pace,
+        on the side of refusing the lower class."""
+        ewma = sum(rate for p, rate in self.rates.items() if p < priority)  # a lower value is served first
+        if now is None or self._opened is None or (elapsed := now - self._opened) < MIN_WINDOW_S:
+            return ewma
+        return max(ewma, sum(n for p, n in self._rows.items() if p < priority) / elapsed)

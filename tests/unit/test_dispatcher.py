@@ -901,6 +901,29 @@ async def test_over_capacity_the_queue_sheds_low_first_and_keeps_its_delay_bound
 
 
 @virtual_time
+async def test_a_low_request_early_in_a_spike_is_refused_on_the_spike_s_rate_not_the_one_before():
+    """After a quiet spell, normal arrives faster than the model drains: a low request a fifth of a
+    second in would be overtaken by all of it. Admission reads the rate of the spike so far, not
+    only the average of the windows before it (which the quiet spell brought down)."""
+    d = dispatcher(FakeModel(base_s=0.01, per_item_s=0.001), max_batch_size=8, batch_wait_timeout_s=0.0)
+    await _open_loop(d, 600.0, {Priority.NORMAL: 1}, seconds=3.0)  # saturated: the drain rate is learned
+    assert d.bulk.drain.rate > 0
+    await asyncio.sleep(3.0)
+    loop, rng = asyncio.get_running_loop(), np.random.default_rng(1)
+    spike = []
+    end = d.clock() + 0.2
+    while d.clock() < end:
+        await asyncio.sleep(rng.exponential(1 / 600.0))
+        spike.append(loop.create_task(d.submit("n", 1, Priority.NORMAL), context=contextvars.Context()))
+    assert d.bulk.arrivals.above(Priority.LOW) < d.bulk.drain.rate  # the average still leaves room for low
+    refused = d.stats.shed_priority["low"]
+    with pytest.raises(Overloaded, match="queued ahead"):
+        await d.submit("low", 1, Priority.LOW)
+    assert d.stats.shed_priority["low"] == refused + 1
+    await asyncio.gather(*spike, return_exceptions=True)
+
+
+@virtual_time
 async def test_each_class_is_admitted_while_its_predicted_wait_fits_its_budget():
     """Low may be predicted to wait the queue's delay target in the router's queue, normal twice it,
     and high, as every class, no more than `max_queue_delay_s` in all: as work piles up ahead, low is

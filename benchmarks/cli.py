@@ -36,6 +36,10 @@ SCENARIOS = {
     "goodput": "open-loop (Poisson) overload: capacity first, then offered loads from 0.5x to 3x of it with several "
     "priority mixes, each request with a client timeout: per class answered share, p50/p99, refusals and their "
     "latency, timeouts; goodput over capacity; the load generator's CPU",
+    "simulate": "no Ray: the router's scheduling policy alone, open loop on a virtual clock, the goodput scenario's "
+    "loads and mixes: the real dispatcher with a model's settings from the config, the replica's real batch executor "
+    "on simulated sessions; per point goodput over the simulated capacity, each class's share, refusals after waiting, "
+    "timeouts, over several seeds",
     "routers": "one model replica behind one router, then two, under the same closed-loop load: throughput, the "
     "rows per batch each router sent and the rows per batch the replica ran (does its executor merge the routers' calls?)",
     "soak": "the whole app at 3x its capacity for 10 minutes, mixed models and priorities: statuses (only 200, "
@@ -149,6 +153,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="generation: phases of each setup per concurrency; goodput --degrade and cascade: alternated rounds "
         "(default: %(default)s)",
     )
+    p.add_argument("--seeds", type=int, help="simulate: runs of every mix, each with its own arrivals (default: 3)")
     p.add_argument(
         "--degrade",
         nargs="+",
@@ -229,18 +234,28 @@ def _flood_options(settings: Any, ns: argparse.Namespace) -> None:
     settings.router_delay_target_ms = ns.router_delay_target_ms
 
 
-def _goodput(settings: Any, ns: argparse.Namespace) -> None:
+def _model_loads_mixes(settings: Any, ns: argparse.Namespace) -> None:
     if len(ns.models) == 1:  # one model named: that one (else the scenario's default)
         settings.model = ns.models[0]
     if ns.loads:
         settings.loads = tuple(ns.loads)
     if ns.mixes:
         settings.mixes = tuple(ns.mixes)
+
+
+def _goodput(settings: Any, ns: argparse.Namespace) -> None:
+    _model_loads_mixes(settings, ns)
     if ns.capacity_rps:
         settings.capacity_rps = ns.capacity_rps
     if ns.degrade:
         settings.degrade = tuple(ns.degrade)
         settings.rounds = ns.rounds
+
+
+def _simulate(settings: Any, ns: argparse.Namespace) -> None:
+    _model_loads_mixes(settings, ns)
+    if ns.seeds:
+        settings.seeds = ns.seeds
 
 
 def _generation(inv: Invocation) -> Any:
@@ -304,6 +319,7 @@ RUNNERS: dict[str, Callable[[Invocation], Any]] = {
     "flood": _with_settings("flood", "FloodSettings", options=_flood_options),
     "goodput": _with_settings("goodput", "GoodputSettings", options=_goodput),
     "soak": _with_settings("soak", "SoakSettings"),
+    "simulate": _with_settings("simulate", "SimulateSettings", options=_simulate),
     "routers": _with_settings("routers", "RoutersSettings"),
     "images": _with_settings("images", "ImageSettings", options=_images_options),
     "lifecycle": _with_settings("lifecycle", "LifecycleSettings"),

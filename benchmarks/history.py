@@ -107,9 +107,17 @@ def _multiplex(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def _simulate(result: dict[str, Any]) -> list[str]:
+    return [
+        f"{r['mix']} {r['load']}x: {r['goodput_median']} (late refusals {'/'.join(map(str, r['refused_late']))})"
+        for r in result.get("table", [])
+        if r.get("mix") == "10/30/60"
+    ]
+
+
 HEADLINES = {
     "cascade": _cascade, "compare": _compare, "generation": _generation, "goodput": _goodput, "multiplex": _multiplex,
-    "soak": _soak,
+    "simulate": _simulate, "soak": _soak,
 }  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from benchmarks import (
     precision,
     routers,
     scaling,
+    simulate,
     soak,
     wire,
 )
@@ -573,6 +574,7 @@ MARKDOWN = {
     "scaling": scaling.markdown,
     "flood": flood.markdown,
     "goodput": goodput.markdown,
+    "simulate": simulate.markdown,
     "routers": routers.markdown,
     "soak": soak.markdown,
     "generation": generation.markdown,

@@ -122,22 +122,7 @@ class DispatcherPool:
         return self.by_model.get(model)
 
     def settings(self, model: str) -> DispatchSettings:
-        config, sched = self.args.deployment_config(model), self.args.scheduling
-        return DispatchSettings(
-            policy=sched.policy,
-            max_queue_items=sched.max_queue_items,
-            max_queue_delay_s=sched.max_queue_delay_s,
-            max_queued_s=sched.max_queued_s,
-            queue_delay_target_s=sched.queue_delay_target_ms / 1e3,
-            max_batch_size=config.batching.max_batch_size,
-            batch_wait_timeout_s=config.batching.batch_wait_timeout_s,
-            batch_timeout_s=sched.batch_timeout_s,
-            breaker_failures=sched.breaker_failures,
-            breaker_open_s=sched.breaker_open_s,
-            urgent_lane=config.urgent_lane,
-            lane_min_inflight=1 if config.urgent_session else (config.bulk_sessions or 1),
-            urgent_shares_sessions=not config.urgent_session,
-        )
+        return dispatch_settings(self.args, model)
 
     def busy(self, ignored: Collection[str] = ()) -> bool:
         """Any work queued or in flight for a deployment not in `ignored`: what the full-collection
@@ -181,6 +166,27 @@ def handle_sender(handle: Any, router_id: str, node_id: str | None = None) -> Se
         return reply
 
     return MarkedSender(send if node_id is None else LinkedSender(send, router_id, node_id, handle_only=heavy))
+
+
+def dispatch_settings(args: AppArgs, model: str) -> DispatchSettings:
+    """A model's queue settings in the router, from the app's config (also what the scheduling
+    simulation runs: benchmarks/simulate.py)."""
+    config, sched = args.deployment_config(model), args.scheduling
+    return DispatchSettings(
+        policy=sched.policy,
+        max_queue_items=sched.max_queue_items,
+        max_queue_delay_s=sched.max_queue_delay_s,
+        max_queued_s=sched.max_queued_s,
+        queue_delay_target_s=sched.queue_delay_target_ms / 1e3,
+        max_batch_size=config.batching.max_batch_size,
+        batch_wait_timeout_s=config.batching.batch_wait_timeout_s,
+        batch_timeout_s=sched.batch_timeout_s,
+        breaker_failures=sched.breaker_failures,
+        breaker_open_s=sched.breaker_open_s,
+        urgent_lane=config.urgent_lane,
+        lane_min_inflight=1 if config.urgent_session else (config.bulk_sessions or 1),
+        urgent_shares_sessions=not config.urgent_session,
+    )
 
 
 class MarkedSender:

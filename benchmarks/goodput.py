@@ -28,6 +28,7 @@ import copy
 import statistics
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,8 +263,9 @@ def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any
                                 f"goodput {mix} at {load}x{label}: {point.result['goodput_over_capacity']}x of capacity",
                                 flush=True,
                             )
-            # The same point again: a machine that got slower or faster during the run shows here, and its
-            # ratios are read with that in mind (a shared VM's speed drifts for minutes at a time).
+            # The same point again, once the last point's queues have drained: a machine that got slower or
+            # faster during the run shows here, and its ratios are read with that in mind.
+            time.sleep(s.timeout_s)
             out["capacity_after"] = capacity_point(normal, s)
     out["points"] = [asdict(p) for p in points]
     out["checks"] = checks(out)

@@ -5,7 +5,7 @@ the router take cores from the model, and where a shared VM's speed drifts. This
 the policy itself does with the same offered loads and mixes: the router's real `Dispatcher`, with
 the settings the config gives the model (`dispatch_settings`), sends its batches to the replica's
 real `BatchExecutor`, whose sessions run a batch of n rows in `batch_base_ms + n * batch_row_ms`
-times a speed that moves each second within `1 +- drift` (a model whose share of the cores
+divided by a speed that moves each second within `1 +- drift` (a model whose share of the cores
 changes). Time is virtual (`benchmarks.virtual_time`): no Ray, no model, no wall time spent
 waiting, and the same seed gives the same run, so a change to the policy is judged on the same
 arrivals. Each mix runs its loads in turn on one dispatcher, as the goodput scenario does, with
@@ -52,11 +52,11 @@ class SimulateSettings:
     gap_s: float = 3.0
     seeds: int = 3
     timeout_s: float = 10.0  # the client's timeout per request
-    # A batch's time on one session. The defaults are the demo resnet-heavy's under load on a
-    # 2-core VM (goodput/local's `model_queue.lanes`: about 6.7 ms for one row, 102 ms for 32).
-    batch_base_ms: float = 6.0
-    batch_row_ms: float = 3.0
-    drift: float = 0.3
+    # A batch's time on one session: the line through the demo resnet-heavy's batch times under load
+    # on a 2-core VM (benchmarks/results/simulate/README.md).
+    batch_base_ms: float = 3.6
+    batch_row_ms: float = 3.07
+    drift: float = 0.3  # the sessions' speed: a rate factor drawn in [1 - drift, 1 + drift] each second
 
     @classmethod
     def smoke(cls) -> SimulateSettings:
@@ -73,24 +73,25 @@ class Outcome:
 
 class VirtualSessions(Executor):
     """The replica's thread pool on the virtual clock: a batch function runs at once and its result
-    comes `cost(rows)` later, scaled by the speed of the moment."""
+    comes `cost(rows)` later, divided by the speed of that second. The speeds are the seed's, second
+    by second, whatever the policy does: two versions of it meet the same speeds as the same arrivals."""
 
     def __init__(self, s: SimulateSettings, seed: int) -> None:
         self.s, self.rng = s, np.random.default_rng(seed)
-        self.speed, self.speed_until = 1.0, 0.0
+        self.speeds: list[float] = []
 
     def _speed(self, now: float) -> float:
-        if now >= self.speed_until:
-            self.speed = float(self.rng.uniform(1 - self.s.drift, 1 + self.s.drift))
-            self.speed_until = now + 1.0
-        return self.speed
+        while len(self.speeds) <= int(now):
+            self.speeds.append(float(self.rng.uniform(1 - self.s.drift, 1 + self.s.drift)))
+        return self.speeds[int(now)]
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         loop = asyncio.get_running_loop()
         done: Future[Any] = Future()
+        done.set_running_or_notify_cancel()  # as a thread pool's: running, no longer cancellable
         result = fn(*args, **kwargs)
         rows = len(args[0])
-        seconds = (self.s.batch_base_ms + rows * self.s.batch_row_ms) / 1e3 * self._speed(loop.time())
+        seconds = (self.s.batch_base_ms + rows * self.s.batch_row_ms) / 1e3 / self._speed(loop.time())
         loop.call_later(seconds, done.set_result, result)
         return done
 
@@ -117,7 +118,7 @@ def replica(app: AppArgs, s: SimulateSettings, seed: int, max_batch_size: int) -
 
 
 def capacity_rps(app: AppArgs, s: SimulateSettings, max_batch_size: int) -> float:
-    """Rows per second the bulk sessions complete in full batches at speed 1."""
+    """Rows per second the bulk sessions complete in full batches at speed 1 (the speeds' mean)."""
     sessions = app.deployment_config(s.model).bulk_sessions or 1
     return sessions * max_batch_size / ((s.batch_base_ms + max_batch_size * s.batch_row_ms) / 1e3)
 
@@ -141,7 +142,7 @@ async def run_mix(app: AppArgs, settings: DispatchSettings, s: SimulateSettings,
                 status = "ok"
             except Overloaded:
                 status = "refused"
-            except TimeoutError:
+            except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
                 status = "timeout"
             except Exception as e:  # any other answer: counted, never goodput
                 status = type(e).__name__
@@ -234,8 +235,8 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [
         f"`{s['model']}`'s scheduling settings from the config, simulated (see `benchmarks/simulate.py`): "
         f"{s['seeds']} seeds, {s['seconds']:.0f} s per point ({s['warmup']:.0f} s of warm-up), client timeout "
-        f"{s['timeout_s']:.0f} s; a batch of n rows takes {s['batch_base_ms']} + n x {s['batch_row_ms']} ms, the "
-        f"speed moving within +-{s['drift']:.0%} each second; capacity {r['capacity_rps']} rows/s (full batches at "
+        f"{s['timeout_s']:.0f} s; a batch of n rows takes {s['batch_base_ms']} + n x {s['batch_row_ms']} ms over "
+        f"a speed drawn within 1 +- {s['drift']} each second; capacity {r['capacity_rps']} rows/s (full batches at "
         "speed 1). No CPU for the router, proxy or clients: the policy alone.",
         "",
         "| mix | load | goodput / capacity: median (range) | least-answered class (lowest share) | high p99 ms (worst) "

@@ -46,8 +46,8 @@ from typing import Any
 
 from serve_app.models.health import StallWatch
 
-# The longest a bulk call waits while urgent calls keep going ahead of it: past a router's own
-# queue budgets (serve_app.scheduling.dispatcher), well inside a client's timeout.
+# The longest a bulk call waits while urgent calls keep going ahead of it: of the order of the
+# router's own queue budgets (serve_app.scheduling.dispatcher), well inside a client's timeout.
 BULK_MAX_WAIT_S = 1.0
 
 # Runs in a worker thread: payloads in, one result (or ServeAppError) per payload out.
@@ -117,11 +117,11 @@ class BatchExecutor:
         return taken
 
     def _starved_bulk(self) -> int:
-        """Where the next batch starts in the pending calls: at the oldest bulk call if urgent calls
-        are ahead of it and it has waited `bulk_max_wait_s`, else at the front."""
+        """Where the next batch starts in the pending calls: at the oldest bulk call still awaited
+        if urgent calls are ahead of it and it has waited `bulk_max_wait_s`, else at the front."""
         if not self._pending[0].urgent:
             return 0
-        bulk = next((i for i, c in enumerate(self._pending) if not c.urgent), None)
+        bulk = next((i for i, c in enumerate(self._pending) if not c.urgent and not c.future.cancelled()), None)
         if bulk is None or self.clock() - self._pending[bulk].arrived < self.bulk_max_wait_s:
             return 0
         return bulk

@@ -184,6 +184,7 @@ class ArrivalRates:
     rates: dict[Priority, float] = field(default_factory=lambda: dict.fromkeys(Priority, 0.0))
     _opened: float | None = None
     _rows: dict[Priority, int] = field(default_factory=lambda: dict.fromkeys(Priority, 0))
+    _last: dict[Priority, float] = field(default_factory=lambda: dict.fromkeys(Priority, 0.0))  # the last window's own rates
 
     def on_admission(self, priority: Priority, rows: int, now: float) -> None:
         if self._opened is None:
@@ -194,18 +195,25 @@ class ArrivalRates:
             weight = 1.0 - (1.0 - self.smoothing) ** int(elapsed / self.window_s)
             for p, n in self._rows.items():
                 self.rates[p] += weight * (n / elapsed - self.rates[p])
+                self._last[p] = n / elapsed
                 self._rows[p] = 0
             self._opened = now
         self._rows[priority] += rows
 
     def above(self, priority: Priority, now: float | None = None) -> float:
-        """Rows per second of the classes served before `priority`. Given `now`, the higher of the
-        average and the rate of the window open now (once `MIN_WINDOW_S` old): a spike's rise counts
-        within a tenth of a second, not a window and several smoothing steps later. Until then a
-        lower class was admitted on the rate before the spike, and then overtaken by the spike's
-        higher classes until its `max_queued_s` ran out; a fall still shows at the average's pace,
-        on the side of refusing the lower class."""
+        """Rows per second of the classes served before `priority`. Given `now`, the highest of the
+        average, the last closed window's own rate and the rate of the window open now (once
+        `MIN_WINDOW_S` old). A spike after a quiet spell opens a window, so its rise counts within
+        a tenth of a second, not a window and several smoothing steps later, and it keeps counting
+        in full across the windows that follow: on the average alone a lower class was admitted on
+        the rate before the spike (and again at each window's start, the average lagging it), then
+        overtaken by the spike's higher classes until its `max_queued_s` ran out. A rise inside a
+        window already open shows at that window's pace, and a fall a window later, on the side of
+        refusing the lower class."""
         ewma = sum(rate for p, rate in self.rates.items() if p < priority)  # a lower value is served first
-        if now is None or self._opened is None or (elapsed := now - self._opened) < MIN_WINDOW_S:
+        if now is None or self._opened is None:
             return ewma
-        return max(ewma, sum(n for p, n in self._rows.items() if p < priority) / elapsed)
+        last = sum(rate for p, rate in self._last.items() if p < priority)
+        if (elapsed := now - self._opened) < MIN_WINDOW_S:
+            return max(ewma, last)
+        return max(ewma, last, sum(n for p, n in self._rows.items() if p < priority) / elapsed)

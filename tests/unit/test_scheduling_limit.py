@@ -187,17 +187,25 @@ def test_arrival_rates_by_class_and_what_overtakes_each():
     assert arrivals.above(Priority.LOW) < 0.1
 
 
-def test_a_rise_in_the_rate_above_shows_within_a_tenth_of_a_second():
+def test_a_rise_in_the_rate_above_shows_within_a_tenth_of_a_second_and_holds_for_the_next_window():
     """A spike after a quiet spell: the average still says nothing arrives, the window open now
-    says a thousand rows a second; a fall shows at the average's pace."""
+    says a thousand rows a second, and the window after it still counts the spike's own rate
+    while the average has taken in only part of it; a fall shows a window later."""
     arrivals = ArrivalRates(window_s=1.0, smoothing=0.3)
     arrivals.on_admission(Priority.LOW, 1, 0.0)
-    for i in range(150):  # 0.15 s of normal at 1,000 rows/s, inside the first window
+    for i in range(40):  # normal at 1,000 rows/s
+        arrivals.on_admission(Priority.NORMAL, 1, 0.001 * (i + 1))
+    assert arrivals.above(Priority.LOW, now=0.05) == 0.0  # too little of the window to read a rate from
+    for i in range(40, 150):
         arrivals.on_admission(Priority.NORMAL, 1, 0.001 * (i + 1))
     assert arrivals.above(Priority.LOW) == 0.0  # the average alone: the rate before the spike
-    assert arrivals.above(Priority.LOW, now=0.05) == 0.0  # too little of the window to read a rate from
     assert arrivals.above(Priority.LOW, now=0.15) == pytest.approx(1000.0)
     assert arrivals.above(Priority.NORMAL, now=0.15) == 0.0  # normal does not overtake normal
-    for i in range(1, 10):  # then the window closes, and the next ones hold the spike
+    for i in range(150, 999):  # the rest of the second
+        arrivals.on_admission(Priority.NORMAL, 1, 0.001 * (i + 1))
+    arrivals.on_admission(Priority.NORMAL, 1, 1.0)  # closes the window: the average takes in 30% of it
+    assert arrivals.rates[Priority.NORMAL] == pytest.approx(300.0, rel=0.01)
+    assert arrivals.above(Priority.LOW, now=1.05) == pytest.approx(1000.0, rel=0.01)  # the last window's own rate
+    for i in range(1, 11):  # then the rate falls to ten rows a second
         arrivals.on_admission(Priority.NORMAL, 1, 1.0 + i * 0.1)
-    assert arrivals.above(Priority.LOW, now=1.95) == pytest.approx(arrivals.rates[Priority.NORMAL])
+    assert arrivals.above(Priority.LOW, now=2.05) == pytest.approx(arrivals.rates[Priority.NORMAL])

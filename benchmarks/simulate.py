@@ -123,39 +123,39 @@ def capacity_rps(app: AppArgs, s: SimulateSettings, max_batch_size: int) -> floa
     return sessions * max_batch_size / ((s.batch_base_ms + max_batch_size * s.batch_row_ms) / 1e3)
 
 
-async def run_mix(app: AppArgs, settings: DispatchSettings, s: SimulateSettings, mix: str, seed: int) -> list[list[Outcome]]:
+async def request(d: Dispatcher, priority: Priority, timeout_s: float, opened: float) -> Outcome:
+    """One client's request to the dispatcher, as the load generator sees it."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        await asyncio.wait_for(d.submit(None, 1, priority), timeout_s)
+        status = "ok"
+    except Overloaded:
+        status = "refused"
+    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+        status = "timeout"
+    except Exception as e:  # any other answer: counted, never goodput
+        status = type(e).__name__
+    return Outcome(priority, status, started - opened, loop.time() - started)
+
+
+async def run_mix(
+    app: AppArgs, settings: DispatchSettings, s: SimulateSettings, capacity: float, mix: str, seed: int
+) -> list[list[Outcome]]:
     """Each load of `s` in turn on one dispatcher: every request's outcome, per load."""
     loop = asyncio.get_running_loop()
     d = Dispatcher(s.model, replica(app, s, seed + 1, settings.max_batch_size), settings, clock=loop.time)
-    capacity = capacity_rps(app, s, settings.max_batch_size)
     rng = np.random.default_rng(seed)
     classes = [Priority[name.upper()] for name in CLASSES]
     shares = np.array(MIXES[mix], dtype=float) / sum(MIXES[mix])
     points = []
     for load in s.loads:
-        outcomes: list[Outcome] = []
-
-        async def one(priority: Priority, into: list[Outcome] = outcomes, opened: float = loop.time()) -> None:
-            started = loop.time()
-            try:
-                await asyncio.wait_for(d.submit(None, 1, priority), s.timeout_s)
-                status = "ok"
-            except Overloaded:
-                status = "refused"
-            except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
-                status = "timeout"
-            except Exception as e:  # any other answer: counted, never goodput
-                status = type(e).__name__
-            into.append(Outcome(priority, status, started - opened, loop.time() - started))
-
-        tasks = []
-        end = loop.time() + s.seconds
-        while loop.time() < end:
+        opened, tasks = loop.time(), []
+        while loop.time() < opened + s.seconds:
             await asyncio.sleep(rng.exponential(1 / (load * capacity)))
             priority = classes[rng.choice(len(classes), p=shares)]
-            tasks.append(loop.create_task(one(priority), context=contextvars.Context()))
-        await asyncio.gather(*tasks)
-        points.append(outcomes)
+            tasks.append(loop.create_task(request(d, priority, s.timeout_s, opened), context=contextvars.Context()))
+        points.append(list(await asyncio.gather(*tasks)))
         await asyncio.sleep(s.gap_s)
     return points
 
@@ -200,7 +200,7 @@ def run(s: SimulateSettings, model_dir: Path, config_path: Path) -> dict[str, An
         for seed in range(s.seeds):
             loop = VirtualTimeLoop()
             try:
-                runs = loop.run_until_complete(run_mix(app, settings, s, mix, seed))
+                runs = loop.run_until_complete(run_mix(app, settings, s, capacity, mix, seed))
             finally:
                 loop.close()
             for load, outcomes in zip(s.loads, runs, strict=True):

@@ -68,7 +68,9 @@ class DispatcherPool:
             cold, limit = self.cold(model, send), self.limit(model)
             if cold is not None:  # what each answer says the pool holds
                 send = _observed(send, cold, limit, self._busy_batches(model))
-            self.by_model[model] = Dispatcher(model, send, self.settings(model), limit=limit, retryable=self.retryable, cold=cold)
+            self.by_model[model] = Dispatcher(
+                model, send, dispatch_settings(self.args, model), limit=limit, retryable=self.retryable, cold=cold
+            )
         return self.by_model[model]
 
     def cold(self, model: str, send: SendBatch) -> ModelColdStart | None:
@@ -120,9 +122,6 @@ class DispatcherPool:
     def existing(self, model: str) -> Dispatcher | None:
         """The model's dispatcher if it has seen a request, without making one."""
         return self.by_model.get(model)
-
-    def settings(self, model: str) -> DispatchSettings:
-        return dispatch_settings(self.args, model)
 
     def busy(self, ignored: Collection[str] = ()) -> bool:
         """Any work queued or in flight for a deployment not in `ignored`: what the full-collection

@@ -166,6 +166,8 @@ class QueueSampler:
         self.model, self.every_s = model, every_s
         self.samples: list[dict[str, Any]] = []
         self.lanes: dict[str, Any] = {}  # each lane's learned batch times and recent latency split, last read
+        # The queue's refusal counters (by reason, by class) at the point's start and at its end.
+        self.counters: list[dict[str, dict[str, int]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -179,10 +181,9 @@ class QueueSampler:
 
     def _run(self) -> None:
         with httpx.Client(timeout=5) as client:
+            self._count(self._read(client))
             while not self._stop.wait(self.every_s):
-                try:
-                    model = client.get(f"{BASE_URL}/router/status").json()["models"][self.model]
-                except (httpx.HTTPError, ValueError, KeyError):
+                if (model := self._read(client)) is None:
                     continue
                 bulk = model["lanes"]["bulk"]
                 self.lanes = {
@@ -194,6 +195,18 @@ class QueueSampler:
                     "limit": bulk["inflight_limit"],
                     "refused": sum(model["shed_by_priority"].values()),
                 })  # fmt: skip
+            self._count(self._read(client))
+
+    def _read(self, client: httpx.Client) -> dict[str, Any] | None:
+        try:
+            model: dict[str, Any] = client.get(f"{BASE_URL}/router/status").json()["models"][self.model]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+        return model
+
+    def _count(self, model: dict[str, Any] | None) -> None:
+        if model is not None:
+            self.counters.append({"reason": model["shed"], "class": model["shed_by_priority"]})
 
     def summary(self) -> dict[str, Any]:
         n = len(self.samples)
@@ -212,7 +225,24 @@ class QueueSampler:
             # (queued rows, batches in flight, the limit, refusals so far) per sample
             "trace": [(x["queued"], x["inflight"], x["limit"], x["refused"]) for x in self.samples],
             "lanes": self.lanes,
+            **refusals(self.counters),
         }
+
+
+def refusals(counters: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    """What the model's queue in the router refused during the point, from its counters read at the
+    start and at the end: by reason (`queue_budget`, `queue_delay`, `queue_full`, `deadline` at
+    admission; `evicted` for a higher class and `starved` after `max_queued_s`, both once queued;
+    `expired` past a deadline) and by class. The router's own gates (its delay target, its
+    requests in flight) count theirs in `router_delay_after`."""
+    if len(counters) < 2:
+        return {}
+    first, last = counters[0], counters[-1]
+
+    def delta(key: str) -> dict[str, int]:
+        return {k: n - first[key].get(k, 0) for k, n in sorted(last[key].items()) if n > first[key].get(k, 0)}
+
+    return {"refused_by_reason": delta("reason"), "refused_by_class": delta("class")}
 
 
 def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
@@ -397,9 +427,27 @@ def markdown(res: dict[str, Any]) -> str:
             "",
             f"Checks: `{r['checks']}`",
             "",
+            *refusals_markdown(r["points"]),
+            "",
             *degrade_markdown(r.get("degrade")),
         ]
     )
+
+
+def refusals_markdown(points: list[dict[str, Any]]) -> list[str]:
+    """Each point's refusals by the model's queue in the router, by reason and by class."""
+    lines = []
+    for p in points:
+        q = p["result"].get("model_queue", {})
+        if q.get("refused_by_reason"):
+            reasons = ", ".join(f"{k} {n}" for k, n in q["refused_by_reason"].items())
+            classes = ", ".join(f"{k} {n}" for k, n in q["refused_by_class"].items())
+            lines.append(f"| {p['mix']} | {p['load']}x | {reasons} | {classes} |")
+    if not lines:
+        return []
+    head = ["The model's queue in the router refused, by reason and by class:", "",
+            "| mix | load | by reason | by class |", "|---|---|---|---|"]  # fmt: skip
+    return [*head, *lines, ""]
 
 
 def degrade_markdown(rows: list[dict[str, Any]] | None) -> list[str]:

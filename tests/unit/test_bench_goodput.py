@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.goodput import MIXES, checks, summary
+from benchmarks.goodput import MIXES, checks, refusals, summary
 
 
 def _stream(statuses: dict[str, int], p99: float | None = 20.0, dropped: int = 0) -> dict[str, object]:
@@ -131,3 +131,13 @@ def test_the_capacity_measured_again_after_the_points_is_reported_over_the_first
     assert result["checks"]["capacity_after_over_before"] == 0.55
     assert "measured again after the points: 440.0 req/s (0.55 of the first)" in markdown({"result": result})
     assert checks({**result, "capacity_after": None})["capacity_after_over_before"] is None  # runs before it
+
+
+def test_a_point_s_refusals_are_what_the_queue_counted_between_its_start_and_its_end():
+    start = {"reason": {"queue_budget": 5}, "class": {"low": 5}}
+    end = {"reason": {"queue_budget": 25, "starved": 3, "evicted": 0}, "class": {"low": 23, "normal": 2}}
+    assert refusals([start, {"reason": {}, "class": {}}, end]) == {
+        "refused_by_reason": {"queue_budget": 20, "starved": 3},
+        "refused_by_class": {"low": 18, "normal": 2},
+    }
+    assert refusals([start]) == {}  # the end never read: nothing claimed

@@ -428,7 +428,6 @@ def markdown(res: dict[str, Any]) -> str:
             f"Checks: `{r['checks']}`",
             "",
             *refusals_markdown(r["points"]),
-            "",
             *degrade_markdown(r.get("degrade")),
         ]
     )

@@ -210,10 +210,12 @@ class ArrivalRates:
         overtaken by the spike's higher classes until its `max_queued_s` ran out. A rise inside a
         window already open shows at that window's pace, and a fall a window later, on the side of
         refusing the lower class."""
-        ewma = sum(rate for p, rate in self.rates.items() if p < priority)  # a lower value is served first
+
+        def above(per_class: dict[Priority, float] | dict[Priority, int]) -> float:
+            return sum(n for p, n in per_class.items() if p < priority)  # a lower value is served first
+
         if now is None or self._opened is None:
-            return ewma
-        last = sum(rate for p, rate in self._last.items() if p < priority)
+            return above(self.rates)
         if (elapsed := now - self._opened) < MIN_WINDOW_S:
-            return max(ewma, last)
-        return max(ewma, last, sum(n for p, n in self._rows.items() if p < priority) / elapsed)
+            return max(above(self.rates), above(self._last))
+        return max(above(self.rates), above(self._last), above(self._rows) / elapsed)

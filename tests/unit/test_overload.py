@@ -60,6 +60,29 @@ def test_below_capacity_nothing_is_refused_whatever_the_bursts():
     assert shedding.refused == {}
 
 
+def test_one_pause_longer_than_the_interval_refuses_nothing_wherever_it_falls():
+    # The loop on time every 10 ms, then stopped for 150 ms: the sample after the pause is the only
+    # one taken in its interval when the pause starts just after an interval closed. Every phase.
+    for phase in range(12):
+        clock = FakeClock()
+        shedding = _shedding(clock)
+        _feed(shedding, clock, [0.0], seconds=1.0 + phase * 0.01)
+        clock.now = round(clock.now + 0.15, 9)
+        shedding.observe(0.14)
+        for _ in range(20):
+            assert not shedding.active and not shedding.refuses(Priority.LOW), phase
+            _feed(shedding, clock, [0.0], seconds=0.01)
+
+
+def test_a_loop_late_by_more_than_the_interval_at_every_sample_still_sheds():
+    clock = FakeClock()
+    shedding = _shedding(clock)
+    for _ in range(6):  # each tick 150 ms late: one sample per interval, every one of them late
+        clock.now = round(clock.now + 0.16, 9)
+        shedding.observe(0.15)
+    assert shedding.level > 0.0 and shedding.standing_s == pytest.approx(0.15)
+
+
 def test_a_standing_delay_sheds_low_first_then_normal_and_never_high():
     clock = FakeClock()
     shedding = _shedding(clock)

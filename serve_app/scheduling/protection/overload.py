@@ -11,9 +11,11 @@ Breakwater control).
 `ClassShedding` refuses only while that delay *stands*: as CoDel does, it looks at
 the smallest lateness seen over an interval, so a burst or one long pause (a
 garbage collection, a slow handler) refuses nothing, and a loop that keeps up
-(below capacity) is never late for a whole interval. While it stands above the
-target, a shed level rises, in proportion to how far over it is; while it is
-under, the level falls back. The level orders the classes as Google SRE's
+(below capacity) is never late for a whole interval. An interval holds at least
+two samples: the one sample taken after a pause longer than the interval is that
+pause, and the next, on time, says the loop kept up; a loop that stays late is
+late in both. While the delay stands above the target, a shed level rises, in
+proportion to how far over it is; while it is under, the level falls back. The level orders the classes as Google SRE's
 criticality-based shedding does: from 0 to 1 it is the share of low-priority
 requests refused, from 1 to 2 all of low plus that share of normal; high priority
 is never refused here. Refusing a share rather than a whole class keeps the router
@@ -55,8 +57,9 @@ class ClassShedding:
 
     `target_s`: the standing delay the source may keep. `interval_s`: the window whose smallest
     sample is the standing delay; samples arrive every few milliseconds, so one window holds
-    several. `rise`: how far the level moves up per second per target's worth of delay over the
-    target (capped at four targets' worth, so one very late window does not shed everything).
+    several, and it closes only once it holds two. `rise`: how far the level moves up per second
+    per target's worth of delay over the target (capped at four targets' worth, so one very late
+    window does not shed everything).
     `fall`: how far it moves down per second spent under the target. Rates per second, not per
     interval, so that a longer window (a slow model's queue) measures more calmly without
     reacting more slowly."""
@@ -80,6 +83,7 @@ class ClassShedding:
         self.standing_s = 0.0  # the last interval's standing delay
         self.refused: Counter[str] = Counter()  # by priority name, for /router/status
         self._window_min: float | None = None
+        self._window_samples = 0
         self._window_start = clock()
 
     @property
@@ -92,11 +96,14 @@ class ClassShedding:
         interval's standing delay."""
         late_s = max(0.0, late_s)
         self._window_min = late_s if self._window_min is None else min(self._window_min, late_s)
+        self._window_samples += 1
         now = self.clock()
         elapsed = now - self._window_start
-        if elapsed < self.interval_s * (1 - 1e-9):  # a clock's rounding is not a window short
+        # A clock's rounding is not a window short; one sample is a pause, not a standing delay.
+        if elapsed < self.interval_s * (1 - 1e-9) or self._window_samples < 2:
             return
         self.standing_s, self._window_min, self._window_start = self._window_min, None, now
+        self._window_samples = 0
         if self.standing_s > self.target_s:
             over = min(4.0, self.standing_s / self.target_s - 1.0)
             # One window's worth of rise, however long ago the last sample was.

@@ -68,3 +68,20 @@ def test_haproxy_s_connections_fit_the_open_files_limit_it_inherits() -> None:
         assert 2 * maxconn + 2 * (maxconn // 4) + 64 <= limit, limit  # what HAProxy 2.8 asked for, plus its listeners
     assert haproxy_maxconn(16_384) < HAPROXY_MAXCONN  # fitted, not the whole
     assert haproxy_maxconn(4_096) == haproxy_maxconn(1_024) == RAY_DEFAULT_MAXCONN
+
+
+def test_every_shipped_config_and_the_kuberay_manifest_release_idle_connections_within_seconds() -> None:
+    """uvicorn keeps a connection reset while idle until its keep-alive timer fires; at Serve's
+    default (90 s) a spike's connections outlived it in the router's heap (configs/local.yaml)."""
+    from ray.serve.schema import HTTPOptionsSchema
+
+    serve_default = HTTPOptionsSchema().keep_alive_timeout_s
+
+    configs = sorted((ROOT / "configs").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        timeout = yaml.safe_load(path.read_text())["http_options"].get("keep_alive_timeout_s")
+        assert timeout is not None and 0 < timeout <= 10 < serve_default, path.name
+    manifest = yaml.safe_load(render(ROOT / "configs" / "gpu.yaml"))
+    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    assert serve_config["http_options"]["keep_alive_timeout_s"] == 5

@@ -15,12 +15,13 @@ garbage collection, a slow handler) refuses nothing, and a loop that keeps up
 two samples: the one sample taken after a pause longer than the interval is that
 pause, and the next, on time, says the loop kept up; a loop that stays late is
 late in both. While the delay stands above the target, a shed level rises, in
-proportion to how far over it is; while it is under, the level falls back. The level orders the classes as Google SRE's
-criticality-based shedding does: from 0 to 1 it is the share of low-priority
-requests refused, from 1 to 2 all of low plus that share of normal; high priority
-is never refused here. Refusing a share rather than a whole class keeps the router
-at its capacity: it sheds what the bottleneck cannot take, not everything of a
-class the moment a threshold is crossed.
+proportion to how far over it is; while it is under, the level falls back. The
+level orders the classes as Google SRE's criticality-based shedding does: from 0
+to 1 it is the share of low-priority requests refused, from 1 to 2 all of low
+plus that share of normal; high priority is never refused here. Refusing a share
+rather than a whole class keeps the router at its capacity: it sheds what the
+bottleneck cannot take, not everything of a class the moment a threshold is
+crossed.
 
 No Ray and no event loop here: lateness samples are fed by whoever ticks (the
 router's background loops), and the clock and the random draw are injected.

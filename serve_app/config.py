@@ -174,8 +174,7 @@ class ModelConfig(ConfigModel):
         description="classifiers, with the urgent lane on: intra-op threads of the urgent lane's session; default "
         "intra_op_threads. A high-priority batch is usually one row, which a small model's operators do not split "
         "well over threads: fewer threads there leave more of the cores to the bulk lane for about the same "
-        "high-priority latency (benchmarks/results/goodput/). On CPU the replica runs as many urgent batches at once "
-        "on that session as these threads fit in intra_op_threads",
+        "high-priority latency (benchmarks/results/goodput/)",
     )
     bulk_sessions: int | None = Field(
         None,

@@ -52,9 +52,8 @@ def tiny_args(model_dir: Path, **batching: Any) -> dict[str, Any]:
         "model_dir": str(model_dir),
         "models": {
             "bert-light": {"preset": "bert-tiny", "batching": b},
-            # Two threads: its bulk lane runs two single-threaded sessions side by side, and its urgent
-            # lane one single-threaded session, two batches at once (as configs/bench-realsize.yaml).
-            "bert-heavy": {"preset": "bert-tiny", "batching": b, "intra_op_threads": 2, "urgent_threads": 1},
+            # Two threads: its bulk lane runs two single-threaded sessions side by side.
+            "bert-heavy": {"preset": "bert-tiny", "batching": b, "intra_op_threads": 2},
             "resnet-light": {"preset": "resnet-tiny", "batching": b},
             # Two single-threaded sessions side by side, and an urgent lane without a session of its
             # own: its batches run next on those two (as configs/local.yaml).

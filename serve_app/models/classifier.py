@@ -74,14 +74,6 @@ def bulk_layout(threads: int, sessions: int) -> list[int]:
     return [threads // sessions + (i < threads % sessions) for i in range(sessions)]
 
 
-def urgent_runs(threads: int, session_threads: int, on_cpu: bool) -> int:
-    """Urgent batches one replica runs at once on its urgent session: on CPU as many as the session's
-    threads fit in the replica's, so a high-priority batch that arrives while another runs starts on
-    a core of the bulk lane's (which yields it) instead of queueing behind it; on a GPU one (the
-    runs would share one device queue)."""
-    return max(1, threads // session_threads) if on_cpu else 1
-
-
 class Classifier(OnnxModel):
     """The batch path both classifier families share; subclasses turn payloads into logits."""
 
@@ -99,7 +91,7 @@ class Classifier(OnnxModel):
         self.sessions = [self.session]  # every session a lane runs; warm_up runs each
         self.output_names = [self.manifest.outputs[0].name]  # the logits; an export may give more
         size = self.batching.max_batch_size
-        # Intra-op threads of each batch a lane runs at once, for runtime_info.
+        # Intra-op threads of each session per lane, for runtime_info.
         self.lane_layout: dict[str, list[int]] = {BULK: [self.threads]}
         if not (self.lanes_enabled or self.side_by_side):
             self.lanes[BULK] = BatchExecutor(partial(self._run_payloads, session=self.session), size)
@@ -120,13 +112,10 @@ class Classifier(OnnxModel):
         self.lanes[BULK] = BatchExecutor(runs, size, pool)
         if not self.lanes_enabled:
             return
-        # `self.session` serves the urgent lane at normal priority, `at_once` batches at once (ONNX Runtime
-        # runs concurrent calls on one session, each on its caller's thread and the session's own pool).
-        at_once = urgent_runs(self.threads, self.session_threads, on_cpu)
-        self.lane_layout[URGENT] = [self.session_threads] * at_once
-        urgent_pool = ThreadPoolExecutor(at_once, thread_name_prefix=f"{name}-urgent")
-        urgent: list[RunBatch] = [partial(self._run_payloads, session=self.session) for _ in range(at_once)]
-        self.lanes[URGENT] = BatchExecutor(urgent, size, urgent_pool)
+        # `self.session` serves the urgent lane at normal priority.
+        self.lane_layout[URGENT] = [self.session_threads]
+        urgent_pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-urgent")
+        self.lanes[URGENT] = BatchExecutor(partial(self._run_payloads, session=self.session), size, urgent_pool)
 
     def warm_up(self, buckets: list[int] | None = None) -> None:
         """Every session runs the shapes of these batch sizes (default: the current batching's)."""

@@ -2,7 +2,7 @@ import pytest
 
 from serve_app.config import ModelConfig
 from serve_app.models.base import own_session_threads, session_plan
-from serve_app.models.classifier import bulk_layout, urgent_runs
+from serve_app.models.classifier import bulk_layout
 
 
 @pytest.mark.parametrize(
@@ -38,12 +38,3 @@ def test_an_urgent_lane_without_a_session_of_its_own_runs_on_the_bulk_sessions()
     assert session_plan(ModelConfig(preset="bert-heavy", urgent_session=False), supports_lanes=True) == (False, False)
     assert session_plan(ModelConfig(preset="bert-heavy", urgent_lane=False, bulk_sessions=2), True) == (False, True)
     assert session_plan(beside, supports_lanes=False) == (False, False)
-
-
-@pytest.mark.parametrize(
-    ("threads", "session_threads", "on_cpu", "runs"),
-    [(2, 1, True, 2), (2, 2, True, 1), (4, 1, True, 4), (3, 2, True, 1), (1, 1, True, 1), (2, 1, False, 1)],
-)
-def test_the_urgent_lane_runs_as_many_batches_at_once_as_its_threads_fit_in_the_replicas(threads, session_threads, on_cpu, runs):
-    # On a GPU the runs would share one device queue: one at a time there.
-    assert urgent_runs(threads, session_threads, on_cpu) == runs

@@ -28,28 +28,6 @@ def test_background_session_threads_run_at_the_lowest_priority(tiny_model_dir):
     np.testing.assert_allclose(background.run(None, {"image": image})[0], normal.run(None, {"image": image})[0])
 
 
-def test_one_session_answers_calls_from_two_threads_at_once_as_it_answers_them_one_by_one(tiny_model_dir):
-    """The urgent lane runs two batches at once on its one session (serve_app.models.classifier)."""
-    session = create_session(tiny_model_dir / "resnet-heavy" / "model.onnx", ["CPUExecutionProvider"], threads=1)
-    images = [np.random.default_rng(seed).random((2, 3, 32, 32), dtype=np.float32) for seed in (1, 2)]
-    alone = [session.run(None, {"image": image})[0] for image in images]
-    together: list[np.ndarray] = [np.empty(0), np.empty(0)]
-    both = threading.Barrier(2)
-
-    def call(i: int) -> None:
-        both.wait()
-        for _ in range(20):
-            together[i] = session.run(None, {"image": images[i]})[0]
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for got, want in zip(together, alone, strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-6)
-
-
 @linux_only
 def test_lower_thread_priority_changes_only_the_calling_thread():
     seen: dict[str, int] = {}

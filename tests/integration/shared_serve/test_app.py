@@ -245,8 +245,7 @@ def test_replicas_without_a_gpu_run_the_cpu_provider(app_url):
 
 def test_a_two_thread_cpu_model_runs_its_bulk_lane_as_two_sessions_side_by_side(app_url, tiny_model_dir):
     info = deployment_handle("bert-heavy", APP).runtime_info.remote().result()
-    # Its urgent session has one thread: two urgent batches run on it at once.
-    assert info["lane_sessions"] == {"bulk": [1, 1], "urgent": [1, 1]}
+    assert info["lane_sessions"] == {"bulk": [1, 1], "urgent": [2]}
     single = deployment_handle("bert-light", APP).runtime_info.remote().result()
     assert single["lane_sessions"] == {"bulk": [1], "urgent": [1]}
     # Without an urgent lane session, `bulk_sessions` still runs them side by side (and the image

@@ -639,27 +639,6 @@ def test_high_priority_images_run_in_batches_of_their_own_on_the_bulk_sessions(a
     assert info["lane_sessions"] == {"bulk": [1, 1]}  # no session of the urgent lane's own
 
 
-def test_high_priority_texts_run_two_batches_at_once_on_a_one_thread_urgent_session(app_url):
-    """bert-heavy's urgent session has one of the replica's two threads (as configs/bench-realsize.yaml),
-    so the replica runs two urgent batches on it at once. A burst of high priority gets, text for
-    text, the answers the bulk lane gives one at a time."""
-    texts = [f"review {i}: {'great fun' if i % 2 else 'dull and slow'}" for i in range(12)]
-    one_by_one = [httpx.post(f"{app_url}/v2/models/bert-heavy/infer", json=_text([t]), timeout=60) for t in texts]
-
-    async def burst() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=app_url, timeout=60) as http:
-            calls = [http.post("/v2/models/bert-heavy/infer", json=_text([t]), headers={"x-priority": "high"}) for t in texts]
-            return await asyncio.gather(*calls)
-
-    for alone, high in zip(one_by_one, asyncio.run(burst()), strict=True):
-        assert alone.status_code == high.status_code == 200, (alone.text, high.text)
-        want, got = (next(o for o in r.json()["outputs"] if o["name"] == "logits")["data"] for r in (alone, high))
-        np.testing.assert_allclose(got, want, atol=1e-4)
-    assert _status(app_url, "bert-heavy")["lanes"]["urgent"]["recent_ms"]  # the urgent lane ran them
-    info = deployment_handle("bert-heavy", "default").runtime_info.remote().result()
-    assert info["lane_sessions"]["urgent"] == [1, 1]
-
-
 # -- client disconnects ----------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from serve_app.tools.ingress_env import (
     haproxy_maxconn,
     with_ingress_env,
 )
-from serve_app.tools.kuberay import render
+from serve_app.tools.kuberay import render, serve_config_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,6 +82,5 @@ def test_every_shipped_config_and_the_kuberay_manifest_release_idle_connections_
     for path in configs:
         timeout = yaml.safe_load(path.read_text())["http_options"].get("keep_alive_timeout_s")
         assert timeout is not None and 0 < timeout <= 10 < serve_default, path.name
-    manifest = yaml.safe_load(render(ROOT / "configs" / "gpu.yaml"))
-    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    serve_config = serve_config_of((ROOT / "k8s" / "rayservice.yaml").read_text())
     assert serve_config["http_options"]["keep_alive_timeout_s"] == 5

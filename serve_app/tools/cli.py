@@ -10,6 +10,7 @@ import sys
 from serve_app.config import MODEL_DIR_ENV
 from serve_app.families import FAMILIES
 from serve_app.tools.ingress_env import with_ingress_env
+from serve_app.tools.kuberay import IMAGE, OPERATOR_NAMESPACE
 
 
 def _cmd_build(ns: argparse.Namespace) -> int:
@@ -83,15 +84,19 @@ def _cmd_keys_hash(ns: argparse.Namespace) -> int:
 
 
 def _cmd_k8s_render(ns: argparse.Namespace) -> int:
-    from serve_app.tools.kuberay import render
+    from serve_app.tools.kuberay import render, render_network_policy
 
-    text = render(ns.config)
-    if ns.output == "-":
-        sys.stdout.write(text)
-    else:
-        with open(ns.output, "w") as f:
-            f.write(text)
-        print(f"wrote {ns.output}")
+    outputs = [
+        (ns.output, render(ns.config, image=ns.image, namespace=ns.namespace)),
+        (ns.network_policy, render_network_policy(ns.operator_namespace, ns.namespace)),
+    ]
+    for path, text in outputs:
+        if path == "-":
+            sys.stdout.write(text)
+        elif path:
+            with open(path, "w") as f:
+                f.write(text)
+            print(f"wrote {path}")
     return 0
 
 
@@ -155,6 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     render = k8s.add_parser("render", help="write the RayService manifest from a Serve config")
     render.add_argument("--config", default="configs/gpu.yaml")
     render.add_argument("--output", default="k8s/rayservice.yaml", help="file, or - for stdout")
+    render.add_argument("--image", default=IMAGE, help="the image every Ray pod runs (built from k8s/Dockerfile, pushed)")
+    render.add_argument("--namespace", default=None, help="the namespace to deploy into (default: kubectl's current one)")
+    render.add_argument(
+        "--operator-namespace", default=OPERATOR_NAMESPACE, help="where KubeRay's operator runs: only it may reach the dashboard"
+    )
+    render.add_argument(
+        "--network-policy", default="k8s/networkpolicy.yaml", help="the NetworkPolicies: a file, - for stdout, '' for none"
+    )
     render.set_defaults(func=_cmd_k8s_render)
     monitoring = k8s.add_parser(
         "monitoring", help="write the Grafana dashboard and k8s/monitoring.yaml (PodMonitor, alert rules, dashboard)"

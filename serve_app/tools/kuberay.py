@@ -11,6 +11,7 @@ loss then cuts no client's connection: docs/configuration.md, "Where routers run
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ import yaml
 
 from serve_app.tools.ingress_env import INGRESS_ENV
 
-IMAGE = "serve-app:0.1.0-gpu"  # built from k8s/Dockerfile
+IMAGE = "serve-app:0.1.0-gpu"  # built from k8s/Dockerfile; `serve-app k8s render --image` names where yours is pushed
+OPERATOR_NAMESPACE = "ray-system"  # where KubeRay's Helm chart installs the operator by default
 RAY_VERSION = "2.60.0"
 APP_DIR = "/home/ray/app"
 
@@ -61,10 +63,12 @@ POD_SECURITY: dict[str, Any] = {
 }
 
 
-def _container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _container(
+    name: str, image: str, resources: dict[str, Any], ports: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     c: dict[str, Any] = {
         "name": name,
-        "image": IMAGE,
+        "image": image,
         "workingDir": APP_DIR,
         # The ingress settings every deployment starts Ray with (serve_app/tools/ingress_env.py).
         "env": [
@@ -88,15 +92,20 @@ def _container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]
     return c
 
 
-def render(gpu_config_path: str | Path) -> str:
-    doc = with_routers_on_ingress(yaml.safe_load(Path(gpu_config_path).read_text()))
+def render(gpu_config_path: str | Path, image: str = IMAGE, namespace: str | None = None) -> str:
+    """The RayService manifest: configs/gpu.yaml's application, comments kept, as a `|` block."""
+    gpu_text = Path(gpu_config_path).read_text()
+    serve_config = _Block(routers_on_ingress_text(gpu_text))
+    metadata: dict[str, Any] = {"name": "serve-app", "labels": {"app.kubernetes.io/name": "serve-app"}}
+    if namespace:
+        metadata["namespace"] = namespace
     manifest = {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
-        "metadata": {"name": "serve-app", "labels": {"app.kubernetes.io/name": "serve-app"}},
+        "metadata": metadata,
         # No *UnhealthySecondThreshold: KubeRay accepts them but has not read them since v1.1.
         "spec": {
-            "serveConfigV2": yaml.safe_dump(doc, sort_keys=False),
+            "serveConfigV2": serve_config,
             "rayClusterConfig": {
                 "rayVersion": RAY_VERSION,
                 "enableInTreeAutoscaling": True,
@@ -109,12 +118,38 @@ def render(gpu_config_path: str | Path) -> str:
                     "redisAddress": f"{REDIS_SERVICE}:6379",
                     "redisPassword": {"valueFrom": {"secretKeyRef": {"name": REDIS_SERVICE, "key": "password"}}},
                 },
-                "headGroupSpec": _head_group(),
-                "workerGroupSpecs": [_ingress_worker_group(), _gpu_worker_group()],
+                "headGroupSpec": _head_group(image),
+                "workerGroupSpecs": [_ingress_worker_group(image), _gpu_worker_group(image)],
             },
         },
     }
-    return HEADER + yaml.dump(manifest, Dumper=_NoAliases, sort_keys=False, width=120)
+    return HEADER + yaml.dump(manifest, Dumper=_NoAliases, sort_keys=False, width=120, allow_unicode=True)
+
+
+# The one line the manifest adds to configs/gpu.yaml's router entry, under its `ray_actor_options:`.
+_ROUTER_OPTIONS = re.compile(r"^(  - name: router\n(?:    .*\n|\s*\n)*?)(    ray_actor_options:\n)", re.MULTILINE)
+_ROUTER_RESOURCES = (
+    "      # Added by `serve-app k8s render`: routers run on the ingress group's CPU pods.\n"
+    f"      resources: {{{INGRESS_RESOURCE}: {INGRESS_PER_ROUTER}}}\n"
+)
+
+
+def routers_on_ingress_text(gpu_text: str) -> str:
+    """configs/gpu.yaml's text, comments kept, with the router asking for the ingress resource.
+
+    Edited as text, not re-dumped, so the operator's copy reads like the file a person wrote;
+    checked against `with_routers_on_ingress` so the two cannot disagree.
+    """
+    text, found = _ROUTER_OPTIONS.subn(lambda m: m.group(1) + m.group(2) + _ROUTER_RESOURCES, gpu_text, count=1)
+    if not found:
+        raise ValueError("configs/gpu.yaml: no `ray_actor_options:` under the router deployment to add its resources to")
+    if yaml.safe_load(text) != with_routers_on_ingress(yaml.safe_load(gpu_text)):
+        raise ValueError("configs/gpu.yaml: the router's `ray_actor_options` already names resources; remove them")
+    return text
+
+
+class _Block(str):
+    """A string YAML writes as a `|` block, as KubeRay's samples write serveConfigV2."""
 
 
 def with_routers_on_ingress(serve_config: dict[str, Any]) -> dict[str, Any]:
@@ -134,6 +169,9 @@ class _NoAliases(yaml.SafeDumper):
         return True
 
 
+_NoAliases.add_representer(_Block, lambda dumper, data: dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|"))
+
+
 # Every pod that may run a Serve proxy: Ray's metrics, and the Prometheus exporter of HAProxy, which
 # RAY_SERVE_ENABLE_HA_PROXY runs there (RAY_SERVE_HAPROXY_METRICS_PORT). HAProxy's counts include the
 # requests it answers itself (no healthy router, timeouts), which no Ray metric sees.
@@ -144,7 +182,7 @@ METRICS_PORTS = [
 ]
 
 
-def _head_group() -> dict[str, Any]:
+def _head_group(image: str) -> dict[str, Any]:
     return {
         # The head schedules no replicas: model work lands on GPU workers.
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0", "metrics-export-port": "8080"},
@@ -154,6 +192,7 @@ def _head_group() -> dict[str, Any]:
                 "containers": [
                     _container(
                         "ray-head",
+                        image,
                         {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
                         # No Ray client port: nothing outside the cluster drives it. The dashboard
                         # stays for KubeRay's operator, which applies the Serve config through it;
@@ -173,26 +212,27 @@ def _head_group() -> dict[str, Any]:
     }
 
 
-def _ingress_worker_group() -> dict[str, Any]:
+def _ingress_worker_group(image: str) -> dict[str, Any]:
     """CPU pods for the routers (up to four each, at one CPU a router): two at least, so that one
     pod's loss leaves routers serving."""
     return _worker_group(
-        "ingress", (2, 2, 4),
+        "ingress", image, (2, 2, 4),
         # KubeRay passes `resources` to `ray start --resources=` through a shell: JSON, quoted once more.
         {"num-cpus": "4", "resources": json.dumps(json.dumps({INGRESS_RESOURCE: 1}))},
         INGRESS_POD_LABELS, {"cpu": "4", "memory": "8Gi"},
     )  # fmt: skip
 
 
-def _gpu_worker_group() -> dict[str, Any]:
+def _gpu_worker_group(image: str) -> dict[str, Any]:
     return _worker_group(
-        "gpu", (1, 1, 4), {}, POD_LABELS, {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
+        "gpu", image, (1, 1, 4), {}, POD_LABELS, {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
         {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
     )  # fmt: skip
 
 
 def _worker_group(
     name: str,
+    image: str,
     replicas: tuple[int, int, int],  # initial, min, max
     start_params: dict[str, str],
     labels: dict[str, str],
@@ -201,7 +241,7 @@ def _worker_group(
 ) -> dict[str, Any]:
     """A worker group whose pods drain before they stop: their replicas move and finish what they hold."""
     drain = ["python", "-m", "serve_app.tools.drain", f"--deadline-s={DRAIN_DEADLINE_S}"]
-    container = _container("ray-worker", {"requests": resources, "limits": resources}, list(METRICS_PORTS))
+    container = _container("ray-worker", image, {"requests": resources, "limits": resources}, list(METRICS_PORTS))
     initial, least, most = replicas
     return {
         "groupName": name,
@@ -226,3 +266,75 @@ def serve_config_of(manifest_text: str) -> dict[str, Any]:
     """The Serve application config embedded in a rendered RayService."""
     manifest = yaml.safe_load(manifest_text)
     return yaml.safe_load(manifest["spec"]["serveConfigV2"])
+
+
+# k8s/networkpolicy.yaml, with the operator's namespace (the only pod outside the cluster that may reach
+# the dashboard) and the policies' own namespace as render parameters.
+_NETWORK_POLICY = """\
+# GENERATED by `serve-app k8s render` (its --operator-namespace and --namespace): edit those, not this.
+# Who may reach the Ray pods of k8s/rayservice.yaml and the Redis of k8s/redis.yaml.
+# Only the serving ports (HTTP 8000, gRPC 9000) are open to clients; the dashboard (which KubeRay's operator uses to
+# apply the Serve config) only to the operator; metrics only to the monitoring namespace;
+# everything else only to the Ray cluster's own pods. The monitoring namespace's label: adjust to yours.
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: serve-app-ray
+spec:
+  podSelector:
+    matchLabels: {{app.kubernetes.io/part-of: serve-app}}
+  policyTypes: [Ingress]
+  ingress:
+    - ports:
+        - {{port: 8000, protocol: TCP}}
+        - {{port: 9000, protocol: TCP}}
+    - from:
+        - namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {operator_namespace}}}}}
+          podSelector: {{matchLabels: {{app.kubernetes.io/name: kuberay-operator}}}}
+      ports:
+        - {{port: 8265, protocol: TCP}}
+        - {{port: 52365, protocol: TCP}}
+    - from:
+        - namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: monitoring}}}}
+      ports:
+        - {{port: 8080, protocol: TCP}}
+        - {{port: 9101, protocol: TCP}}  # HAProxy's Prometheus exporter
+    - from:
+        - podSelector: {{matchLabels: {{app.kubernetes.io/part-of: serve-app}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: serve-app-redis
+spec:
+  podSelector:
+    matchLabels: {{app.kubernetes.io/name: serve-app-redis}}
+  policyTypes: [Ingress]
+  ingress:
+    - from:
+        - podSelector: {{matchLabels: {{app.kubernetes.io/part-of: serve-app}}}}
+      ports:
+        - {{port: 6379, protocol: TCP}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: serve-app-cache
+spec:
+  podSelector:
+    matchLabels: {{app.kubernetes.io/name: serve-app-cache}}
+  policyTypes: [Ingress]
+  ingress:
+    - from:
+        - podSelector: {{matchLabels: {{app.kubernetes.io/part-of: serve-app}}}}
+      ports:
+        - {{port: 6379, protocol: TCP}}
+"""
+
+
+def render_network_policy(operator_namespace: str = OPERATOR_NAMESPACE, namespace: str | None = None) -> str:
+    """k8s/networkpolicy.yaml for an operator installed in `operator_namespace`."""
+    text = _NETWORK_POLICY.format(operator_namespace=operator_namespace)
+    if namespace:
+        text = re.sub(r"^metadata:\n", f"metadata:\n  namespace: {namespace}\n", text, flags=re.MULTILINE)
+    return text

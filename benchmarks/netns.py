@@ -34,7 +34,7 @@ def available() -> str | None:
         return "no `ip` command (iproute2)"
     if os.geteuid() != 0:
         return "network namespaces need root"
-    probe = "pbprobe%d" % os.getpid()
+    probe = f"pbprobe{os.getpid()}"
     made = _ip("netns", "add", probe, check=False)
     if made.returncode != 0:
         return f"`ip netns add` refused: {made.stderr.strip()}"

@@ -144,7 +144,7 @@ class Bed:
         return env
 
     def _logfile(self, name: str) -> Any:
-        return open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - the child holds it
+        return open(self.workdir / f"{name}.log", "ab")  # the child process holds it open
 
     # -- the operator's API calls ----------------------------------------------------------------
     @property

@@ -97,6 +97,9 @@ class Bed:
         for name in self.pods:
             if name != "head":
                 self.start_pod(name)
+        # The RayService controller submits once the RayCluster is provisioned: every pod ready.
+        self.wait_nodes(len(self.pods), timeout_s - (time.monotonic() - t0))
+        steps["pods_s"] = time.monotonic() - t0
         self.submit(self.cluster.serve_config)
         self.wait_running(timeout_s - (time.monotonic() - t0))
         steps["running_s"] = time.monotonic() - t0
@@ -166,6 +169,28 @@ class Bed:
             self._check_alive("head")
             time.sleep(1)
         raise TimeoutError(f"the head's dashboard did not answer within {timeout_s:.0f} s (log: {self.workdir}/head.log)")
+
+    def alive_nodes(self) -> list[str]:
+        """The addresses of the Ray nodes alive now, from the dashboard's state API."""
+        r = httpx.get(f"{self.dashboard}/api/v0/nodes?limit=1000", headers=self._headers(), timeout=10)
+        r.raise_for_status()
+        nodes = r.json()["data"]["result"]["result"]
+        return sorted(n["node_ip"] for n in nodes if n.get("state") == "ALIVE")
+
+    def wait_nodes(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        alive: list[str] = []
+        while time.monotonic() < deadline:
+            try:
+                alive = self.alive_nodes()
+                if len(alive) >= count:
+                    return
+            except httpx.HTTPError:
+                pass
+            for name in self.procs:
+                self._check_alive(name)
+            time.sleep(1)
+        raise TimeoutError(f"{len(alive)} of {count} pods joined within {timeout_s:.0f} s: {alive}")
 
     def submit(self, serve_config: Mapping[str, Any]) -> None:
         """PUT the Serve config as KubeRay's RayService controller does (UpdateDeployments)."""

@@ -65,7 +65,7 @@ def test_serve_config_v2_is_the_gpu_application_with_routers_on_the_ingress_grou
     embedded = serve_config_of(MANIFEST.read_text())
     gpu = yaml.safe_load(GPU_CONFIG.read_text())
     (router,) = [d for d in embedded["applications"][0]["deployments"] if d["name"] == "router"]
-    assert router["ray_actor_options"]["resources"] == {INGRESS_RESOURCE: 0.01}
+    assert router["ray_actor_options"]["resources"] == {INGRESS_RESOURCE: 1}
     # Nothing else differs from configs/gpu.yaml.
     del router["ray_actor_options"]["resources"]
     assert embedded == gpu
@@ -80,10 +80,12 @@ def test_routers_fit_the_ingress_group_and_the_models_do_not():
     assert groups["ingress"]["minReplicas"] >= 2  # one pod's loss leaves routers serving
     app = serve_config_of(MANIFEST.read_text())["applications"][0]
     router = next(d for d in app["deployments"] if d["name"] == "router")
-    per_pod = int(groups["ingress"]["rayStartParams"]["num-cpus"]) // router["ray_actor_options"]["num_cpus"]
-    pods = groups["ingress"]["maxReplicas"]
-    assert per_pod * pods >= router["autoscaling_config"]["max_replicas"]
-    assert per_pod * pods * router["ray_actor_options"]["resources"][INGRESS_RESOURCE] <= offered[INGRESS_RESOURCE] * pods
+    # One router per ingress pod (Serve runs a proxy only where a replica is, and the Service sends
+    # clients to every ingress pod), and enough pods for the routers' autoscaling.
+    assert router["ray_actor_options"]["resources"][INGRESS_RESOURCE] == offered[INGRESS_RESOURCE]
+    assert router["ray_actor_options"]["num_cpus"] <= int(groups["ingress"]["rayStartParams"]["num-cpus"])
+    assert groups["ingress"]["minReplicas"] == router["autoscaling_config"]["min_replicas"]
+    assert groups["ingress"]["maxReplicas"] >= router["autoscaling_config"]["max_replicas"]
     # Every model asks for a GPU, which the ingress pods do not have.
     models = [d for d in app["deployments"] if d["name"] != "router"]
     assert models and all(d["ray_actor_options"]["num_gpus"] > 0 for d in models)

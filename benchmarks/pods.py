@@ -1,0 +1,293 @@
+"""`python -m benchmarks pods --scenario NAME`: the committed KubeRay manifest on the pod bed.
+
+Scenarios (each starts the bed from k8s/rayservice.yaml, benchmarks/podbed.py):
+- start: time to ready; every ingress pod answers on its own address; where each router and model
+  replica runs (routers on ingress pods, models on worker pods: every answer crossed the network).
+- pod-loss: open-loop load from the client's own namespace and core; a worker pod (the one holding
+  the text route's light tier), an ingress pod and the head are killed in turn (every process of the
+  pod at once). Per kill: sent, answered, refused with Retry-After then answered, failed, lost, and
+  each route's longest time without an answer. Killed worker and ingress pods come back as the
+  operator recreates them; the head's container restarts in place.
+
+The result goes to benchmarks/results/pods/<scenario>/result.json and README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.podbed import ROOT, SERVE_PORT, Bed
+
+RESULTS = ROOT / "benchmarks" / "results" / "pods"
+SCENARIOS = ("start", "pod-loss")
+KILLS = ("worker", "ingress", "head")
+
+
+# -- what the client's records say (pure) -----------------------------------------------------------
+def summarize(records: Sequence[Sequence[Any]], window: tuple[float, float]) -> dict[str, Any]:
+    """Outcomes of the requests sent in `window` (unix seconds), and each route's longest gap."""
+    inside = [r for r in records if window[0] <= r[1] < window[1]]
+    answered = [r for r in inside if r[3] == 200]
+    out: dict[str, Any] = {
+        "sent": len(inside),
+        "answered": len(answered),
+        "answered_after_refusal": sum(1 for r in answered if r[6] > 0),
+        "answered_after_connection_error": sum(1 for r in answered if r[5] > 0),
+        "refusals": sum(r[6] for r in inside),
+        "connection_errors": sum(r[5] for r in inside),
+        "failed": {str(s): sum(1 for r in inside if r[3] == s) for s in sorted({r[3] for r in inside} - {200, 0, -2})},
+        "lost": sum(1 for r in inside if r[3] in (0, -2)),
+        "longest_gap_s": {},
+    }
+    for route in sorted({r[0] for r in inside}):
+        done = sorted(r[2] for r in answered if r[0] == route and r[2] <= window[1])
+        out["longest_gap_s"][route] = round(longest_gap(done, window), 3)
+    return out
+
+
+def longest_gap(times: Sequence[float], window: tuple[float, float]) -> float:
+    """The longest stretch of `window` with no time in `times` (sorted)."""
+    edges = [window[0], *times, window[1]]
+    return max(b - a for a, b in itertools.pairwise(edges))
+
+
+# -- running -----------------------------------------------------------------------------------------
+def write_bodies(model_dir: Path, path: Path, n: int) -> None:
+    """Held-out inputs, n distinct per route (the light tier's manifest shapes them)."""
+    from benchmarks.workloads import bodies_for
+
+    bodies = {
+        "text-classify": bodies_for(model_dir / "bert-light", n),
+        "image-classify": bodies_for(model_dir / "resnet-light", n),
+    }
+    path.write_text(json.dumps(bodies))
+
+
+def placement(bed: Bed) -> dict[str, list[str]]:
+    """Each deployment's running replicas by the pod they run on."""
+    apps = bed.serve_details().get("applications", {})
+    by_address = {h.address: name for name, h in bed.hosts.items()}
+    out: dict[str, list[str]] = {}
+    for app in apps.values():
+        for name, d in app.get("deployments", {}).items():
+            nodes = [r.get("node_ip", "") for r in d.get("replicas", []) if r.get("state") == "RUNNING"]
+            out[name] = sorted(f"{by_address.get(ip, ip)} ({ip})" for ip in nodes)
+    return out
+
+
+def wait_whole(bed: Bed, timeout_s: float) -> float:
+    """Until every deployment is healthy again and every ingress pod answers; the seconds it took."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            apps = bed.serve_details().get("applications", {})
+            healthy = apps and all(
+                a.get("status") == "RUNNING" and all(d.get("status") == "HEALTHY" for d in a.get("deployments", {}).values())
+                for a in apps.values()
+            )
+            if healthy and bed._ingress_ready():
+                return time.monotonic() - t0
+        except Exception:  # the head may be away: wait for it
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"the cluster was not whole again within {timeout_s:.0f} s")
+
+
+def run_client(bed: Bed, ns: argparse.Namespace, bodies: Path, out: Path, seconds: float) -> subprocess.Popen[bytes]:
+    assert bed.client is not None
+    argv = [
+        sys.executable, "-m", "benchmarks.podclient", "--targets", ",".join(bed.ingress_addresses()),
+        "--port", str(SERVE_PORT), "--rate", str(ns.rate), "--seconds", str(seconds), "--bodies", str(bodies),
+        "--deadline-s", str(ns.deadline_s), "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(bed.client.command(argv, bed.client_cores), env=env, cwd=ROOT)
+
+
+def kill_phase(bed: Bed, ns: argparse.Namespace, kill: str, bodies: Path) -> dict[str, Any]:
+    """One pod killed under load: the client's outcomes and gaps, and how long the cluster took to recover."""
+    if kill == "worker":
+        light = placement(bed).get("bert-light", [])
+        victim = light[0].split()[0] if light else next(n for n in bed.pods if bed.pods[n].group not in ("head", "ingress"))
+    elif kill == "ingress":
+        victim = bed.pod_of(bed.ingress_addresses()[0])
+    else:
+        victim = "head"
+    before = placement(bed)
+    out = bed.workdir / f"client-{kill}.json"
+    client = run_client(bed, ns, bodies, out, ns.phase_s)
+    time.sleep(ns.fault_at_s)
+    killed_at = time.time()
+    killed = bed.kill_pod(victim)
+    event: dict[str, Any] = {}
+
+    def bring_back() -> None:
+        # A worker or ingress pod is recreated by the operator after a while; the head's container
+        # restarts in place at once.
+        time.sleep(0 if victim == "head" else ns.replace_after_s)
+        bed.start_pod(victim)
+        event["restarted_after_s"] = round(time.time() - killed_at, 2)
+        if victim == "head":
+            bed.wait_dashboard(120)
+            event["head_dashboard_back_s"] = round(time.time() - killed_at, 2)
+
+    back = threading.Thread(target=bring_back)
+    back.start()
+    client.wait(timeout=ns.phase_s + ns.deadline_s + 120)
+    back.join()
+    data = json.loads(out.read_text())
+    whole_s = wait_whole(bed, 300)
+    window = (data["start"] + ns.warmup_s, data["start"] + data["seconds"])
+    after = (killed_at, data["start"] + data["seconds"])
+    return {
+        "killed": victim,
+        "address": bed.hosts[victim].address,
+        "processes_killed": killed,
+        "killed_at_s": round(killed_at - data["start"], 2),
+        "offered_rate": round(data["offered_rate"], 2),
+        "dropped_by_client": data["dropped_by_client"],
+        "whole": summarize(data["records"], window),
+        "after_kill": summarize(data["records"], after),
+        "cluster_whole_after_s": round(time.time() - killed_at, 1),
+        "whole_wait_s": round(whole_s, 1),
+        **event,
+        "placement_before": before,
+        "placement_after": placement(bed),
+    }
+
+
+def run(ns: argparse.Namespace) -> dict[str, Any]:
+    counts = dict(kv.split("=") for kv in ns.pods) if ns.pods else {}
+    bed = Bed(
+        counts={k: int(v) for k, v in counts.items()},
+        model_dir=Path(ns.model_dir).resolve(),
+        workdir=Path(ns.workdir),
+        server_cores=ns.server_cores,
+        client_cores=ns.client_cores,
+    )
+    result: dict[str, Any] = {"command": "python -m benchmarks pods " + " ".join(ns.argv), "scenario": ns.scenario}
+    with bed:
+        steps = bed.start(ns.start_timeout_s)
+        result["start"] = {
+            "seconds_to_ready": round(steps["running_s"], 1),
+            "steps_s": {k: round(v, 1) for k, v in steps.items()},
+            "pods": {name: {"group": p.group, "address": bed.hosts[name].address} for name, p in bed.pods.items()},
+            "ingress_answers": ingress_answers(bed),
+            "placement": placement(bed),
+        }
+        if ns.scenario in ("pod-loss", "all"):
+            bodies = bed.workdir / "bodies.json"
+            write_bodies(bed.model_dir, bodies, ns.inputs)
+            result["pod_loss"] = {"rate": ns.rate, "inputs_per_route": ns.inputs}
+            for kill in ns.kills:
+                result["pod_loss"][kill] = kill_phase(bed, ns, kill, bodies)
+    return result
+
+
+def ingress_answers(bed: Bed) -> list[dict[str, Any]]:
+    """One request per route through each ingress pod's own address."""
+    import httpx
+
+    from benchmarks.workloads import image_bodies, text_bodies
+
+    out = []
+    for address in bed.ingress_addresses():
+        for route, body in (("text-classify", text_bodies(1)[0]), ("image-classify", image_bodies(1, image_size(bed))[0])):
+            r = httpx.post(f"http://{address}:{SERVE_PORT}/v2/models/{route}/infer", json=body, timeout=60)
+            out.append({"ingress": address, "route": route, "status": r.status_code, "served_by": r.headers.get("x-served-by")})
+    return out
+
+
+def image_size(bed: Bed) -> int:
+    from serve_app.manifest import Manifest
+
+    return Manifest.load(bed.model_dir / "resnet-light").image_size or 32
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = result["start"]
+    lines = [
+        f"# Pod bed: {result['scenario']}",
+        "",
+        f"`{result['command']}` on {result.get('machine', 'this machine')}, commit {result.get('commit', '?')}.",
+        "",
+        f"Ready in {s['seconds_to_ready']} s ({s['steps_s']}). Pods: "
+        + ", ".join(f"{n} {p['address']}" for n, p in s["pods"].items())
+        + ".",
+        "",
+        "| ingress | route | status | served by |",
+        "|---|---|---|---|",
+        *(f"| {a['ingress']} | {a['route']} | {a['status']} | {a['served_by']} |" for a in s["ingress_answers"]),
+        "",
+        "Replicas: " + "; ".join(f"{d}: {', '.join(p)}" for d, p in s["placement"].items()) + ".",
+    ]
+    loss = result.get("pod_loss")
+    if loss:
+        lines += [
+            "",
+            f"Pod loss under open-loop load ({loss['rate']}/s, {loss['inputs_per_route']} distinct inputs a route):",
+            "",
+            "| killed | sent | answered | after 503 | after conn. error | failed | lost | longest gap (s) | whole again (s) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for kill in KILLS:
+            if kill not in loss:
+                continue
+            k = loss[kill]
+            w = k["whole"]
+            gaps = ", ".join(f"{r} {g}" for r, g in w["longest_gap_s"].items())
+            lines.append(
+                f"| {kill} ({k['killed']}) | {w['sent']} | {w['answered']} | {w['answered_after_refusal']} | "
+                f"{w['answered_after_connection_error']} | {w['failed'] or 0} | {w['lost']} | {gaps} | "
+                f"{k['cluster_whole_after_s']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks pods", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="start")
+    p.add_argument("--pods", nargs="*", default=["gpu=2"], help="pods per worker group, e.g. gpu=2 ingress=2 (default: gpu=2)")
+    p.add_argument("--model-dir", default=str(ROOT / "models"), help="what the image holds in its models directory")
+    p.add_argument("--workdir", default="/tmp/pb", help="each pod's --temp-dir and log")
+    p.add_argument("--server-cores", default="1", help="taskset list for every Ray process, HAProxy and Redis")
+    p.add_argument("--client-cores", default="0", help="taskset list for the load generator")
+    p.add_argument("--rate", type=float, default=20.0, help="open-loop requests a second during pod loss")
+    p.add_argument("--inputs", type=int, default=1000, help="distinct held-out inputs a route")
+    p.add_argument("--phase-s", type=float, default=60.0)
+    p.add_argument("--warmup-s", type=float, default=5.0)
+    p.add_argument("--fault-at-s", type=float, default=15.0)
+    p.add_argument("--replace-after-s", type=float, default=10.0, help="when the operator's new pod for a lost one starts")
+    p.add_argument("--deadline-s", type=float, default=30.0)
+    p.add_argument("--kills", nargs="*", default=list(KILLS), choices=KILLS)
+    p.add_argument("--start-timeout-s", type=float, default=600.0)
+    p.add_argument("--out", default=None, help="result directory (default benchmarks/results/pods/<scenario>)")
+    ns = p.parse_args(argv)
+    ns.argv = argv
+    result = run(ns)
+    from benchmarks.report import machine_info
+
+    result["machine"] = machine_info().get("cpu", "")
+    result["commit"] = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    out = Path(ns.out) if ns.out else RESULTS / ns.scenario
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "README.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0

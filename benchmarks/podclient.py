@@ -5,7 +5,7 @@ arrivals at R a second for S seconds, alternating the routes of F. Each request 
 address that is not marked down (as kube-proxy spreads connections over a Service's endpoints); a
 connection error marks that address down for a second and sends the request again to another one;
 a 503 or 429 with Retry-After is sent again after it. A request is answered (200), failed (another
-status, or the deadline passed) or lost (no answer by its deadline). One record per request goes to
+status) or lost (no answer by its deadline: timed out, or refused until then). One record per request goes to
 O, with what left the client and what it dropped, so offered load is what was really sent.
 """
 
@@ -22,6 +22,8 @@ from typing import Any
 
 import httpx
 
+TIMED_OUT = -2  # no answer within the deadline
+REFUSED_TO_THE_END = -3  # refused with Retry-After until the deadline passed
 # Record fields, one list per request.
 FIELDS = ["route", "sent", "done", "status", "attempts", "connection_errors", "refusals", "served_by", "detail"]
 
@@ -59,6 +61,7 @@ async def one_request(
     while True:
         left = sent + deadline_s - time.time()
         if left <= 0:
+            status = REFUSED_TO_THE_END if refusals else TIMED_OUT
             break
         address = targets.pick(time.monotonic(), avoid)
         attempts += 1
@@ -70,7 +73,7 @@ async def one_request(
                 timeout=left,
             )
         except httpx.TimeoutException:
-            status = -2  # no answer within the deadline
+            status = TIMED_OUT
             break
         except httpx.TransportError:
             # Refused, reset or closed without an answer: the pod went away. Try another address.

@@ -27,10 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.podbed import ROOT, SERVE_PORT, Bed
+from benchmarks.podclient import REFUSED_TO_THE_END, TIMED_OUT
 
 RESULTS = ROOT / "benchmarks" / "results" / "pods"
 SCENARIOS = ("start", "pod-loss")
 KILLS = ("worker", "ingress", "head")
+# No answer by the client's deadline: no status at all, timed out, or refused with Retry-After to the end.
+LOST = (0, TIMED_OUT, REFUSED_TO_THE_END)
 
 
 # -- what the client's records say (pure) -----------------------------------------------------------
@@ -45,8 +48,9 @@ def summarize(records: Sequence[Sequence[Any]], window: tuple[float, float]) -> 
         "answered_after_connection_error": sum(1 for r in answered if r[5] > 0),
         "refusals": sum(r[6] for r in inside),
         "connection_errors": sum(r[5] for r in inside),
-        "failed": {str(s): sum(1 for r in inside if r[3] == s) for s in sorted({r[3] for r in inside} - {200, 0, -2})},
-        "lost": sum(1 for r in inside if r[3] in (0, -2)),
+        "failed": {str(s): sum(1 for r in inside if r[3] == s) for s in sorted({r[3] for r in inside} - {200, *LOST})},
+        "lost": sum(1 for r in inside if r[3] in LOST),
+        "lost_refused_to_the_end": sum(1 for r in inside if r[3] == REFUSED_TO_THE_END),
         "longest_gap_s": {},
     }
     for route in sorted({r[0] for r in inside}):

@@ -85,10 +85,10 @@ def test_summary_counts_outcomes_and_the_longest_gap():
     # route, sent, done, status, attempts, connection_errors, refusals, served_by
     records = [
         ["t", 0.0, 0.1, 200, 1, 0, 0, "m", ""],
-        ["t", 1.0, 5.0, 200, 3, 1, 1, "m"],
-        ["t", 2.0, 32.0, -2, 1, 0, 0, ""],
-        ["t", 3.0, 3.1, 500, 1, 0, 0, ""],
-        ["i", 4.0, 4.2, 200, 1, 0, 0, "m"],
+        ["t", 1.0, 5.0, 200, 3, 1, 1, "m", ""],
+        ["t", 2.0, 32.0, -2, 1, 0, 0, "", ""],
+        ["t", 3.0, 3.1, 500, 1, 0, 0, "", ""],
+        ["i", 4.0, 4.2, 200, 1, 0, 0, "m", ""],
     ]
     s = summarize(records, (0.0, 10.0))
     assert (s["sent"], s["answered"], s["lost"], s["failed"]) == (5, 3, 1, {"500": 1})

@@ -17,6 +17,7 @@ import secrets
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -245,6 +246,26 @@ class Bed:
         spec = self.cluster.head if group == "head" else self.cluster.workers[group]
         labels = spec["template"]["metadata"].get("labels", {})
         return bool(selector.items() <= labels.items())
+
+    # -- the Service ----------------------------------------------------------------------------------
+    def ready(self, address: str) -> bool:
+        """The ingress pod's readiness, as its probe would find it: Serve's health check through the
+        pod's own proxy (HAProxy answers 503 until it has a router to send to, Serve's proxy until it
+        knows the routes)."""
+        try:
+            return httpx.get(f"http://{address}:{SERVE_PORT}/-/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def follow_endpoints(self, path: Path, stop: threading.Event, period_s: float = 1.0) -> None:
+        """Keep `path` listing the ready ingress pods (a Service's endpoints), probing every period,
+        until `stop` is set. A pod that fails one probe leaves the list; one that passes joins it."""
+        while not stop.is_set():
+            ready = [a for a in self.ingress_addresses() if self.ready(a)]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(ready))
+            tmp.replace(path)
+            stop.wait(period_s)
 
     # -- failures --------------------------------------------------------------------------------
     def kill_pod(self, name: str) -> int:

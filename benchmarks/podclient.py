@@ -50,6 +50,22 @@ class Targets:
     def mark_down(self, address: str, now: float) -> None:
         self._down_until[address] = now + self.down_s
 
+    def update(self, addresses: list[str]) -> None:
+        """The Service's ready endpoints changed (a pod went away, or a new one passed its probe)."""
+        if addresses and addresses != self.addresses:
+            self.addresses = addresses
+            self._next %= len(addresses)
+
+
+async def follow_endpoints(targets: Targets, path: Path, period_s: float = 0.25) -> None:
+    """Re-read the endpoints file the bed keeps, as kube-proxy follows a Service's endpoints."""
+    while True:
+        try:
+            targets.update(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass
+        await asyncio.sleep(period_s)
+
 
 async def one_request(
     client: httpx.AsyncClient, targets: Targets, route: str, body: bytes, deadline_s: float, port: int
@@ -103,6 +119,7 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=ns.max_in_flight, max_keepalive_connections=ns.max_in_flight)
     tasks: list[asyncio.Task[list[Any]]] = []
     dropped = 0
+    follower = asyncio.create_task(follow_endpoints(targets, Path(ns.endpoints))) if ns.endpoints else None
     async with httpx.AsyncClient(limits=limits) as client:
         start = time.time()
         t = 0.0
@@ -121,6 +138,8 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
             tasks.append(asyncio.create_task(one_request(client, targets, route, body, ns.deadline_s, ns.port)))
         sent_window = time.time() - start
         records = await asyncio.gather(*tasks)
+    if follower is not None:
+        follower.cancel()
     return {
         "fields": FIELDS,
         "records": records,
@@ -136,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.podclient", description=__doc__)
     p.add_argument("--targets", required=True, help="comma-separated addresses (the Service's endpoints)")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--endpoints", default=None, help="a JSON list of the ready addresses, re-read as it changes")
     p.add_argument("--rate", type=float, required=True, help="Poisson arrivals a second")
     p.add_argument("--seconds", type=float, required=True)
     p.add_argument("--bodies", required=True, help="JSON: route -> list of v2 request bodies")

@@ -108,10 +108,13 @@ def wait_whole(bed: Bed, timeout_s: float) -> float:
     raise TimeoutError(f"the cluster was not whole again within {timeout_s:.0f} s")
 
 
-def run_client(bed: Bed, ns: argparse.Namespace, bodies: Path, out: Path, seconds: float) -> subprocess.Popen[bytes]:
+def run_client(
+    bed: Bed, ns: argparse.Namespace, bodies: Path, out: Path, seconds: float, endpoints: Path | None = None
+) -> subprocess.Popen[bytes]:
     assert bed.client is not None
     argv = [
         sys.executable, "-m", "benchmarks.podclient", "--targets", ",".join(bed.ingress_addresses()),
+        *(["--endpoints", str(endpoints)] if endpoints else []),
         "--port", str(SERVE_PORT), "--rate", str(ns.rate), "--seconds", str(seconds), "--bodies", str(bodies),
         "--deadline-s", str(ns.deadline_s), "--out", str(out),
     ]  # fmt: skip
@@ -130,7 +133,11 @@ def kill_phase(bed: Bed, ns: argparse.Namespace, kill: str, bodies: Path) -> dic
         victim = "head"
     before = placement(bed)
     out = bed.workdir / f"client-{kill}.json"
-    client = run_client(bed, ns, bodies, out, ns.phase_s)
+    endpoints = bed.workdir / "endpoints.json"
+    stop = threading.Event()
+    service = threading.Thread(target=bed.follow_endpoints, args=(endpoints, stop), daemon=True)
+    service.start()
+    client = run_client(bed, ns, bodies, out, ns.phase_s, endpoints)
     time.sleep(ns.fault_at_s)
     killed_at = time.time()
     killed = bed.kill_pod(victim)
@@ -150,6 +157,8 @@ def kill_phase(bed: Bed, ns: argparse.Namespace, kill: str, bodies: Path) -> dic
     back.start()
     client.wait(timeout=ns.phase_s + ns.deadline_s + 120)
     back.join()
+    stop.set()
+    service.join()
     data = json.loads(out.read_text())
     whole_s = wait_whole(bed, 300)
     window = (data["start"] + ns.warmup_s, data["start"] + data["seconds"])

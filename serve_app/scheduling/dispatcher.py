@@ -74,6 +74,12 @@ class DispatchSettings:
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.004
     batch_timeout_s: float = 30.0  # a batch taking longer counts as a model failure
+    # A batch sent again after its replica died waits at most this many times its predicted service
+    # time (and never less than `retry_floor_s`), not `batch_timeout_s`: when the dead replica was
+    # the model's only one, Serve's handle keeps the call until the controller has placed a new one,
+    # and a route's other tier should answer long before that.
+    retry_factor: float = 4.0
+    retry_floor_s: float = 1.0
     breaker_failures: int = 5  # failed batches in a row that open the circuit
     breaker_open_s: float = 5.0
     urgent_lane: bool = False  # the replica runs high-priority batches on a lane of their own
@@ -478,7 +484,12 @@ class Dispatcher:
             if not (again := [t for t in batch if not t.result.done()]):  # a request whose client left has its answer
                 raise NobodyWaits(self.model) from e
         self.stats.retried_batches += 1
-        return await _call(self, lane.name, spans, again), again
+        items = sum(t.items for t in again)
+        bound = max(self.settings.retry_floor_s, self.settings.retry_factor * lane.estimator.batch_s(items))
+        try:
+            return await _call(self, lane.name, spans, again, min(bound, self.settings.batch_timeout_s)), again
+        except TimeoutError:
+            raise ReplicaGone(self.model) from None
 
 
 def _bulk_lane(s: DispatchSettings, limit: AdaptiveLimit | None) -> Lane:
@@ -578,9 +589,19 @@ def _detached(run: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
     return asyncio.get_running_loop().create_task(run, context=contextvars.Context())
 
 
-async def _call(d: Dispatcher, lane: str, spans: BatchSpans | None, batch: list[Ticket]) -> BatchReply:
+async def _call(
+    d: Dispatcher, lane: str, spans: BatchSpans | None, batch: list[Ticket], timeout_s: float | None = None
+) -> BatchReply:
     traces = spans.traceparents(batch) if spans is not None else None
-    return await asyncio.wait_for(d.send([t.payload for t in batch], d.queued_items, lane, traces), d.settings.batch_timeout_s)
+    send = d.send([t.payload for t in batch], d.queued_items, lane, traces)
+    return await asyncio.wait_for(send, d.settings.batch_timeout_s if timeout_s is None else timeout_s)
+
+
+class ReplicaGone(Exception):
+    """A batch's replica died and the batch sent again found no live one in time."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"{model}: its replica went away and no other answered in time")
 
 
 class NobodyWaits(Exception):
@@ -598,7 +619,7 @@ def _to_retry(model: str, error: Exception, timeout_s: float, replica_died: bool
     """A batch timeout, or a replica that died under both tries (Serve is replacing it): a 503 to retry."""
     if isinstance(error, TimeoutError):
         return Unavailable(f"{model}: batch timed out after {timeout_s:g} s", retry_after_s=1.0)
-    if replica_died:
+    if replica_died or isinstance(error, ReplicaGone):
         return Unavailable(f"{model}: its replica went away; retry shortly", retry_after_s=1.0)
     return error
 

@@ -651,6 +651,33 @@ async def test_a_batch_whose_replica_died_runs_once_more_and_nobody_sees_the_dea
 
 
 @virtual_time
+async def test_a_retry_that_finds_no_live_replica_fails_soon_not_at_the_batch_timeout():
+    """The dead replica was the model's only one: Serve holds the retry until a new one is placed.
+    The batch fails after a few of its predicted service times, so a route's other tier answers."""
+    clock = loop_clock()
+    calls = 0
+
+    async def send(payloads: list[str], queued: int, lane: str, traces: list[str | None] | None = None) -> BatchReply:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await asyncio.sleep(0.05)
+            return BatchReply([p.upper() for p in payloads], 0.0, 0.01)  # learns a service time
+        if calls == 2:
+            raise ReplicaDied("actor died")
+        await asyncio.sleep(3600)  # Serve waiting for a replica that is not there yet
+        raise AssertionError("unreachable")
+
+    d = Dispatcher("m", send, retryable=lambda e: isinstance(e, ReplicaDied), clock=clock)
+    assert await d.submit("a", 1) == "A"
+    start = clock()
+    with pytest.raises(Unavailable, match="went away") as refused:
+        await d.submit("b", 1)
+    assert clock() - start <= 1.5 < DispatchSettings().batch_timeout_s
+    assert refused.value.retry_after_s == 1.0 and d.stats.retried_batches == 1
+
+
+@virtual_time
 async def test_a_retried_batch_carries_only_the_requests_still_waiting():
     """A request whose client left while its batch's replica was dying is not sent again."""
     sent: list[list[str]] = []

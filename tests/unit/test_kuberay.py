@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 import yaml
 
-from serve_app.tools.kuberay import INGRESS_RESOURCE, render, render_network_policy, serve_config_of
+from serve_app.tools.kuberay import INGRESS_RESOURCE, for_the_cluster, render, render_network_policy, serve_config_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "k8s" / "crds" / "ray.io_rayservices.yaml"  # KubeRay v1.7.0's, kept in the repository
@@ -61,14 +61,26 @@ def test_a_stopping_replica_outwaits_the_longest_request():
             assert DRAIN_DEADLINE_S > deployments[name]["graceful_shutdown_timeout_s"]
 
 
-def test_serve_config_v2_is_the_gpu_application_with_routers_on_the_ingress_group():
+def test_serve_config_v2_is_the_gpu_application_as_the_cluster_runs_it():
     embedded = serve_config_of(MANIFEST.read_text())
     gpu = yaml.safe_load(GPU_CONFIG.read_text())
-    (router,) = [d for d in embedded["applications"][0]["deployments"] if d["name"] == "router"]
-    assert router["ray_actor_options"]["resources"] == {INGRESS_RESOURCE: 1}
+    deployments = {d["name"]: d for d in embedded["applications"][0]["deployments"]}
+    assert deployments["router"]["ray_actor_options"]["resources"] == {INGRESS_RESOURCE: 1}
+    # A pod's loss leaves every route a light tier, and no model all its replicas on one pod.
+    for route in embedded["applications"][0]["args"]["routes"].values():
+        assert deployments[route["light"]]["autoscaling_config"]["min_replicas"] >= 2
+    assert all(d.get("max_replicas_per_node") == 1 for n, d in deployments.items() if n != "router")
     # Nothing else differs from configs/gpu.yaml.
-    del router["ray_actor_options"]["resources"]
-    assert embedded == gpu
+    assert embedded == for_the_cluster(yaml.safe_load(GPU_CONFIG.read_text())) != gpu
+
+
+def test_gpu_pods_hold_every_light_tier_twice():
+    cluster = yaml.safe_load(MANIFEST.read_text())["spec"]["rayClusterConfig"]
+    (gpu,) = [g for g in cluster["workerGroupSpecs"] if g["groupName"] == "gpu"]
+    app = serve_config_of(MANIFEST.read_text())["applications"][0]
+    lights = {r["light"] for r in app["args"]["routes"].values()}
+    least = max(d["autoscaling_config"]["min_replicas"] for d in app["deployments"] if d["name"] in lights)
+    assert gpu["minReplicas"] >= least and gpu["replicas"] >= least
 
 
 def test_routers_fit_the_ingress_group_and_the_models_do_not():

@@ -22,7 +22,7 @@ def pods(**counts: int):
 
 
 def test_every_group_gets_its_replicas_or_the_count_given():
-    assert sorted(pods()) == ["gpu-0", "head", "ingress-0", "ingress-1"]
+    assert sorted(pods()) == ["gpu-0", "gpu-1", "head", "ingress-0", "ingress-1"]
     assert sorted(pods(gpu=2, ingress=1)) == ["gpu-0", "gpu-1", "head", "ingress-0"]
     with pytest.raises(ValueError, match="no worker group"):
         pods(cpu=1)

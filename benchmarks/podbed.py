@@ -58,16 +58,20 @@ class Bed:
     client_cores: str | None = None
     manifest: Path = MANIFEST
     log: Any = sys.stderr
+    prefix: str = "pb"  # names of its namespaces and links (two beds at once need two)
+    subnet: str = "10.233.0.0/24"
 
     def __post_init__(self) -> None:
         self.cluster: Cluster = read_manifest(self.manifest.read_text())
-        self.network = Network()
+        self.network = Network(self.prefix, self.subnet)
         self.secrets: dict[str, dict[str, str]] = {}
         self.pods: dict[str, Pod] = {}
         self.hosts: dict[str, Host] = {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.client: Host | None = None
         self.started_s: dict[str, float] = {}
+        self._stopping = threading.Event()
+        self.autoscaler: threading.Thread | None = None
 
     # -- bring-up -------------------------------------------------------------------------------
     def start(self, timeout_s: float = 600.0) -> dict[str, float]:
@@ -102,6 +106,8 @@ class Bed:
         self.wait_nodes(len(self.pods), timeout_s - (time.monotonic() - t0))
         steps["pods_s"] = time.monotonic() - t0
         self.submit(self.cluster.serve_config)
+        self.autoscaler = threading.Thread(target=self.follow_demand, args=(self._stopping,), daemon=True)
+        self.autoscaler.start()
         self.wait_running(timeout_s - (time.monotonic() - t0))
         steps["running_s"] = time.monotonic() - t0
         return steps
@@ -238,7 +244,7 @@ class Bed:
 
     def ingress_addresses(self) -> list[str]:
         """What k8s/ingress-service.yaml selects: the pods of the group whose labels it matches."""
-        return [self.hosts[n].address for n, p in self.pods.items() if self._selected(p.group)]
+        return [self.hosts[n].address for n, p in list(self.pods.items()) if self._selected(p.group)]
 
     def _selected(self, group: str) -> bool:
         service = yaml.safe_load((ROOT / "k8s" / "ingress-service.yaml").read_text())
@@ -246,6 +252,66 @@ class Bed:
         spec = self.cluster.head if group == "head" else self.cluster.workers[group]
         labels = spec["template"]["metadata"].get("labels", {})
         return bool(selector.items() <= labels.items())
+
+    # -- the autoscaler -------------------------------------------------------------------------------
+    def add_pod(self, group: str) -> str:
+        """One more pod of `group`, as KubeRay's autoscaler adds one for replicas that fit nowhere."""
+        spec = self.cluster.workers[group]
+        n = sum(1 for p in self.pods.values() if p.group == group)
+        name = f"{group}-{n}"
+        self.pods[name] = self.cluster.pod(name, group, spec, HEAD_SERVICE, self.secrets)
+        self.hosts[name] = self.network.add(name, self.network.hosts["head"].hosts)
+        self.start_pod(name)
+        return name
+
+    def group_for(self, deployment: str) -> str | None:
+        """The worker group whose pods can hold a replica of `deployment` (its resources)."""
+        options: dict[str, Any] = {}
+        for app in self.cluster.serve_config["applications"]:
+            for d in app.get("deployments", []):
+                if d["name"] == deployment:
+                    options = d.get("ray_actor_options", {})
+        custom = set(options.get("resources", {}))
+        for group, spec in self.cluster.workers.items():
+            params = spec.get("rayStartParams", {})
+            offered = set(json.loads(json.loads(params["resources"]))) if "resources" in params else set()
+            gpus = any(
+                k.endswith("gpu") for k in spec["template"]["spec"]["containers"][0].get("resources", {}).get("limits", {})
+            )
+            if custom <= offered and (options.get("num_gpus", 0) > 0) == gpus:
+                return group
+        return None
+
+    def follow_demand(
+        self, stop: threading.Event, cooldown_s: float = 30.0, period_s: float = 2.0, grace_s: float = 90.0
+    ) -> None:
+        """KubeRay's autoscaler, for Serve's replicas: a deployment whose replicas wait for resources
+        (Serve says so once they have waited its slow-start time) gets a new pod of the group that can
+        hold them, up to the group's maxReplicas, at most one a group per `cooldown_s` (a new pod takes
+        that long to join). Not in the first `grace_s`: on a loaded core a replica's worker process can
+        take longer than Serve's slow-start time to spawn, which Serve reports the same way. No
+        scale-in: the bed's runs are short."""
+        added: dict[str, float] = {}
+        if stop.wait(grace_s):
+            return
+        while not stop.is_set():
+            try:
+                apps = self.serve_details().get("applications", {})
+            except httpx.HTTPError:
+                apps = {}
+            wanted = set()
+            for app in apps.values():
+                for name, d in app.get("deployments", {}).items():
+                    unplaced = any(not r.get("node_ip") for r in d.get("replicas", []))
+                    if unplaced and "to be scheduled" in (d.get("message") or ""):
+                        wanted.add(name)
+            now = time.monotonic()
+            for group in sorted({g for d in wanted if (g := self.group_for(d))}):
+                count = sum(1 for p in self.pods.values() if p.group == group)
+                if count < self.cluster.workers[group].get("maxReplicas", count) and now - added.get(group, -1e9) > cooldown_s:
+                    added[group] = now
+                    print(f"[bed] autoscaler: {self.add_pod(group)} for {sorted(wanted)}", file=self.log, flush=True)
+            stop.wait(period_s)
 
     # -- the Service ----------------------------------------------------------------------------------
     def ready(self, address: str) -> bool:
@@ -286,6 +352,9 @@ class Bed:
             raise RuntimeError(f"pod {name} exited with {proc.returncode}:\n{tail}")
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self.autoscaler is not None:
+            self.autoscaler.join(timeout=15)
         self.network.remove()
         for proc in self.procs.values():
             try:

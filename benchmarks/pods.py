@@ -8,6 +8,12 @@ Scenarios (each starts the bed from k8s/rayservice.yaml, benchmarks/podbed.py):
   pod at once). Per kill: sent, answered, refused with Retry-After then answered, failed, lost, and
   each route's longest time without an answer. Killed worker and ingress pods come back as the
   operator recreates them; the head's container restarts in place.
+- upgrade: a changed serveConfigV2 (the canary's weight, one batch size, one added model) PUT under
+  load: what the clients saw, the time to running, and the canary's share measured in the answers.
+- all: start, pod-loss, upgrade on one bed.
+
+The bed stands in for the operator's autoscaler too: a replica that fits on no pod gets a new pod
+of the group that can hold it (benchmarks/podbed.py, `follow_demand`).
 
 The result goes to benchmarks/results/pods/<scenario>/result.json and README.md.
 """
@@ -15,6 +21,7 @@ The result goes to benchmarks/results/pods/<scenario>/result.json and README.md.
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import json
 import os
@@ -30,7 +37,8 @@ from benchmarks.podbed import ROOT, SERVE_PORT, Bed
 from benchmarks.podclient import REFUSED_TO_THE_END, TIMED_OUT
 
 RESULTS = ROOT / "benchmarks" / "results" / "pods"
-SCENARIOS = ("start", "pod-loss")
+SCENARIOS = ("start", "pod-loss", "upgrade")
+ADDED = "bert-light-b"  # the model the upgrade adds
 KILLS = ("worker", "ingress", "head")
 # No answer by the client's deadline: no status at all, timed out, or refused with Retry-After to the end.
 LOST = (0, TIMED_OUT, REFUSED_TO_THE_END)
@@ -66,13 +74,15 @@ def longest_gap(times: Sequence[float], window: tuple[float, float]) -> float:
 
 
 # -- running -----------------------------------------------------------------------------------------
-def write_bodies(model_dir: Path, path: Path, n: int) -> None:
-    """Held-out inputs, n distinct per route (the light tier's manifest shapes them)."""
+def write_bodies(model_dir: Path, path: Path, n: int, direct: tuple[str, ...] = ()) -> None:
+    """Held-out inputs, n distinct per route (the light tier's manifest shapes them), and for the
+    models named in `direct` (sent by name, past the routes)."""
     from benchmarks.workloads import bodies_for
 
     bodies = {
         "text-classify": bodies_for(model_dir / "bert-light", n),
         "image-classify": bodies_for(model_dir / "resnet-light", n),
+        **{m: bodies_for(model_dir / m, n) for m in direct},
     }
     path.write_text(json.dumps(bodies))
 
@@ -89,18 +99,16 @@ def placement(bed: Bed) -> dict[str, list[str]]:
     return out
 
 
-def wait_whole(bed: Bed, timeout_s: float) -> float:
-    """Until every deployment is healthy again and every ingress pod answers; the seconds it took."""
+def wait_whole(bed: Bed, before: dict[str, list[str]], timeout_s: float) -> float:
+    """Until every pod is back, every deployment runs at least the replicas it ran before the kill,
+    and every ingress pod answers; the seconds it took."""
     t0 = time.monotonic()
     deadline = t0 + timeout_s
     while time.monotonic() < deadline:
         try:
-            apps = bed.serve_details().get("applications", {})
-            healthy = apps and all(
-                a.get("status") == "RUNNING" and all(d.get("status") == "HEALTHY" for d in a.get("deployments", {}).values())
-                for a in apps.values()
-            )
-            if healthy and bed._ingress_ready():
+            now = placement(bed)
+            replicas_back = all(len(now.get(d, [])) >= len(pods) for d, pods in before.items())
+            if replicas_back and len(bed.alive_nodes()) >= len(bed.pods) and bed._ingress_ready():
                 return time.monotonic() - t0
         except Exception:  # the head may be away: wait for it
             pass
@@ -160,7 +168,7 @@ def kill_phase(bed: Bed, ns: argparse.Namespace, kill: str, bodies: Path) -> dic
     stop.set()
     service.join()
     data = json.loads(out.read_text())
-    whole_s = wait_whole(bed, 300)
+    whole_s = wait_whole(bed, before, 300)
     window = (data["start"] + ns.warmup_s, data["start"] + data["seconds"])
     after = (killed_at, data["start"] + data["seconds"])
     return {
@@ -177,6 +185,67 @@ def kill_phase(bed: Bed, ns: argparse.Namespace, kill: str, bodies: Path) -> dic
         **event,
         "placement_before": before,
         "placement_after": placement(bed),
+    }
+
+
+def upgraded(serve_config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """serveConfigV2 changed as an operator would change it: the canary's weight, one model's batch
+    size, one model added (a second text model from the image's bert-light export); and what changed."""
+    config = copy.deepcopy(serve_config)
+    app = config["applications"][0]
+    router = next(d for d in app["deployments"] if d["name"] == "router")
+    weights = router["user_config"]["traffic"]["bert-heavy"]["weights"]
+    weights.update({"1": 50, "2": 50})
+    app["args"]["models"]["bert-light"]["batching"]["max_batch_size"] = 32
+    app["args"]["models"][ADDED] = {"path": "models/bert-light", "family": "bert"}
+    light = next(d for d in app["deployments"] if d["name"] == "bert-light")
+    app["deployments"].append(
+        {"name": ADDED, "max_replicas_per_node": 1, "ray_actor_options": dict(light["ray_actor_options"]), "num_replicas": 1}
+    )
+    return config, {"canary_weights": dict(weights), "bert-light max_batch_size": 32, "added_model": ADDED}
+
+
+def upgrade_phase(bed: Bed, ns: argparse.Namespace, bodies: Path) -> dict[str, Any]:
+    """The changed serveConfigV2 PUT under load, as the operator does on an edit of the RayService."""
+    config, change = upgraded(bed.cluster.serve_config)
+    out = bed.workdir / "client-upgrade.json"
+    client = run_client(bed, ns, bodies, out, ns.phase_s)
+    time.sleep(ns.fault_at_s)
+    submitted = time.time()
+    bed.submit(config)
+    took_s = None
+    deadline = time.monotonic() + ns.phase_s
+    while time.monotonic() < deadline:
+        apps = bed.serve_details().get("applications", {})
+        d = apps.get("default", {}).get("deployments", {})
+        if apps.get("default", {}).get("status") == "RUNNING" and d.get(ADDED, {}).get("status") == "HEALTHY":
+            took_s = time.time() - submitted
+            break
+        time.sleep(0.5)
+    client.wait(timeout=ns.phase_s + ns.deadline_s + 120)
+    data = json.loads(out.read_text())
+    records = data["records"]
+    applied = submitted + (took_s or ns.phase_s)
+
+    def v2_share(rs: list[list[Any]]) -> float | None:
+        heavy = [r for r in rs if r[0] == "bert-heavy" and r[3] == 200]
+        return round(sum("bert-heavy-v2" in r[7] for r in heavy) / len(heavy), 3) if heavy else None
+
+    base = f"http://{bed.ingress_addresses()[0]}:{SERVE_PORT}"
+    import httpx
+
+    from benchmarks.workloads import text_bodies
+
+    added = httpx.post(f"{base}/v2/models/{ADDED}/infer", json=text_bodies(1)[0], timeout=60)
+    batch = httpx.get(f"{base}/v2/models/bert-light/config", timeout=30).json().get("max_batch_size")
+    return {
+        "change": change,
+        "seconds_to_running": None if took_s is None else round(took_s, 1),
+        "whole": summarize(records, (data["start"] + ns.warmup_s, data["start"] + data["seconds"])),
+        "v2_share_before": v2_share([r for r in records if r[1] < submitted]),
+        "v2_share_after": v2_share([r for r in records if r[1] >= applied]),
+        "added_model_status": added.status_code,
+        "bert_light_max_batch_size": batch,
     }
 
 
@@ -205,6 +274,10 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             result["pod_loss"] = {"rate": ns.rate, "inputs_per_route": ns.inputs}
             for kill in ns.kills:
                 result["pod_loss"][kill] = kill_phase(bed, ns, kill, bodies)
+        if ns.scenario in ("upgrade", "all"):
+            bodies = bed.workdir / "bodies-upgrade.json"
+            write_bodies(bed.model_dir, bodies, ns.inputs, direct=("bert-heavy",))
+            result["upgrade"] = upgrade_phase(bed, ns, bodies)
     return result
 
 
@@ -265,6 +338,16 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{w['answered_after_connection_error']} | {w['failed'] or 0} | {w['lost']} | {gaps} | "
                 f"{k['cluster_whole_after_s']} |"
             )
+    up = result.get("upgrade")
+    if up:
+        w = up["whole"]
+        lines += [
+            "",
+            f"Upgrade under load: {up['change']} PUT as the operator does; running in {up['seconds_to_running']} s. "
+            f"Sent {w['sent']}, answered {w['answered']} ({w['answered_after_refusal']} after a 503), failed {w['failed'] or 0}, "
+            f"lost {w['lost']}; bert-heavy's answers from version 2: {up['v2_share_before']} before, {up['v2_share_after']} "
+            f"after; {ADDED} answers {up['added_model_status']}; bert-light's max_batch_size {up['bert_light_max_batch_size']}.",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,7 @@
 """The committed KubeRay manifest on a short pod bed: pods on their own addresses, a request through
 every path, a worker pod lost under load and every request answered on the client's retries.
 
-The manifest's minimum: the head, two ingress pods (one router each) and one GPU worker pod with a
+The manifest's own pod counts: the head, two ingress pods (one router each) and two GPU worker pods with a
 pretend GPU, serving the tiny models under the demo's names. Needs root and `ip netns`; skipped
 where the machine does not allow it.
 """
@@ -28,7 +28,7 @@ WHY_NOT = netns.available()
 def bed(tiny_model_dir: Path) -> Iterator[Bed]:
     if WHY_NOT is not None:
         pytest.skip(f"no pod bed on this machine: {WHY_NOT}")
-    b = Bed(counts={"ingress": 2, "gpu": 1}, model_dir=tiny_model_dir, workdir=Path("/tmp/pbci"))
+    b = Bed(model_dir=tiny_model_dir, workdir=Path("/tmp/pbci"), prefix="pbci", subnet="10.233.1.0/24")
     try:
         b.start(timeout_s=240)
         yield b

@@ -95,3 +95,26 @@ def test_summary_counts_outcomes_and_the_longest_gap():
     assert (s["answered_after_refusal"], s["answered_after_connection_error"]) == (1, 1)
     assert s["longest_gap_s"] == {"i": 5.8, "t": 5.0}
     assert longest_gap([], (0.0, 2.0)) == 2.0
+
+
+def test_the_upgrade_is_a_valid_config_with_its_three_changes():
+    from ray.serve.schema import ServeDeploySchema
+
+    from benchmarks.pods import ADDED, upgraded
+    from serve_app.config import AppArgs
+
+    cluster = read_manifest((ROOT / "k8s" / "rayservice.yaml").read_text())
+    config, change = upgraded(cluster.serve_config)
+    ServeDeploySchema.model_validate(config)
+    args = AppArgs.model_validate(config["applications"][0]["args"])
+    assert ADDED in args.models and args.models["bert-light"].batching.max_batch_size == 32
+    assert change["canary_weights"] == {"1": 50, "2": 50}
+    assert cluster.serve_config != config  # the manifest's own config is left as it was
+
+
+def test_the_bed_adds_pods_of_the_group_whose_resources_fit():
+    from benchmarks.podbed import Bed
+
+    bed = Bed()  # reads the manifest; starts nothing
+    assert bed.group_for("router") == "ingress"
+    assert bed.group_for("bert-light") == "gpu" and bed.group_for("gpt") == "gpu"

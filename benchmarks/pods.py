@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default="/tmp/pb", help="each pod's --temp-dir and log")
     p.add_argument("--server-cores", default="1", help="taskset list for every Ray process, HAProxy and Redis")
     p.add_argument("--client-cores", default="0", help="taskset list for the load generator")
-    p.add_argument("--rate", type=float, default=20.0, help="open-loop requests a second during pod loss")
+    p.add_argument("--rate", type=float, default=5.0, help="open-loop requests a second (keep it below the bed's capacity)")
     p.add_argument("--inputs", type=int, default=1000, help="distinct held-out inputs a route")
     p.add_argument("--phase-s", type=float, default=60.0)
     p.add_argument("--warmup-s", type=float, default=5.0)

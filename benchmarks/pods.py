@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from benchmarks.podbed import ROOT, SERVE_PORT, Bed
 from benchmarks.podclient import REFUSED_TO_THE_END, TIMED_OUT
 
@@ -216,7 +218,11 @@ def upgrade_phase(bed: Bed, ns: argparse.Namespace, bodies: Path) -> dict[str, A
     took_s = None
     deadline = time.monotonic() + ns.phase_s
     while time.monotonic() < deadline:
-        apps = bed.serve_details().get("applications", {})
+        try:
+            apps = bed.serve_details().get("applications", {})
+        except httpx.HTTPError:  # the dashboard busy with the update: ask again
+            time.sleep(0.5)
+            continue
         d = apps.get("default", {}).get("deployments", {})
         if apps.get("default", {}).get("status") == "RUNNING" and d.get(ADDED, {}).get("status") == "HEALTHY":
             took_s = time.time() - submitted
@@ -232,8 +238,6 @@ def upgrade_phase(bed: Bed, ns: argparse.Namespace, bodies: Path) -> dict[str, A
         return round(sum("bert-heavy-v2" in r[7] for r in heavy) / len(heavy), 3) if heavy else None
 
     base = f"http://{bed.ingress_addresses()[0]}:{SERVE_PORT}"
-    import httpx
-
     from benchmarks.workloads import text_bodies
 
     added = httpx.post(f"{base}/v2/models/{ADDED}/infer", json=text_bodies(1)[0], timeout=60)
@@ -249,6 +253,15 @@ def upgrade_phase(bed: Bed, ns: argparse.Namespace, bodies: Path) -> dict[str, A
     }
 
 
+def save(result: dict[str, Any], ns: argparse.Namespace) -> Path:
+    """result.json and README.md, written after each phase so a later phase's failure keeps the rest."""
+    out = Path(ns.out) if ns.out else RESULTS / ns.scenario
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "README.md").write_text(markdown(result))
+    return out
+
+
 def run(ns: argparse.Namespace) -> dict[str, Any]:
     counts = dict(kv.split("=") for kv in ns.pods) if ns.pods else {}
     bed = Bed(
@@ -258,7 +271,15 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         server_cores=ns.server_cores,
         client_cores=ns.client_cores,
     )
-    result: dict[str, Any] = {"command": "python -m benchmarks pods " + " ".join(ns.argv), "scenario": ns.scenario}
+    from benchmarks.report import machine_info
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    result: dict[str, Any] = {
+        "command": "python -m benchmarks pods " + " ".join(ns.argv),
+        "scenario": ns.scenario,
+        "machine": machine_info().get("cpu", ""),
+        "commit": commit,
+    }
     with bed:
         steps = bed.start(ns.start_timeout_s)
         result["start"] = {
@@ -274,10 +295,12 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             result["pod_loss"] = {"rate": ns.rate, "inputs_per_route": ns.inputs}
             for kill in ns.kills:
                 result["pod_loss"][kill] = kill_phase(bed, ns, kill, bodies)
+                save(result, ns)
         if ns.scenario in ("upgrade", "all"):
             bodies = bed.workdir / "bodies-upgrade.json"
             write_bodies(bed.model_dir, bodies, ns.inputs, direct=("bert-heavy",))
             result["upgrade"] = upgrade_phase(bed, ns, bodies)
+        save(result, ns)
     return result
 
 
@@ -375,15 +398,6 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     ns.argv = argv
     result = run(ns)
-    from benchmarks.report import machine_info
-
-    result["machine"] = machine_info().get("cpu", "")
-    result["commit"] = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    out = Path(ns.out) if ns.out else RESULTS / ns.scenario
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "README.md").write_text(markdown(result))
+    print(f"wrote {save(result, ns)}")
     print(markdown(result))
     return 0

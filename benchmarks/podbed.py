@@ -234,7 +234,14 @@ class Bed:
         raise TimeoutError(f"the application was not running within {timeout_s:.0f} s: {last}")
 
     def _ingress_ready(self) -> bool:
-        for address in self.ingress_addresses():
+        """Every ingress pod of the manifest's own count answers (pods the autoscaler added may
+        hold no router yet, and a Service leaves them out until they are ready)."""
+        spec_counts = {g: self.counts.get(g, s.get("replicas", 1)) for g, s in self.cluster.workers.items()}
+        original = [
+            self.hosts[n].address for n, p in list(self.pods.items())
+            if self._selected(p.group) and int(n.rsplit("-", 1)[1]) < spec_counts.get(p.group, 0)
+        ]  # fmt: skip
+        for address in original:
             try:
                 if httpx.get(f"http://{address}:{SERVE_PORT}/v2/health/ready", timeout=5).status_code != 200:
                     return False
@@ -282,35 +289,86 @@ class Bed:
                 return group
         return None
 
-    def follow_demand(
-        self, stop: threading.Event, cooldown_s: float = 30.0, period_s: float = 2.0, grace_s: float = 90.0
-    ) -> None:
-        """KubeRay's autoscaler, for Serve's replicas: a deployment whose replicas wait for resources
-        (Serve says so once they have waited its slow-start time) gets a new pod of the group that can
-        hold them, up to the group's maxReplicas, at most one a group per `cooldown_s` (a new pod takes
-        that long to join). Not in the first `grace_s`: on a loaded core a replica's worker process can
-        take longer than Serve's slow-start time to spawn, which Serve reports the same way. No
-        scale-in: the bed's runs are short."""
+    def deployment_options(self, deployment: str) -> dict[str, Any]:
+        for app in self.cluster.serve_config["applications"]:
+            for d in app.get("deployments", []):
+                if d["name"] == deployment:
+                    return dict(d)
+        return {}
+
+    def fits_somewhere(self, deployment: str, group: str, details: dict[str, Any]) -> bool:
+        """Whether one more replica of `deployment` fits on a pod of `group` as it is: the pod's GPUs,
+        CPUs and custom resources less what the replicas placed there ask, and the deployment's
+        max_replicas_per_node. What KubeRay's autoscaler reads from Ray's pending demand."""
+        entry = self.deployment_options(deployment)
+        ask = entry.get("ray_actor_options", {})
+        per_node = entry.get("max_replicas_per_node")
+        used: dict[str, dict[str, float]] = {}
+        mine: dict[str, int] = {}
+        for app in details.get("applications", {}).values():
+            for name, d in app.get("deployments", {}).items():
+                options = self.deployment_options(name).get("ray_actor_options", {})
+                for r in d.get("replicas", []):
+                    ip = r.get("node_ip")
+                    if not ip:
+                        continue
+                    u = used.setdefault(ip, {})
+                    u["GPU"] = u.get("GPU", 0.0) + options.get("num_gpus", 0)
+                    u["CPU"] = u.get("CPU", 0.0) + options.get("num_cpus", 1)
+                    for k, v in options.get("resources", {}).items():
+                        u[k] = u.get(k, 0.0) + v
+                    if name == deployment:
+                        mine[ip] = mine.get(ip, 0) + 1
+        need = {"GPU": ask.get("num_gpus", 0), "CPU": ask.get("num_cpus", 1), **ask.get("resources", {})}
+        for name, pod in list(self.pods.items()):
+            if pod.group != group or name not in self.procs:
+                continue
+            ip = self.hosts[name].address
+            if per_node is not None and mine.get(ip, 0) >= per_node:
+                continue
+            total = self.pod_resources(pod)
+            if all(used.get(ip, {}).get(k, 0.0) + v <= total.get(k, 0.0) + 1e-9 for k, v in need.items() if v):
+                return True
+        return False
+
+    @staticmethod
+    def pod_resources(pod: Pod) -> dict[str, float]:
+        """What the pod's `ray start` offers (its --num-cpus, --num-gpus and --resources)."""
+        out: dict[str, float] = {}
+        for arg in shlex.split(pod.command.split("; ", 1)[1]):
+            key, _, value = arg.partition("=")
+            if key == "--num-cpus":
+                out["CPU"] = float(value)
+            elif key == "--num-gpus":
+                out["GPU"] = float(value)
+            elif key == "--resources":
+                out.update({k: float(v) for k, v in json.loads(value).items()})
+        return out
+
+    def follow_demand(self, stop: threading.Event, cooldown_s: float = 30.0, period_s: float = 2.0) -> None:
+        """KubeRay's autoscaler, for Serve's replicas: a replica that fits on no pod of the group that
+        can hold it gets a new pod of that group, up to its maxReplicas, at most one a group per
+        `cooldown_s` (a new pod takes about that long to join). No scale-in: the bed's runs are short."""
         added: dict[str, float] = {}
-        if stop.wait(grace_s):
-            return
         while not stop.is_set():
             try:
-                apps = self.serve_details().get("applications", {})
+                details = self.serve_details()
             except httpx.HTTPError:
-                apps = {}
-            wanted = set()
-            for app in apps.values():
+                details = {}
+            wanted: dict[str, list[str]] = {}
+            for app in details.get("applications", {}).values():
                 for name, d in app.get("deployments", {}).items():
+                    group = self.group_for(name)
                     unplaced = any(not r.get("node_ip") for r in d.get("replicas", []))
-                    if unplaced and "to be scheduled" in (d.get("message") or ""):
-                        wanted.add(name)
+                    if group and unplaced and not self.fits_somewhere(name, group, details):
+                        wanted.setdefault(group, []).append(name)
             now = time.monotonic()
-            for group in sorted({g for d in wanted if (g := self.group_for(d))}):
+            for group, names in sorted(wanted.items()):
                 count = sum(1 for p in self.pods.values() if p.group == group)
-                if count < self.cluster.workers[group].get("maxReplicas", count) and now - added.get(group, -1e9) > cooldown_s:
+                room = count < self.cluster.workers[group].get("maxReplicas", count)
+                if room and now - added.get(group, -1e9) > cooldown_s:
                     added[group] = now
-                    print(f"[bed] autoscaler: {self.add_pod(group)} for {sorted(wanted)}", file=self.log, flush=True)
+                    print(f"[bed] autoscaler: {self.add_pod(group)} for {sorted(names)}", file=self.log, flush=True)
             stop.wait(period_s)
 
     # -- the Service ----------------------------------------------------------------------------------

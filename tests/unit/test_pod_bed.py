@@ -118,3 +118,30 @@ def test_the_bed_adds_pods_of_the_group_whose_resources_fit():
     bed = Bed()  # reads the manifest; starts nothing
     assert bed.group_for("router") == "ingress"
     assert bed.group_for("bert-light") == "gpu" and bed.group_for("gpt") == "gpu"
+
+
+def test_a_replica_gets_a_new_pod_only_when_it_fits_on_none():
+    """The autoscaler's stand-in reads what is placed, as KubeRay's reads Ray's pending demand:
+    a slow start on a busy pod is no reason for a pod."""
+    from benchmarks.netns import Host
+    from benchmarks.podbed import HEAD_SERVICE, Bed
+
+    bed = Bed()
+    bed.pods = {p.name: p for p in bed.cluster.pods({}, HEAD_SERVICE, SECRETS)}
+    bed.hosts = {name: Host(name, f"10.0.0.{i}") for i, name in enumerate(bed.pods)}
+    bed.procs = dict.fromkeys(bed.pods)  # type: ignore[assignment]  # running pods: only the names are read
+    gpu = [bed.hosts[n].address for n in bed.pods if n.startswith("gpu-")]
+
+    def details(**placed: list[str]) -> dict:
+        deployments = {d: {"replicas": [{"node_ip": ip} for ip in ips] + [{"node_ip": None}]} for d, ips in placed.items()}
+        return {"applications": {"default": {"deployments": deployments}}}
+
+    # Light tiers: at most one replica a pod, and both GPU pods hold one already.
+    assert not bed.fits_somewhere("bert-light", "gpu", details(**{"bert-light": gpu}))
+    assert bed.fits_somewhere("bert-light", "gpu", details(**{"bert-light": gpu[:1]}))
+    # A pod's GPU full: 4 x 0.25 on one pod, the other free.
+    assert bed.fits_somewhere("gpt", "gpu", details(**{"resnet-heavy": [gpu[0]] * 4}))
+    assert not bed.fits_somewhere("gpt", "gpu", details(**{"resnet-heavy": [gpu[0]] * 4 + [gpu[1]] * 4}))
+    # One router a pod: both ingress pods hold one.
+    ingress = [bed.hosts[n].address for n in bed.pods if n.startswith("ingress-")]
+    assert not bed.fits_somewhere("router", "ingress", details(router=ingress))

@@ -115,9 +115,20 @@ def _simulate(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def _pods(result: dict[str, Any]) -> list[str]:
+    out = [f"ready {result['start']['seconds_to_ready']} s"] if "start" in result else []
+    for kill, k in (result.get("pod_loss") or {}).items():
+        if isinstance(k, dict) and "whole" in k:
+            gap = max(k["whole"]["longest_gap_s"].values(), default=0.0)
+            out.append(f"{kill} lost {k['whole']['lost']} of {k['whole']['sent']}, gap {gap} s")
+    if "upgrade" in result:
+        out.append(f"upgrade lost {result['upgrade']['whole']['lost']}, v2 share {result['upgrade']['v2_share_after']}")
+    return out
+
+
 HEADLINES = {
     "cascade": _cascade, "compare": _compare, "generation": _generation, "goodput": _goodput, "multiplex": _multiplex,
-    "simulate": _simulate, "soak": _soak,
+    "simulate": _simulate, "soak": _soak, "pods": _pods,
 }  # fmt: skip
 
 
@@ -126,7 +137,9 @@ def row(saved: dict[str, Any], folder: str) -> dict[str, str]:
     machine = saved.get("machine") or {}
     scenario = str(saved.get("scenario") or "")
     try:
-        headline = "; ".join(HEADLINES.get(scenario, lambda r: [])(saved.get("result") or {}))
+        # A pods run keeps its figures at the top level of its result.json.
+        figures = saved if scenario == "pods" else saved.get("result") or {}
+        headline = "; ".join(HEADLINES.get(scenario, lambda r: [])(figures))
     except (KeyError, TypeError, ZeroDivisionError, ValueError):  # an older run's layout: no headline
         headline = ""
     where = machine.get("gpu") or f"{machine.get('cpu', '?')} x{machine.get('cores', '?')}"

@@ -234,20 +234,18 @@ class Bed:
         raise TimeoutError(f"the application was not running within {timeout_s:.0f} s: {last}")
 
     def _ingress_ready(self) -> bool:
-        """Every ingress pod of the manifest's own count answers (pods the autoscaler added may
-        hold no router yet, and a Service leaves them out until they are ready)."""
-        spec_counts = {g: self.counts.get(g, s.get("replicas", 1)) for g, s in self.cluster.workers.items()}
-        original = [
-            self.hosts[n].address for n, p in list(self.pods.items())
-            if self._selected(p.group) and int(n.rsplit("-", 1)[1]) < spec_counts.get(p.group, 0)
-        ]  # fmt: skip
-        for address in original:
-            try:
-                if httpx.get(f"http://{address}:{SERVE_PORT}/v2/health/ready", timeout=5).status_code != 200:
-                    return False
-            except httpx.HTTPError:
-                return False
-        return True
+        """As many ingress pods answer as the manifest runs (or the bed was given): a pod the
+        autoscaler added, or one recreated after a loss, may hold no router, and a Service leaves it
+        out until it is ready."""
+        want = sum(self.counts.get(g, spec.get("replicas", 1)) for g, spec in self.cluster.workers.items() if self._selected(g))
+        return sum(self.ready(a) and self._answers(a) for a in self.ingress_addresses()) >= want
+
+    @staticmethod
+    def _answers(address: str) -> bool:
+        try:
+            return httpx.get(f"http://{address}:{SERVE_PORT}/v2/health/ready", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def ingress_addresses(self) -> list[str]:
         """What k8s/ingress-service.yaml selects: the pods of the group whose labels it matches."""

@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks import history
 from benchmarks.podbed import ROOT, SERVE_PORT, Bed
 from benchmarks.podclient import REFUSED_TO_THE_END, TIMED_OUT
 
@@ -259,6 +260,7 @@ def save(result: dict[str, Any], ns: argparse.Namespace) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "README.md").write_text(markdown(result))
+    history.append(result, out)
     return out
 
 
@@ -276,9 +278,9 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     result: dict[str, Any] = {
         "command": "python -m benchmarks pods " + " ".join(ns.argv),
-        "scenario": ns.scenario,
-        "machine": machine_info().get("cpu", ""),
-        "commit": commit,
+        "scenario": "pods",
+        "pods_scenario": ns.scenario,
+        "machine": {**machine_info(), "commit": commit},
     }
     with bed:
         steps = bed.start(ns.start_timeout_s)
@@ -327,9 +329,10 @@ def image_size(bed: Bed) -> int:
 def markdown(result: dict[str, Any]) -> str:
     s = result["start"]
     lines = [
-        f"# Pod bed: {result['scenario']}",
+        f"# Pod bed: {result['pods_scenario']}",
         "",
-        f"`{result['command']}` on {result.get('machine', 'this machine')}, commit {result.get('commit', '?')}.",
+        f"`{result['command']}` on {result['machine'].get('cpu')} x{result['machine'].get('cores')} "
+        f"(client on one core, the cluster on the other), commit {result['machine'].get('commit')}.",
         "",
         f"Ready in {s['seconds_to_ready']} s ({s['steps_s']}). Pods: "
         + ", ".join(f"{n} {p['address']}" for n, p in s["pods"].items())

@@ -238,7 +238,8 @@ def upgrade_phase(bed: Bed, ns: argparse.Namespace, bodies: Path) -> dict[str, A
         heavy = [r for r in rs if r[0] == "bert-heavy" and r[3] == 200]
         return round(sum("bert-heavy-v2" in r[7] for r in heavy) / len(heavy), 3) if heavy else None
 
-    base = f"http://{bed.ingress_addresses()[0]}:{SERVE_PORT}"
+    # Through a pod that answers: one the autoscaler added may hold no router.
+    base = f"http://{next(a for a in bed.ingress_addresses() if bed.ready(a))}:{SERVE_PORT}"
     from benchmarks.workloads import text_bodies
 
     added = httpx.post(f"{base}/v2/models/{ADDED}/infer", json=text_bodies(1)[0], timeout=60)

@@ -11,14 +11,17 @@ image's paths mapped to this checkout, and the cores it may use.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +81,15 @@ class Bed:
         """Redis, the head, every worker pod, then serveConfigV2; the seconds each step took."""
         t0 = time.monotonic()
         steps: dict[str, float] = {}
+        # A new cluster: no pod's temp dir and no Redis data of an earlier bed, and a GCS storage
+        # namespace of its own (KubeRay's is the new RayCluster's UID).
         self.workdir.mkdir(parents=True, exist_ok=True)
+        for old in self.workdir.iterdir():  # only what a bed writes there
+            if old.is_dir() and (old.name in ("redis", "bin") or (old / "session_latest").exists()):
+                shutil.rmtree(old, ignore_errors=True)
+            elif old.suffix in (".log", ".json", ".tmp"):
+                old.unlink()
+        self.cluster = dataclasses.replace(self.cluster, storage_namespace=uuid.uuid4().hex)
         self.network.create()
         redis_shell, redis_prefix, redis_service = redis_command(REDIS_MANIFEST.read_text())
         redis_password = secrets.token_hex(16)

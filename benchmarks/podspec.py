@@ -56,6 +56,10 @@ class Cluster:
     autoscaling: bool
     token_auth: bool
 
+    # KubeRay's default external storage namespace is the RayCluster's UID: a new cluster never
+    # picks up an old one's GCS state from the same Redis. The bed gives each start a new one.
+    storage_namespace: str = ""
+
     def pods(self, counts: Mapping[str, int], head_service: str, secrets: Mapping[str, Mapping[str, str]]) -> list[Pod]:
         """The head and `counts[group]` pods of each worker group (default: the group's `replicas`)."""
         unknown = set(counts) - set(self.workers)
@@ -94,7 +98,10 @@ class Cluster:
             operator_env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets[self.name]["auth_token"]}
         if self.redis_address:
             if head:
-                operator_env |= {"RAY_REDIS_ADDRESS": self.redis_address, "RAY_external_storage_namespace": self.name}
+                operator_env |= {
+                    "RAY_REDIS_ADDRESS": self.redis_address,
+                    "RAY_external_storage_namespace": self.storage_namespace or self.name,
+                }
                 if self.redis_password is not None:
                     password = container_env({"env": [{"name": "REDIS_PASSWORD", **self.redis_password}]}, secrets)
                     operator_env |= password

@@ -145,3 +145,12 @@ def test_a_replica_gets_a_new_pod_only_when_it_fits_on_none():
     # One router a pod: both ingress pods hold one.
     ingress = [bed.hosts[n].address for n in bed.pods if n.startswith("ingress-")]
     assert not bed.fits_somewhere("router", "ingress", details(router=ingress))
+
+
+def test_a_new_bed_never_takes_up_an_old_clusters_gcs_state():
+    import dataclasses
+
+    cluster = read_manifest((ROOT / "k8s" / "rayservice.yaml").read_text())
+    fresh = dataclasses.replace(cluster, storage_namespace="uid-1")
+    (head,) = [p for p in fresh.pods({}, "svc", SECRETS) if p.group == "head"]
+    assert head.env["RAY_external_storage_namespace"] == "uid-1"

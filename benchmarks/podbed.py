@@ -37,6 +37,7 @@ from benchmarks.redis_server import server_binary
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "k8s" / "rayservice.yaml"
 REDIS_MANIFEST = ROOT / "k8s" / "redis.yaml"
+INGRESS_SERVICE = ROOT / "k8s" / "ingress-service.yaml"
 HEAD_SERVICE = "serve-app-head-svc.default.svc.cluster.local"  # what workers' --address names
 SERVE_PORT = 8000
 
@@ -66,6 +67,8 @@ class Bed:
 
     def __post_init__(self) -> None:
         self.cluster: Cluster = read_manifest(self.manifest.read_text())
+        # What k8s/ingress-service.yaml selects clients' pods by.
+        self.service_selector: dict[str, str] = yaml.safe_load(INGRESS_SERVICE.read_text())["spec"]["selector"]
         self.network = Network(self.prefix, self.subnet)
         self.secrets: dict[str, dict[str, str]] = {}
         self.pods: dict[str, Pod] = {}
@@ -263,8 +266,7 @@ class Bed:
         return [self.hosts[n].address for n, p in list(self.pods.items()) if self._selected(p.group)]
 
     def _selected(self, group: str) -> bool:
-        service = yaml.safe_load((ROOT / "k8s" / "ingress-service.yaml").read_text())
-        selector = service["spec"]["selector"]
+        selector = self.service_selector
         spec = self.cluster.head if group == "head" else self.cluster.workers[group]
         labels = spec["template"]["metadata"].get("labels", {})
         return bool(selector.items() <= labels.items())
@@ -282,11 +284,7 @@ class Bed:
 
     def group_for(self, deployment: str) -> str | None:
         """The worker group whose pods can hold a replica of `deployment` (its resources)."""
-        options: dict[str, Any] = {}
-        for app in self.cluster.serve_config["applications"]:
-            for d in app.get("deployments", []):
-                if d["name"] == deployment:
-                    options = d.get("ray_actor_options", {})
+        options = self.deployment_options(deployment).get("ray_actor_options", {})
         custom = set(options.get("resources", {}))
         for group, spec in self.cluster.workers.items():
             params = spec.get("rayStartParams", {})

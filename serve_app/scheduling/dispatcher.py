@@ -484,12 +484,7 @@ class Dispatcher:
             if not (again := [t for t in batch if not t.result.done()]):  # a request whose client left has its answer
                 raise NobodyWaits(self.model) from e
         self.stats.retried_batches += 1
-        items = sum(t.items for t in again)
-        bound = max(self.settings.retry_floor_s, self.settings.retry_factor * lane.estimator.batch_s(items))
-        try:
-            return await _call(self, lane.name, spans, again, min(bound, self.settings.batch_timeout_s)), again
-        except TimeoutError:
-            raise ReplicaGone(self.model) from None
+        return await _send_again(self, lane, spans, again), again
 
 
 def _bulk_lane(s: DispatchSettings, limit: AdaptiveLimit | None) -> Lane:
@@ -595,6 +590,16 @@ async def _call(
     traces = spans.traceparents(batch) if spans is not None else None
     send = d.send([t.payload for t in batch], d.queued_items, lane, traces)
     return await asyncio.wait_for(send, d.settings.batch_timeout_s if timeout_s is None else timeout_s)
+
+
+async def _send_again(d: Dispatcher, lane: Lane, spans: BatchSpans | None, batch: list[Ticket]) -> BatchReply:
+    """A batch whose replica died, sent once more, waiting a few predicted service times at most."""
+    s = d.settings
+    bound = min(max(s.retry_floor_s, s.retry_factor * lane.estimator.batch_s(sum(t.items for t in batch))), s.batch_timeout_s)
+    try:
+        return await _call(d, lane.name, spans, batch, bound)
+    except TimeoutError:
+        raise ReplicaGone(d.model) from None
 
 
 class ReplicaGone(Exception):

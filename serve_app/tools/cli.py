@@ -108,6 +108,27 @@ def _cmd_k8s_monitoring(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _add_k8s(parser: argparse.ArgumentParser) -> None:
+    """`serve-app k8s render` and `serve-app k8s monitoring`."""
+    k8s = parser.add_subparsers(dest="action", required=True)
+    render = k8s.add_parser("render", help="write the RayService manifest from a Serve config")
+    render.add_argument("--config", default="configs/gpu.yaml")
+    render.add_argument("--output", default="k8s/rayservice.yaml", help="file, or - for stdout")
+    render.add_argument("--image", default=IMAGE, help="the image every Ray pod runs (built from k8s/Dockerfile, pushed)")
+    render.add_argument("--namespace", default=None, help="the namespace to deploy into (default: kubectl's current one)")
+    render.add_argument(
+        "--operator-namespace", default=OPERATOR_NAMESPACE, help="where KubeRay's operator runs: only it may reach the dashboard"
+    )
+    render.add_argument(
+        "--network-policy", default="k8s/networkpolicy.yaml", help="the NetworkPolicies: a file, - for stdout, '' for none"
+    )
+    render.set_defaults(func=_cmd_k8s_render)
+    monitoring = k8s.add_parser(
+        "monitoring", help="write the Grafana dashboard and k8s/monitoring.yaml (PodMonitor, alert rules, dashboard)"
+    )
+    monitoring.set_defaults(func=_cmd_k8s_monitoring)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="serve-app", description=__doc__)
@@ -156,23 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     hash_key = keys.add_parser("hash", help="print the key_sha256 of a key read from stdin")
     hash_key.set_defaults(func=_cmd_keys_hash)
 
-    k8s = sub.add_parser("k8s", help="Kubernetes (KubeRay) manifests").add_subparsers(dest="action", required=True)
-    render = k8s.add_parser("render", help="write the RayService manifest from a Serve config")
-    render.add_argument("--config", default="configs/gpu.yaml")
-    render.add_argument("--output", default="k8s/rayservice.yaml", help="file, or - for stdout")
-    render.add_argument("--image", default=IMAGE, help="the image every Ray pod runs (built from k8s/Dockerfile, pushed)")
-    render.add_argument("--namespace", default=None, help="the namespace to deploy into (default: kubectl's current one)")
-    render.add_argument(
-        "--operator-namespace", default=OPERATOR_NAMESPACE, help="where KubeRay's operator runs: only it may reach the dashboard"
-    )
-    render.add_argument(
-        "--network-policy", default="k8s/networkpolicy.yaml", help="the NetworkPolicies: a file, - for stdout, '' for none"
-    )
-    render.set_defaults(func=_cmd_k8s_render)
-    monitoring = k8s.add_parser(
-        "monitoring", help="write the Grafana dashboard and k8s/monitoring.yaml (PodMonitor, alert rules, dashboard)"
-    )
-    monitoring.set_defaults(func=_cmd_k8s_monitoring)
+    _add_k8s(sub.add_parser("k8s", help="Kubernetes (KubeRay) manifests"))
 
     ns = parser.parse_args(argv)
     return int(ns.func(ns))

@@ -68,9 +68,7 @@ POD_SECURITY: dict[str, Any] = {
 }
 
 
-def _container(
-    name: str, image: str, resources: dict[str, Any], ports: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
+def _container(name: str, image: str, resources: dict[str, Any], ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     c: dict[str, Any] = {
         "name": name,
         "image": image,
@@ -333,28 +331,17 @@ spec:
         - {{port: 9101, protocol: TCP}}  # HAProxy's Prometheus exporter
     - from:
         - podSelector: {{matchLabels: {{app.kubernetes.io/part-of: serve-app}}}}
+"""
+# Each Redis (the GCS store, the response cache) open to the Ray pods only.
+_REDIS_POLICY = """\
 ---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata:
-  name: serve-app-redis
+  name: {name}
 spec:
   podSelector:
-    matchLabels: {{app.kubernetes.io/name: serve-app-redis}}
-  policyTypes: [Ingress]
-  ingress:
-    - from:
-        - podSelector: {{matchLabels: {{app.kubernetes.io/part-of: serve-app}}}}
-      ports:
-        - {{port: 6379, protocol: TCP}}
----
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata:
-  name: serve-app-cache
-spec:
-  podSelector:
-    matchLabels: {{app.kubernetes.io/name: serve-app-cache}}
+    matchLabels: {{app.kubernetes.io/name: {name}}}
   policyTypes: [Ingress]
   ingress:
     - from:
@@ -367,6 +354,7 @@ spec:
 def render_network_policy(operator_namespace: str = OPERATOR_NAMESPACE, namespace: str | None = None) -> str:
     """k8s/networkpolicy.yaml for an operator installed in `operator_namespace`."""
     text = _NETWORK_POLICY.format(operator_namespace=operator_namespace)
+    text += "".join(_REDIS_POLICY.format(name=name) for name in (REDIS_SERVICE, CACHE_SERVICE))
     if namespace:
         text = re.sub(r"^metadata:\n", f"metadata:\n  namespace: {namespace}\n", text, flags=re.MULTILINE)
     return text

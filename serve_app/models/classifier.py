@@ -1,9 +1,13 @@
 """Classifier deployments: BERT-style text and ResNet-style image models.
 
-The router sends a batch as one call (`run`): a list of payloads, one per
-client request. A batch returns exactly one result per payload; a payload
-that fails validation fails alone (its slot holds the exception) while the
-rest run.
+Two ways in. The router sends a batch as one call (`run`): a list of payloads,
+one per client request. A batch returns exactly one result per payload; a
+payload that fails validation fails alone (its slot holds the exception) while
+the rest run. Any other caller of a `DeploymentHandle` (another Serve app, a
+pipeline, a notebook) sends one input per call (`classify`) and gets a plain
+`Prediction` or the project's typed error: `@serve.batch` gathers those calls
+into batches, sized by the model's `batching` (live through `user_config`),
+and runs them on the bulk lane beside the router's.
 
 Lanes: the router sends high-priority batches on the urgent lane and the rest
 on the bulk lane (serve_app.scheduling.dispatcher). Each lane has its own
@@ -36,6 +40,7 @@ from serve_app.manifest import ImageSpec
 from serve_app.models.base import OnnxModel
 from serve_app.models.executor import BatchExecutor, RunBatch
 from serve_app.models.health import Stalled, StallWatch
+from serve_app.models.prediction import Prediction
 from serve_app.models.runtime import create_session
 from serve_app.observability import tracing
 from serve_app.padding import (
@@ -48,6 +53,7 @@ from serve_app.padding import (
     pad_right,
 )
 from serve_app.process.cpu_priority import lower_thread_priority
+from serve_app.protocols.images import decode_image
 from serve_app.tokenization import TextTokenizer
 
 Result = np.ndarray | ServeAppError
@@ -59,6 +65,9 @@ logger = logging.getLogger(__name__)
 PROBE_IDLE_S = 30.0
 # At shutdown, how long batches that came over the link may take to finish (Serve waits for its own).
 LINK_DRAIN_S = 10.0
+# Batches of single inputs (`classify`) out at once: the bulk lane's executor runs as many as it has
+# sessions and merges the rest, so this only has to cover the most sessions a lane runs.
+SINGLE_BATCHES = 4
 
 
 def payload_items(payload: Any) -> int:
@@ -90,6 +99,7 @@ class Classifier(OnnxModel):
         self.link: LinkServer | None = LinkServer(self.run, ray.get_runtime_context().get_node_id())
         self.sessions = [self.session]  # every session a lane runs; warm_up runs each
         self.output_names = [self.manifest.outputs[0].name]  # the logits; an export may give more
+        self._size_single_batches()
         size = self.batching.max_batch_size
         # Intra-op threads of each session per lane, for runtime_info.
         self.lane_layout: dict[str, list[int]] = {BULK: [self.threads]}
@@ -144,6 +154,31 @@ class Classifier(OnnxModel):
         super().apply_batching(batching)
         for lane in self.lanes.values():
             lane.max_items = batching.max_batch_size
+        self._size_single_batches()
+
+    def _size_single_batches(self) -> None:
+        batcher: Any = self._single_batch  # Ray types @serve.batch's method without its setters
+        batcher.set_max_batch_size(self.batching.max_batch_size)
+        batcher.set_batch_wait_timeout_s(self.batching.batch_wait_timeout_s)
+
+    async def classify(self, item: Any) -> Prediction:
+        """One input from any `DeploymentHandle` caller: a text (TextClassifier); an image as a
+        (3, H, W) float32 array in [0, 1] or uint8, or encoded PNG/JPEG bytes (ImageClassifier).
+        Batched with other callers' inputs; raises InvalidInput for an input the model cannot take."""
+        payload = await self._single_payload(item)
+        result = await self._single_batch(payload)
+        if isinstance(result, BaseException):
+            raise result
+        return Prediction.of(result[0], self.manifest.labels)
+
+    @serve.batch(max_concurrent_batches=SINGLE_BATCHES)
+    async def _single_batch(self, payloads: list[Any]) -> list[Result]:
+        results, _, _ = await self.lanes[BULK].submit(payloads, len(payloads))
+        return results
+
+    async def _single_payload(self, item: Any) -> Any:
+        """One input as a one-row payload of the batch path."""
+        raise NotImplementedError
 
     async def run(
         self, payloads: list[Any], router: str = "", router_queued: int = 0, lane: str = BULK,
@@ -331,6 +366,11 @@ class TextClassifier(Classifier):
     def _rows(self, prepared: list[list[int]]) -> int:
         return len(prepared)
 
+    async def _single_payload(self, item: Any) -> list[str]:
+        if not isinstance(item, str):
+            raise InvalidInput(f"{self.name} takes one text (str) per call, got {type(item).__name__}")
+        return [item]
+
     def _forward_all(self, prepared: list[list[list[int]]], session: ort.InferenceSession) -> np.ndarray:
         seqs = [s for p in prepared for s in p]
         out: np.ndarray | None = None
@@ -395,6 +435,16 @@ class ImageClassifier(Classifier):
 
     def _rows(self, prepared: np.ndarray) -> int:
         return len(prepared)
+
+    async def _single_payload(self, item: Any) -> np.ndarray:
+        """Encoded bytes are decoded here, in a thread: a handle caller has no router to do it."""
+        if isinstance(item, bytes | memoryview):
+            s = self.manifest.image_size or 0
+            return (await asyncio.to_thread(decode_image, item, s, 0, self.manifest.image.resize))[None]
+        if not isinstance(item, np.ndarray) or item.ndim != 3:
+            shape = getattr(item, "shape", None)
+            raise InvalidInput(f"{self.name} takes one image per call: a (3, H, W) array or PNG/JPEG bytes, got {shape}")
+        return item[None]
 
     def _forward_all(self, prepared: list[np.ndarray], session: ort.InferenceSession) -> np.ndarray:
         total = sum(len(p) for p in prepared)

@@ -4,7 +4,6 @@ takes, and outputs built from its answer; and the checks every codec shares."""
 
 from __future__ import annotations
 
-import math
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -15,6 +14,7 @@ from serve_app.contract import Priority
 from serve_app.errors import InvalidInput
 from serve_app.families import Codec
 from serve_app.manifest import Manifest
+from serve_app.models.prediction import softmax_rows
 from serve_app.process.cpu_priority import MODEL_WORK
 from serve_app.protocols import v2
 from serve_app.protocols.decoders import DECODERS
@@ -145,28 +145,3 @@ class TextGenerator(Codec):
 TEXT_CLASSIFIER = TextClassifier()
 IMAGE_CLASSIFIER = ImageClassifier()
 TEXT_GENERATOR = TextGenerator()
-
-# Up to this many logits in an answer, its softmax runs on Python floats: numpy's cost per call is
-# fixed, and on the one-row answers that most requests get it is most of the work.
-SMALL_ANSWER = 64
-
-
-def softmax_rows(logits: np.ndarray) -> tuple[np.ndarray, list[int]]:
-    """(N, C) float32 logits -> their softmax in float32, and each row's most probable class."""
-    table = logits.tolist() if logits.size <= SMALL_ANSWER else None
-    # NaN or an infinity (a sum is finite only when every value is) takes numpy's path, which
-    # answers them as before.
-    if table is not None and all(math.isfinite(sum(row)) for row in table):
-        rows, best = [], []
-        for row in table:
-            top = max(row)
-            e = [math.exp(v - top) for v in row]
-            total = sum(e)
-            rows.append([v / total for v in e])
-            best.append(row.index(top))  # exp is monotonic: the top logit is the top probability
-        return np.array(rows, dtype=np.float32).reshape(logits.shape), best
-    # The softmax in place, in the answer's float32: every temporary saved counts.
-    probs = logits - logits.max(axis=1, keepdims=True)
-    np.exp(probs, out=probs)
-    probs /= probs.sum(axis=1, keepdims=True)
-    return probs, probs.argmax(axis=1).tolist()

@@ -7,14 +7,23 @@ Answers are checked against running the same ONNX files directly.
 from __future__ import annotations
 
 import asyncio
+import base64
+import importlib.util
+import io
 import json
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from PIL import Image
+from ray import serve
 
+from serve_app.app import as_deployment
 from serve_app.errors import InvalidInput
+from serve_app.models.prediction import Prediction
 from serve_app.padding import pad_right
 from serve_app.tokenization import TextTokenizer
 from serve_app.zoo.data import shapes_dataset
@@ -252,3 +261,93 @@ def test_a_two_thread_cpu_model_runs_its_bulk_lane_as_two_sessions_side_by_side(
     # test above checks their answers against ONNX Runtime's).
     no_session = deployment_handle("resnet-heavy", APP).runtime_info.remote().result()
     assert no_session["lane_sessions"] == {"bulk": [1, 1]}
+
+
+# A second Serve application, as a user's own would be: it calls the models by handle with one input
+# per call, from many tasks at once.
+@serve.deployment
+class _FanOut:
+    async def classify_all(self, model: str, inputs: list[Any]) -> list[Prediction]:
+        handle = serve.get_deployment_handle(model, APP)
+        return list(await asyncio.gather(*(handle.classify.remote(x) for x in inputs)))
+
+
+def _batch_sizes(model: str) -> Counter[int]:
+    return Counter({int(k): v for k, v in deployment_handle(model, APP).runtime_info.remote().result()["batch_sizes"].items()})
+
+
+@pytest.fixture(scope="module")
+def fan_out(app_url):
+    handle = serve.run(as_deployment(_FanOut).bind(), name="fan-out", route_prefix=None)
+    try:
+        yield handle
+    finally:
+        handle.shutdown()  # its metrics pusher would outlive the cluster (tests/integration/serving.py)
+        serve.delete("fan-out")
+
+
+def test_another_app_calls_a_text_model_by_handle_one_text_at_a_time(app_url, fan_out):
+    texts = [f"{TEXTS[i % 4]} {i}" for i in range(64)]
+    before = _batch_sizes("bert-heavy")
+    answers = fan_out.classify_all.remote("bert-heavy", texts).result(timeout_s=120)
+    grown = _batch_sizes("bert-heavy") - before
+    assert any(size > 1 for size in grown), f"only one-row batches ran: {grown}"
+    routed = asyncio.run(_post_many(app_url, "/v2/models/bert-heavy/infer", [_text_body([t]) for t in texts]))
+    for answer, resp in zip(answers, routed, strict=True):
+        assert isinstance(answer, Prediction)
+        assert answer.label == _output(resp, "label")[0]
+        np.testing.assert_allclose(answer.logits, _output(resp, "logits")[0], atol=1e-4)
+        np.testing.assert_allclose(answer.probabilities, _output(resp, "probabilities")[0], atol=1e-5)
+
+
+def test_another_app_calls_an_image_model_by_handle_one_image_at_a_time(app_url, fan_out):
+    images, _ = shapes_dataset(64, seed=23)
+    pngs = [_png(image) for image in images[:8]]
+    before = _batch_sizes("resnet-heavy")
+    answers = fan_out.classify_all.remote("resnet-heavy", [*images[8:], *pngs]).result(timeout_s=120)
+    grown = _batch_sizes("resnet-heavy") - before
+    assert any(size > 1 for size in grown), f"only one-row batches ran: {grown}"
+    bodies = [_image_body(images[i : i + 1]) for i in range(8, 64)]
+    encoded = [_encoded_image_body(p) for p in pngs]
+    routed = asyncio.run(_post_many(app_url, "/v2/models/resnet-heavy/infer", bodies + encoded))
+    for answer, resp in zip(answers, routed, strict=True):
+        assert resp.status_code == 200, resp.text
+        assert answer.label == _output(resp, "label")[0]
+        np.testing.assert_allclose(answer.logits, _output(resp, "logits")[0], atol=1e-4)
+
+
+def test_a_handle_caller_gets_the_typed_error_for_an_input_the_model_cannot_take(app_url):
+    handle = deployment_handle("resnet-heavy", APP)
+    with pytest.raises(InvalidInput, match="one image per call"):
+        handle.classify.remote(np.zeros((3, 3), dtype=np.float32)).result(timeout_s=60)
+    with pytest.raises(InvalidInput, match="not a PNG or JPEG"):
+        handle.classify.remote(b"not an image").result(timeout_s=60)
+    with pytest.raises(InvalidInput, match="one text"):
+        deployment_handle("bert-light", APP).classify.remote(["a", "list"]).result(timeout_s=60)
+
+
+def test_the_guides_composed_app_answers_through_serve(app_url):
+    spec = importlib.util.spec_from_file_location("compose", Path(__file__).parents[3] / "docs/examples/compose.py")
+    assert spec is not None and spec.loader is not None
+    compose = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compose)
+    serve.run(compose.Moderator.bind(APP), name="moderator", route_prefix="/moderate").shutdown()
+    try:
+        image = shapes_dataset(1, seed=3)[0][0]
+        post = {"text": TEXTS[0], "picture": base64.b64encode(_png(image)).decode()}
+        resp = httpx.post(f"{app_url}/moderate", json=post, timeout=60)
+        assert resp.status_code == 200, resp.text
+        answer = resp.json()
+        assert set(answer) == {"text", "picture"} and 0 < answer["picture"]["confidence"] <= 1
+    finally:
+        serve.delete("moderator")
+
+
+def _encoded_image_body(png: bytes) -> dict:
+    return {"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(png).decode()]}]}
+
+
+def _png(image: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray((image.transpose(1, 2, 0) * 255).round().astype(np.uint8)).save(out, format="PNG")
+    return out.getvalue()

@@ -8,7 +8,7 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Deployment
 
-from serve_app.config import AppArgs, RouterLiveConfig, pool_deployment
+from serve_app.config import AppArgs, RouterLiveConfig, deployment_plan, pool_deployment
 from serve_app.exports import load_problem
 from serve_app.families import load
 from serve_app.models.pool import ModelPool
@@ -76,7 +76,7 @@ def build_app(args: AppArgs | dict[str, Any]) -> Application:
         if model.pool is not None:  # one of a multiplexed pool's models: the pool's deployment serves it
             handles[name] = pools[model.pool]
             continue
-        plan = args.family_of(name).plan(model)  # its family's deployment (serve_app.families)
+        plan = deployment_plan(args.family_of(name), model)  # its family's deployment (serve_app.families)
         handles[name] = (
             as_deployment(load(plan.target))
             .options(

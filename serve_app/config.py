@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from serve_app import sources
-from serve_app.families import FAMILIES, Family, FamilyName, family
+from serve_app.families import FAMILIES, DeploymentPlan, Family, FamilyName, family
 from serve_app.presets import get_preset
 
 MODEL_DIR_ENV = "SERVE_APP_MODEL_DIR"
@@ -756,3 +756,25 @@ def check_traffic(args: AppArgs, traffic: dict[str, TrafficConfig]) -> None:
         for v in named:
             if v not in known:
                 raise ValueError(f"traffic for {model!r} names unknown version {v!r}; known: {sorted(known)}")
+
+
+def deployment_plan(f: Family, config: ModelConfig) -> DeploymentPlan:
+    """The deployment to bind for a model of family `f`, and the calls its replicas hold."""
+    if not f.generates:
+        # The router sends whole batches, about two at a time per replica; the rest is
+        # headroom for several routers.
+        return DeploymentPlan(f.deployment, 16, -1)
+    gen = config.generation
+    if gen.scheduler == "request":
+        if f.request_scheduler is None:
+            raise ValueError(f"the {f.name} family has no deployment for generation.scheduler: request")
+        # @serve.batch fills only when a replica may hold a full batch (ray-project/ray#43288).
+        return DeploymentPlan(f.request_scheduler, max(2 * config.batching.max_batch_size, 8), -1)
+    # Every sequence it can run or queue, plus a few that its scheduler refuses with a 503 and
+    # Retry-After rather than leaving them queued, unbounded, at the caller. Past that, calls
+    # wait in Serve's queue at the caller, in arrival order and without bound, until clients
+    # time out: bound it, and refuse the rest there (503 + Retry-After,
+    # serve_app.router.endpoints.generation). Every call passes through that queue on its way
+    # to a replica, so the bound holds a burst as large as a replica's rows.
+    rows = gen.kv_slots + gen.max_waiting
+    return DeploymentPlan(f.deployment, rows + 8, rows)

@@ -15,6 +15,7 @@ values (`past_key_values.{i}.key/value`, `present.{i}.key/value`, `position_ids`
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.config import AppArgs, ModelConfig
-from serve_app.families import FAMILIES
+from serve_app.families import FAMILIES, Family, family, load
 from serve_app.manifest import MANIFEST_FILE, Datatype, GenerationSpec, ImageSpec, Manifest, TensorSpec
 from serve_app.sources import local_path
 
@@ -167,7 +168,7 @@ def read_export(model_dir: Path, declared: Declared, graph: str | None = None) -
         raise ExportProblems(model_dir, [f"{onnx_file} cannot be loaded by ONNX Runtime ({first}): re-export it"]) from None
     names = [t.name for t in inputs]
     # The families that read exports (serve_app.families); at most one recognizes a graph.
-    readers = {f.name: r for f in FAMILIES.values() if (r := f.export_reader) is not None}
+    readers = {f.name: r for f in FAMILIES.values() if (r := reader_of(f)) is not None}
     family = next((name for name, reader in readers.items() if reader.recognizes(inputs)), None)
     if declared.family is not None and family is not None and declared.family != family:
         problem = f"the graph looks like a {family} model (inputs {names}) but the config says family {declared.family}"
@@ -451,3 +452,35 @@ def export_problem(source: str, deployment: str, config: ModelConfig) -> str | N
     if not (model_dir / graph).is_file():
         return f"{graph} is missing from {model_dir}: run `serve-app models build` for this config"
     return None
+
+
+@functools.cache
+def reader_of(f: Family) -> ExportReader | None:
+    """How an export of the family is read; None when its model directories carry a manifest."""
+    if f.export is None:
+        return None
+    reader = load(f.export)
+    assert isinstance(reader, ExportReader), f"{f.export} is not an ExportReader"
+    return reader
+
+
+def describe(m: Manifest) -> str:
+    """One line on a model for `serve-app models import`, in its family's words."""
+    f = family(m.family)
+    return load(f.describe)(m) if f.describe else f"inputs {m.input_names}, {len(m.labels)} labels"
+
+
+def describe_text_classifier(m: Manifest) -> str:
+    return f"text classifier: {len(m.labels)} labels {m.labels[:4]}, up to {m.max_sequence_length} tokens"
+
+
+def describe_decoder(m: Manifest) -> str:
+    assert m.generation is not None
+    g = m.generation
+    what = f"decoder: {g.n_layers} layers, {g.n_heads} key/value heads of {g.head_dim}, context {g.block_size}"
+    return what + f", end {m.eos_token!r}"
+
+
+def describe_image_classifier(m: Manifest) -> str:
+    norm = f"mean {m.image.mean} std {m.image.std}" if m.image.normalizes else "no normalization"
+    return f"image classifier: input {m.inputs[0].name!r} {m.image_size}x{m.image_size}, {len(m.labels)} labels, {norm}"

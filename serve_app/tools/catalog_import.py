@@ -9,8 +9,7 @@ from pathlib import Path
 import yaml
 
 from serve_app.config import AppArgs
-from serve_app.exports import Declared, ExportProblems, discover
-from serve_app.families import family
+from serve_app.exports import Declared, ExportProblems, describe, discover
 from serve_app.manifest import Manifest
 from serve_app.sources import SourceError, local_path
 
@@ -33,7 +32,7 @@ def check(source: str, declared: Declared) -> Checked:
 
 
 def summary(m: Manifest) -> str:
-    return f"{m.name}: {m.family} ({family(m.family).describe(m)}), graph {m.onnx_file}"
+    return f"{m.name}: {m.family} ({describe(m)}), graph {m.onnx_file}"
 
 
 def config_entry(name: str, source: str, m: Manifest, image: dict[str, object] | None) -> str:

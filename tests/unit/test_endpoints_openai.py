@@ -78,6 +78,7 @@ def test_on_the_v2_path_too_a_refused_generation_costs_only_the_arrival_token(pa
     from serve_app.families import family
     from serve_app.protocols import v2
     from serve_app.router.endpoints import infer_v2
+    from serve_app.router.endpoints.codecs import codec_of
 
     now = [0.0]
     tenant = Tenant("t", bucket=TokenBucket(rate_per_s=1, burst=10, clock=lambda: now[0]))
@@ -89,7 +90,7 @@ def test_on_the_v2_path_too_a_refused_generation_costs_only_the_arrival_token(pa
         }
     )
     manifest = asyncio.run(parts.catalog.manifest("gpt"))
-    call = infer_v2._generate(parts, called(tenant), family("gpt").v2_codec, manifest, body)
+    call = infer_v2._generate(parts, called(tenant), codec_of(family("gpt")), manifest, body)
     with pytest.raises(InvalidInput):
         asyncio.run(call)
     for _ in range(9):  # the other nine tokens are still there

@@ -18,14 +18,16 @@ from ray import serve
 
 from serve_app import families
 from serve_app.app import as_deployment, build_app
-from serve_app.config import AppArgs
+from serve_app.config import AppArgs, deployment_plan
 from serve_app.contract import BULK, BatchReply
 from serve_app.errors import InvalidInput
-from serve_app.families import Codec, Family
+from serve_app.exports import reader_of
+from serve_app.families import Family
 from serve_app.manifest import Manifest, TensorSpec
 from serve_app.protocols import v2
 from serve_app.protocols.v2 import TensorMetadata
 from serve_app.router.endpoints import codecs
+from serve_app.router.endpoints.codecs import Codec, codec_of
 from serve_app.router.http import RouterApp, build_http_app
 from serve_app.router.parts import build_parts
 
@@ -88,7 +90,7 @@ def toy_args(tmp_path: Path) -> Iterator[AppArgs]:
 def toy_router(args: AppArgs) -> RouterApp:
     """The router's app, its batches sent to a replica of the deployment the registry names."""
     config = args.deployment_config("adder")
-    deployment = families.load(args.family_of("adder").plan(config).target)
+    deployment = families.load(deployment_plan(args.family_of("adder"), config).target)
     replica = deployment.func_or_class("adder", args.model_source("adder"), config.model_dump(mode="json"))
 
     async def send(payloads: list[Any], queued: int, lane: str, traces: list[str | None] | None) -> BatchReply:
@@ -164,8 +166,8 @@ def test_a_name_is_registered_once() -> None:
 
 def test_every_built_in_family_names_code_that_loads() -> None:
     for entry in families.BUILT_IN:
-        assert isinstance(entry.v2_codec, Codec)
-        assert entry.export_reader is not None
+        assert isinstance(codec_of(entry), Codec)
+        assert reader_of(entry) is not None
         for target in (entry.deployment, entry.request_scheduler):
             if target is not None:
                 assert callable(getattr(families.load(target), "bind", None)), target

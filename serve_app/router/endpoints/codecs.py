@@ -4,6 +4,7 @@ takes, and outputs built from its answer; and the checks every codec shares."""
 
 from __future__ import annotations
 
+import functools
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -12,7 +13,7 @@ import numpy as np
 from serve_app.config import AppArgs
 from serve_app.contract import Priority
 from serve_app.errors import InvalidInput
-from serve_app.families import Codec
+from serve_app.families import Family, load
 from serve_app.manifest import Manifest
 from serve_app.models.prediction import softmax_rows
 from serve_app.process.cpu_priority import MODEL_WORK
@@ -24,6 +25,37 @@ TEXT_INPUT = "text"
 IMAGE_INPUT = "image"
 PROMPT_INPUT = "text_input"
 GENERATED_OUTPUT = "text_output"
+
+
+class Codec:
+    """How the router speaks v2 for one family (a Family's `codec`)."""
+
+    def served_io(self, manifest: Manifest) -> tuple[list[TensorMetadata], list[TensorMetadata]]:
+        """The tensors clients send and get (model metadata, Triton's config), which may differ
+        from the graph's: text is tokenized server-side, classifiers add probabilities and labels."""
+        raise NotImplementedError
+
+    async def decode(self, body: v2.InferRequest, manifest: Manifest, args: AppArgs, deployment: str) -> Any:
+        """One request's inputs as the payload `deployment` takes; `len(payload)` is its rows.
+        Raises InvalidInput (400) for anything wrong, `check_count` past the model's row limit."""
+        raise NotImplementedError
+
+    def outputs(self, answer: Any, manifest: Manifest) -> list[v2.ResponseOutput]:
+        """The deployment's answer to one payload as v2 outputs, each of `served_io`'s."""
+        raise NotImplementedError
+
+    def decodes_apart(self, body: v2.InferRequest) -> bool:
+        """Whether the router's image decoder processes decode this request's inputs (encoded
+        images): such a request waits on them, and is not the work they yield to."""
+        return False
+
+
+@functools.cache
+def codec_of(family: Family) -> Codec:
+    """The family's codec, imported once."""
+    codec = load(family.codec)
+    assert isinstance(codec, Codec), f"{family.codec} is not a Codec"
+    return codec
 
 
 def single_input(body: v2.InferRequest, expected: str) -> v2.RequestInput:

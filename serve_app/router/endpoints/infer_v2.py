@@ -17,11 +17,11 @@ from serve_app import families
 from serve_app.cache import tiered
 from serve_app.cache.keys import cache_key
 from serve_app.errors import InvalidInput
-from serve_app.families import Codec
 from serve_app.manifest import Manifest
 from serve_app.models.generation.sampling import GenerationParams
 from serve_app.protocols import v2, v2_render
 from serve_app.router.endpoints import codecs, generation
+from serve_app.router.endpoints.codecs import Codec
 from serve_app.router.parts import RouterParts
 from serve_app.router.request_context import InferHeaders, RequestContext
 from serve_app.router.routing import catalog
@@ -100,7 +100,7 @@ async def infer(parts: RouterParts, ctx: RequestContext, body: v2.InferRequest) 
     response and the headers that describe it (who answered, cache, degradation)."""
     manifest = await parts.catalog.manifest(parts.catalog.deployment(ctx.name, ctx.version))
     family = families.family(manifest.family)
-    codec = family.v2_codec
+    codec = codecs.codec_of(family)
     if family.generates:
         answer = await _generate(parts, ctx, codec, manifest, body)
     else:

@@ -15,6 +15,7 @@ from serve_app.families import family
 from serve_app.manifest import Manifest
 from serve_app.process.gcwatch import freeze_startup_heap
 from serve_app.protocols.v2 import ModelMetadata, TensorMetadata
+from serve_app.router.endpoints.codecs import codec_of
 from serve_app.router.routing.replicas import DeploymentStates
 
 logger = logging.getLogger("ray.serve")
@@ -29,7 +30,7 @@ ROUTE_VERSION = "1"
 
 def served_io(manifest: Manifest) -> tuple[list[TensorMetadata], list[TensorMetadata]]:
     """The tensors clients send and get, as the model's family says (its codec, serve_app.families)."""
-    return family(manifest.family).v2_codec.served_io(manifest)
+    return codec_of(family(manifest.family)).served_io(manifest)
 
 
 def model_metadata(

@@ -34,7 +34,7 @@ from benchmarks.kept import (
     running_ray,
     settle_serve,
 )
-from serve_app.tools.ingress_env import DIRECT_INFER_ENV, INGRESS_ENV
+from serve_app.tools.ingress_env import INGRESS_ENV
 
 RAY_PORT = 6391
 HTTP_PORT = 8130
@@ -88,7 +88,6 @@ class Ingress:
 
 def base_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in INGRESS_ENVS}
-    env.update(DIRECT_INFER_ENV)  # the app's own fast path, under every ingress a scenario sets
     env["RAY_AUTH_MODE"] = "token"  # Ray 2.60 CLI clients need it against `ray start` clusters
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

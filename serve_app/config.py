@@ -502,9 +502,9 @@ class LimitsConfig(ConfigModel):
     infer_timeout_s: float = Field(
         60.0,
         gt=0,
-        description="a v2 infer call ends after this with 504, body upload included, where it skips Serve's "
-        "per-request wrapper (/router/status: direct_infer); elsewhere Serve's http_options.request_timeout_s "
-        "applies (408)",
+        description="a repository load call's whole time (504 past it); and, only where an operator opts into "
+        "the direct path past Serve's per-request handling (/router/status: direct_infer), a v2 infer call's. "
+        "Every other call ends at Serve's http_options.request_timeout_s (408), under every launcher",
     )
     generation_timeout_s: float = Field(
         600.0,

@@ -7,6 +7,8 @@ dispatchers, route cascades, background loops), process setup in `startup`.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,9 +29,11 @@ from serve_app.router.routing.dispatchers import handle_sender
 from serve_app.router.routing.replicas import ROUTER_DEPLOYMENT, DeploymentStates, controller_states
 from serve_app.router.routing.repository import SharedRepository
 from serve_app.router.routing.rollback_ledger import SharedRollbacks
-from serve_app.router.startup import prepare_process
+from serve_app.router.startup import ingress_report, prepare_process
 from serve_app.scheduling.autoscale import ROUTER_CPU
 from serve_app.scheduling.protection.overload import CpuMeter
+
+logger = logging.getLogger("ray.serve")
 
 
 @serve.deployment(max_ongoing_requests=256)
@@ -73,7 +77,8 @@ class Router:
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve asks for this replica's app after the constructor (late-bound `serve.ingress()`)."""
         app = build_http_app(self.parts, self.startup, self.shutdown)
-        direct.install(app, self.args.limits.infer_timeout_s)
+        level, line = ingress_report(os.environ, direct.install(app, self.args.limits.infer_timeout_s))
+        logger.log(level, line)
         return app
 
     async def startup(self) -> None:

@@ -6,11 +6,15 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from serve_app.config import MODEL_DIR_ENV
 from serve_app.families import FAMILIES
-from serve_app.tools.ingress_env import with_ingress_env
+from serve_app.tools.ingress_env import export_lines, with_ingress_env
 from serve_app.tools.kuberay import IMAGE, OPERATOR_NAMESPACE
+
+# Where `ray start` notes the cluster this machine runs; `serve run` without --address joins it.
+RAY_CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"
 
 
 def _cmd_build(ns: argparse.Namespace) -> int:
@@ -63,7 +67,16 @@ def _cmd_serve(ns: argparse.Namespace) -> int:
     """Build what is missing, then hand over to `serve run` (the way users start Serve), with the
     ingress settings Ray must start with (serve_app/tools/ingress_env.py)."""
     _cmd_build(argparse.Namespace(config=ns.config, model_dir=ns.model_dir, force=False))
+    if os.environ.get("RAY_ADDRESS") or Path(RAY_CURRENT_CLUSTER).exists():
+        # `serve run` then joins a running Ray, which started with its own environment.
+        hint = 'For HAProxy there, start it after `eval "$(serve-app ingress-env)"`.'
+        print(f"serve-app: a Ray cluster runs already and keeps the ingress it started with. {hint}", file=sys.stderr)
     return subprocess.call(["serve", "run", ns.config, *ns.serve_args], env=with_ingress_env(os.environ))
+
+
+def _cmd_ingress_env(ns: argparse.Namespace) -> int:
+    print(export_lines(with_ingress_env({})))
+    return 0
 
 
 def _cmd_keys_new(ns: argparse.Namespace) -> int:
@@ -162,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--model-dir")
     serve.add_argument("serve_args", nargs=argparse.REMAINDER, help="passed on to `serve run`")
     serve.set_defaults(func=_cmd_serve)
+    sub.add_parser(
+        "ingress-env", help="print the ingress settings as `export` lines, for every node of a `ray start` cluster"
+    ).set_defaults(func=_cmd_ingress_env)
 
     cal = sub.add_parser("calibrate", help="fit each route's escalation threshold on held-out data")
     cal.add_argument("--config", default="configs/local.yaml")

@@ -7,6 +7,7 @@ the processes that start Ray, not fields of the Serve config.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 
 # HAProxy's connections at once (its global `maxconn`; Ray's default 4096). The same number decides
@@ -43,8 +44,11 @@ def local_haproxy_maxconn() -> int:
     return haproxy_maxconn(resource.getrlimit(resource.RLIMIT_NOFILE)[1])
 
 
-# Behind HAProxy, v2 infer from the router's HTTP server straight to its app, ahead of Serve's
-# per-request wrapper (serve_app/router/edge/direct.py), through Serve's hook for HTTP middlewares.
+# Opt-in, not shipped: behind HAProxy, v2 infer from the router's HTTP server straight to its app,
+# ahead of Serve's per-request wrapper (serve_app/router/edge/direct.py), through Serve's hook for
+# HTTP middlewares. Faster, but then those calls behave unlike the same app under any other
+# launcher: a timeout is a 504 (limits.infer_timeout_s) instead of Serve's 408, and Serve's
+# request metrics, access log and max_ongoing_requests leave them out.
 DIRECT_INFER_ENV: dict[str, str] = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve_app.router.edge.direct:middlewares"}
 
 INGRESS_ENV: dict[str, str] = {
@@ -73,7 +77,6 @@ INGRESS_ENV: dict[str, str] = {
     # HAProxy replays only a request that fits in one buffer: 64 KiB holds a JSON image.
     "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "65536",
     "RAY_SERVE_HAPROXY_MAXCONN": str(haproxy_maxconn(None)),
-    **DIRECT_INFER_ENV,
 }
 
 
@@ -81,3 +84,9 @@ def with_ingress_env(env: Mapping[str, str]) -> dict[str, str]:
     """`env` with the ingress settings added, HAProxy's connections fitted to this machine's limit
     on open files; a variable already set there wins (an operator's choice)."""
     return {**INGRESS_ENV, "RAY_SERVE_HAPROXY_MAXCONN": str(local_haproxy_maxconn()), **env}
+
+
+def export_lines(env: Mapping[str, str]) -> str:
+    """The ingress settings as shell `export` lines (`serve-app ingress-env`), for the nodes of a
+    cluster started with `ray start`: Ray reads them when it starts, on each node."""
+    return "\n".join(f"export {name}={shlex.quote(value)}" for name, value in env.items())

@@ -86,9 +86,8 @@ def test_compare(tiny_model_dir: Path, tmp_path: Path) -> None:
         assert "replica:PlainModel" in r["plain"]["closed"][-1]["cpu_cores_by_role"]
         assert {"replica:router", f"replica:{model}"} <= set(r["ours"]["closed"][-1]["cpu_cores_by_role"])
         assert r["ours"]["closed"][-1]["served_by"] == {model: r["ours"]["closed"][-1]["requests"]}
-        # Behind HAProxy, v2 infer went straight to the router's app (an upgrade of Ray that moves
-        # Serve's middleware hook turns this off: serve_app/router/edge/direct.py).
-        assert r["ours"]["direct_infer"] is True
+        # The shipped ingress keeps v2 infer in Serve's per-request handling (the direct path is opt-in).
+        assert r["ours"]["direct_infer"] is False
         _answered(r["ours-binary"]["closed"][0])  # the binary tensor extension, end to end
         # Each served setup measured with no load too: the cost model's fixed cores.
         assert all(isinstance(r[s]["idle_cores_by_role"], dict) for s in ("plain", "ours", "ours-binary"))

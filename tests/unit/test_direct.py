@@ -259,10 +259,11 @@ def test_install_takes_the_hook_from_the_environment_and_leaves_an_operators_own
     assert not asyncio.run(installed()) and direct.APP is None
 
 
-def test_every_way_the_app_starts_sets_the_hook() -> None:
-    from serve_app.tools.ingress_env import INGRESS_ENV
+def test_the_direct_path_is_opt_in_and_its_setting_names_the_hook() -> None:
+    from serve_app.tools.ingress_env import DIRECT_INFER_ENV, INGRESS_ENV
 
-    assert INGRESS_ENV[direct.HOOK_ENV] == direct.HOOK
+    assert direct.HOOK_ENV not in INGRESS_ENV
+    assert DIRECT_INFER_ENV == {direct.HOOK_ENV: direct.HOOK}
 
 
 def this_task() -> asyncio.Task[Any]:

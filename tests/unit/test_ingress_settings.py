@@ -4,18 +4,23 @@ measured setup is not the one users run."""
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import yaml
 
 from benchmarks.cluster import base_env
 from benchmarks.scenarios import DEFAULT_INGRESS
+from serve_app.router.startup import FAST_INGRESS, ingress_report
 from serve_app.tools.ingress_env import (
     DIRECT_INFER_ENV,
     HAPROXY_MAXCONN,
     INGRESS_ENV,
     RAY_DEFAULT_MAXCONN,
+    export_lines,
     haproxy_maxconn,
     with_ingress_env,
 )
@@ -37,10 +42,10 @@ def _pod_envs() -> list[dict[str, str]]:
 
 def test_readme_kuberay_and_the_benchmarks_run_the_same_ingress() -> None:
     assert INGRESS_ENV["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
-    # The benchmarks set the ingress switches per scenario and the direct path's hook under every one;
-    # HAProxy's connections fitted to this machine's limit on open files, as `serve-app serve` fits them.
-    assert {**DEFAULT_INGRESS.env(), **DIRECT_INFER_ENV} == with_ingress_env({})
-    assert base_env().items() >= DIRECT_INFER_ENV.items()
+    # The benchmarks set the ingress switches per scenario, HAProxy's connections fitted to this
+    # machine's limit on open files as `serve-app serve` fits them; none adds the opt-in direct path.
+    assert DEFAULT_INGRESS.env() == with_ingress_env({})
+    assert not base_env().keys() & DIRECT_INFER_ENV.keys() - os.environ.keys()
     pods = _pod_envs()
     assert len(pods) >= 3  # head, ingress group, GPU workers
     for env in pods:
@@ -84,3 +89,17 @@ def test_every_shipped_config_and_the_kuberay_manifest_release_idle_connections_
         assert timeout is not None and 0 < timeout <= 10 < serve_default, path.name
     serve_config = serve_config_of((ROOT / "k8s" / "rayservice.yaml").read_text())
     assert serve_config["http_options"]["keep_alive_timeout_s"] == 5
+
+
+def test_the_ingress_settings_print_as_exports_a_shell_reads_back() -> None:
+    lines = export_lines(with_ingress_env({}))
+    out = subprocess.run(["bash", "-c", f"{lines}\nenv"], capture_output=True, text=True, check=True, env={}).stdout
+    assert set(with_ingress_env({}).items()) <= {tuple(line.split("=", 1)) for line in out.splitlines()}
+
+
+def test_the_router_says_which_ingress_runs_and_what_makes_it_fast() -> None:
+    level, line = ingress_report({}, direct_infer=False)
+    assert level == logging.WARNING and "Python proxy" in line and "serve-app ingress-env" in line
+    assert ingress_report(INGRESS_ENV, direct_infer=False) == (logging.INFO, "ingress: HAProxy, throughput-optimized")
+    assert "504" in ingress_report(INGRESS_ENV, direct_infer=True)[1]
+    assert FAST_INGRESS.items() <= INGRESS_ENV.items()

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ print("=", states.get("RUNNING", 0))
 
 def serve_run(
     env: dict[str, str], start: list[str], ray_port: int, config: dict[str, Any], path: Path, url: str
-) -> Iterator[None]:
+) -> Generator[None, None, None]:
     """`ray start` (the arguments after `ray start --head`), `serve run` the config, wait until the
     app is ready at `url`; yields, then stops Ray and whatever it leaves behind."""
     wait_for_ray_exit()

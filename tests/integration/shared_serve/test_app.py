@@ -11,6 +11,9 @@ import base64
 import importlib.util
 import io
 import json
+import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ from serve_app.tokenization import TextTokenizer
 from serve_app.zoo.data import shapes_dataset
 from tests.conftest import tiny_args
 from tests.integration.reference import greedy_text, session
-from tests.integration.serving import SHARED_PORT, app_for_module, deployment_handle
+from tests.integration.serving import SHARED_GRPC_PORT, SHARED_PORT, app_for_module, deployment_handle
 
 pytestmark = pytest.mark.integration
 URL = f"http://127.0.0.1:{SHARED_PORT}"
@@ -351,3 +354,22 @@ def _png(image: np.ndarray) -> bytes:
     out = io.BytesIO()
     Image.fromarray((image.transpose(1, 2, 0) * 255).round().astype(np.uint8)).save(out, format="PNG")
     return out.getvalue()
+
+
+def test_readmes_client_examples_run_as_written(app_url):
+    """README's curl, Triton (HTTP and gRPC) and OpenAI examples, against this app: its ports, its tiny models."""
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    examples = [(kind, code) for kind, code in re.findall(r"```(bash|python)\n(.*?)```", readme, re.S) if "localhost:" in code]
+    assert [kind for kind, _ in examples] == ["bash", "python", "python"]
+    for kind, code in examples:
+        code = code.replace("localhost:8000", f"127.0.0.1:{SHARED_PORT}").replace(
+            "localhost:9000", f"127.0.0.1:{SHARED_GRPC_PORT}"
+        )
+        run = ["bash", "-euo", "pipefail", "-c", code] if kind == "bash" else [sys.executable, "-c", code]
+        done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        if kind == "bash":
+            assert "HTTP/1.1 200" in done.stdout and '"label"' in done.stdout, done.stdout
+            assert done.stdout.rstrip().endswith("data: [DONE]"), done.stdout
+        else:
+            assert re.search(r"\[b?'(positive|negative)'\]", done.stdout), done.stdout

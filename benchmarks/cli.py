@@ -273,9 +273,10 @@ def _generation(inv: Invocation) -> Any:
 
 def _contention(inv: Invocation) -> Any:
     from benchmarks import contention
+    from serve_app.config import advanced_of
 
     ns, models = inv.ns, inv.settings.models
-    threads = max(int(inv.catalog()[m].get("intra_op_threads") or 1) for m in models)
+    threads = max(int(advanced_of(inv.catalog()[m]).get("intra_op_threads") or 1) for m in models)
     return contention.run(
         {m: inv.model_dir / m for m in models}, inv.batch_sizes(), max(2, threads), [0.0, 0.1, 0.2],
         2.0 if ns.smoke else (ns.seconds or 6.0), 1 if ns.smoke else 2,

@@ -26,6 +26,7 @@ import yaml
 from benchmarks import workloads
 from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, run_loadgen
 from benchmarks.scenarios import DEFAULT_INGRESS, pin_replicas, single_versions
+from serve_app.config import ROUTER_ADVANCED, advanced_of
 
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
 
@@ -73,7 +74,7 @@ def run(s: FloodSettings, model_dir: Path, config_path: Path) -> dict[str, Any]:
             body = workloads.bodies_for(model_dir / s.model, 1)[0]
             config = flood_config(base, model_dir, s.model, s.router_delay_target_ms)
             scheduling = config["applications"][0]["args"]["scheduling"]
-            out["router_delay_target_ms"] = scheduling.get("router_delay_target_ms")
+            out["router_delay_target_ms"] = advanced_of(scheduling, ROUTER_ADVANCED).get("router_delay_target_ms")
             cluster.deploy(config, Probe(f"/v2/models/{s.model}/infer", body))
             out["unloaded"] = client(run_loadgen(BASE_URL, high, {"concurrency": 1}, s.seconds, s.warmup))
             out["loaded"], out["low"] = _flood(s, high, low, honor_retry_after=False)

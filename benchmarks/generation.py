@@ -25,6 +25,7 @@ import httpx
 from benchmarks import genload
 from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, cpu_by_role, cpu_snapshot
 from benchmarks.scenarios import single_versions, with_ingress_start
+from serve_app.config import advanced_of
 
 CONTINUOUS = "gpt"
 PLAIN = "plain"  # the label of plain Ray Serve's setup, and its app's route prefix
@@ -67,7 +68,7 @@ def plain_app(
     """Plain Ray Serve's generator: our generator deployment's resources and threads per replica."""
     options = {k: v for k, v in deployment.items() if k not in ("name", "autoscaling_config", "user_config")}
     args = {"name": PLAIN, "model_dir": str(gpt_dir), "max_batch_size": batch, "batch_wait_timeout_s": wait_s,
-            "threads": gpt.get("intra_op_threads")}  # fmt: skip
+            "threads": advanced_of(gpt).get("intra_op_threads")}  # fmt: skip
     return {
         "name": PLAIN,
         "route_prefix": f"/{PLAIN}",

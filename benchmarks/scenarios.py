@@ -47,6 +47,7 @@ from benchmarks.cluster import (
     run_loadgen,
 )
 from benchmarks.loadgen import pooled
+from serve_app.config import advanced_of
 from serve_app.tools.ingress_env import local_haproxy_maxconn
 
 # The ingress the default configs use (README's serve command, the KubeRay pods):
@@ -210,7 +211,9 @@ def plain_config(s: Settings, model: str) -> dict[str, Any]:
                 "args": {
                     "name": model,
                     "model_dir": str(s.model_dir / model),
-                    "threads": _plain_threads(app["args"]["models"][model].get("intra_op_threads"), s.plain_replicas),
+                    "threads": _plain_threads(
+                        advanced_of(app["args"]["models"][model]).get("intra_op_threads"), s.plain_replicas
+                    ),
                     **batching,
                 },
                 "deployments": [{"name": "PlainModel", **plain_deployment}],

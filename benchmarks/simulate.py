@@ -105,8 +105,12 @@ def replica(app: AppArgs, s: SimulateSettings, seed: int, max_batch_size: int) -
     def run(payloads: list[Any]) -> list[Any]:
         return list(payloads)
 
-    bulk = BatchExecutor([run] * (config.bulk_sessions or 1), max_batch_size, sessions, clock=clock)
-    own = BatchExecutor(run, max_batch_size, sessions, clock=clock) if config.urgent_lane and config.urgent_session else None
+    bulk = BatchExecutor([run] * (config.advanced.bulk_sessions or 1), max_batch_size, sessions, clock=clock)
+    own = (
+        BatchExecutor(run, max_batch_size, sessions, clock=clock)
+        if config.advanced.urgent_lane and config.advanced.urgent_session
+        else None
+    )
 
     async def send(payloads: list[Any], queued: int, lane: str = "bulk", traces: list[str | None] | None = None) -> BatchReply:
         urgent = lane == URGENT
@@ -119,7 +123,7 @@ def replica(app: AppArgs, s: SimulateSettings, seed: int, max_batch_size: int) -
 
 def capacity_rps(app: AppArgs, s: SimulateSettings, max_batch_size: int) -> float:
     """Rows per second the bulk sessions complete in full batches at speed 1 (the speeds' mean)."""
-    sessions = app.deployment_config(s.model).bulk_sessions or 1
+    sessions = app.deployment_config(s.model).advanced.bulk_sessions or 1
     return sessions * max_batch_size / ((s.batch_base_ms + max_batch_size * s.batch_row_ms) / 1e3)
 
 

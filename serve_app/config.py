@@ -136,21 +136,42 @@ class MultiplexConfig(ConfigModel):
     )
 
 
-class ModelConfig(ConfigModel):
-    """One model of the catalog. `preset` builds a demo model; `path` points at any model directory."""
+# Settings that moved under `advanced:`; a config that still sets them at their former place (a
+# model's entry, `scheduling`) is read as if it set them there.
+MODEL_ADVANCED = ("intra_op_threads", "urgent_lane", "urgent_session", "urgent_threads", "bulk_sessions")
+ROUTER_ADVANCED = (
+    "queue_delay_target_ms",
+    "local_link",
+    "router_nice",
+    "router_full_gc_max_interval_s",
+    "router_delay_target_ms",
+    "router_max_inflight",
+)
 
-    preset: str | None = None
-    family: FamilyName | None = None
-    path: str | None = Field(
-        None,
-        description="model directory, ONNX file, or object-store URI (s3://bucket/prefix, fetched once per node into "
-        "$SERVE_APP_MODEL_CACHE); default <model_dir>/<name>. An ordinary export (optimum, torch.onnx.export) serves as "
-        "it is: see docs/models.md",
-    )
-    image: ImagePreprocessing | None = Field(None, description="image models: preprocessing the export does not declare")
-    batching: BatchingConfig = Field(default_factory=BatchingConfig)
-    generation: GenerationDefaults = Field(default_factory=GenerationDefaults)
-    max_items_per_request: int = Field(64, ge=1, description="tensor rows accepted in one request")
+
+def nest_advanced(data: Any, names: tuple[str, ...]) -> Any:
+    """`data` with any of `names` moved into its `advanced` section (where one is given at both
+    places, the former place wins: a model version's own setting over its entry's)."""
+    if not isinstance(data, dict) or not any(name in data for name in names):
+        return data
+    data = dict(data)
+    advanced = dict(data.get("advanced") or {})
+    advanced.update({name: data.pop(name) for name in names if name in data})
+    data["advanced"] = advanced
+    return data
+
+
+def advanced_of(section: dict[str, Any], names: tuple[str, ...] = MODEL_ADVANCED) -> dict[str, Any]:
+    """A config section's (a model's entry, `scheduling`) `advanced` settings, as written: those
+    at their former place included."""
+    return dict(nest_advanced(section, names).get("advanced") or {})
+
+
+class ModelAdvanced(ConfigModel):
+    """A model replica's mechanism (a model's `advanced`): threads, sessions and lanes. The defaults
+    follow what the deployment was given: intra-op threads its num_cpus, bulk sessions one per
+    thread on CPU and one on a GPU."""
+
     intra_op_threads: int | None = Field(
         None, ge=1, le=256, description="ONNX Runtime threads per replica; default: the replica's num_cpus, rounded up"
     )
@@ -187,6 +208,27 @@ class ModelConfig(ConfigModel):
         "it off, default 1 (one session at normal priority); more keeps one batch running while the next is sent "
         "and answered, and lets a router on the same cores go first. Each extra session holds a copy of the weights",
     )
+
+
+class ModelConfig(ConfigModel):
+    """One model of the catalog. `preset` builds a demo model; `path` points at any model directory."""
+
+    preset: str | None = None
+    family: FamilyName | None = None
+    path: str | None = Field(
+        None,
+        description="model directory, ONNX file, or object-store URI (s3://bucket/prefix, fetched once per node into "
+        "$SERVE_APP_MODEL_CACHE); default <model_dir>/<name>. An ordinary export (optimum, torch.onnx.export) serves as "
+        "it is: see docs/models.md",
+    )
+    image: ImagePreprocessing | None = Field(None, description="image models: preprocessing the export does not declare")
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    generation: GenerationDefaults = Field(default_factory=GenerationDefaults)
+    max_items_per_request: int = Field(64, ge=1, description="tensor rows accepted in one request")
+    advanced: ModelAdvanced = Field(
+        default_factory=lambda: ModelAdvanced(),
+        description="mechanism with defaults derived from the replica's num_cpus and num_gpus; set only with a measured reason",
+    )
     faults: FaultConfig = Field(default_factory=FaultConfig)
     stall_timeout_s: float = Field(
         30.0,
@@ -219,6 +261,11 @@ class ModelConfig(ConfigModel):
 
     def tuning(self) -> ReplicaTuning:
         return ReplicaTuning(**self.batching.model_dump(), faults=self.faults)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_places(cls, data: Any) -> Any:
+        return nest_advanced(data, MODEL_ADVANCED)
 
     @model_validator(mode="after")
     def _family_known(self) -> ModelConfig:
@@ -258,6 +305,8 @@ def expand_versions(name: str, model: ModelConfig) -> list[ServedVersion]:
         if version == model.version or not re.match(VERSION_PATTERN, version):
             raise ValueError(f"model {name!r}: version {version!r} is the entry's own or not a plain name")
         merged = {**base, **override}
+        if "advanced" in base or "advanced" in override:  # per setting, as the entry's own settings
+            merged["advanced"] = {**base.get("advanced", {}), **nest_advanced(override, MODEL_ADVANCED).get("advanced", {})}
         if "preset" in override and "family" not in override:
             merged.pop("family", None)
         try:
@@ -364,7 +413,7 @@ class DegradeConfig(ConfigModel):
         None,
         gt=0,
         description="the heavy queue's standing delay over which degrading starts; default half of "
-        "scheduling.queue_delay_target_ms, so that degrading comes before the heavy tier refuses",
+        "scheduling.advanced.queue_delay_target_ms, so that degrading comes before the heavy tier refuses",
     )
 
 
@@ -382,22 +431,10 @@ class RouteConfig(ConfigModel):
     degrade: DegradeConfig = Field(default_factory=DegradeConfig)
 
 
-class SchedulingConfig(ConfigModel):
-    """The router's per-model queues (see serve_app.scheduling.dispatcher)."""
+class RouterAdvanced(ConfigModel):
+    """The router's mechanism (`scheduling.advanced`): how it queues, yields the cores and refuses
+    when saturated. The defaults fit a router on cores of its own, as the KubeRay manifest runs it."""
 
-    policy: Literal["priority", "fifo"] = Field(
-        "priority", description="priority: classes, deadlines, shedding; fifo: one bounded FIFO queue (the baseline)"
-    )
-    max_queue_items: int = Field(1024, ge=1, description="rows queued per model per router; beyond it, shed or refuse")
-    max_queue_delay_s: float = Field(
-        2.0, gt=0, description="refuse work predicted to wait longer than this (503 with Retry-After)"
-    )
-    max_queued_s: float = Field(
-        10.0,
-        gt=0,
-        description="the longest any request waits in a router's queue, whatever its deadline: past it, a 503 with "
-        "Retry-After (higher classes arriving without end could otherwise hold lower ones until clients give up)",
-    )
     queue_delay_target_ms: float = Field(
         500.0,
         gt=0,
@@ -406,14 +443,6 @@ class SchedulingConfig(ConfigModel):
         "rest is refused at once (503 + Retry-After). Past capacity the queue so holds about this much work and the "
         "model never runs dry; below it nothing is refused",
     )
-    default_priority: Literal["high", "normal", "low"] = "normal"
-    anonymous_max_priority: Literal["high", "normal", "low"] = Field(
-        "normal",
-        description="with no tenants configured, the highest priority any caller may ask for. High priority evicts "
-        "queued work and preempts running generations, so it is for known callers; set `high` only where every "
-        "caller is trusted (a benchmark, a private network)",
-    )
-    batch_timeout_s: float = Field(30.0, gt=0, description="a batch taking longer is a model failure")
     local_link: bool = Field(
         False,
         description="a single-node option: send batches to classifier replicas on the router's own node over a unix "
@@ -421,8 +450,6 @@ class SchedulingConfig(ConfigModel):
         "nodes. Serve's own request metrics and max_ongoing_requests do not see these batches (the app's metrics do); "
         "with routers and models on different nodes (KubeRay's layout) it never engages",
     )
-    breaker_failures: int = Field(5, ge=1, description="failed batches in a row that open a model's circuit")
-    breaker_open_s: float = Field(5.0, gt=0, description="how long an open circuit fails fast before one probe")
     router_nice: int | None = Field(
         19,
         ge=-20,
@@ -455,6 +482,43 @@ class SchedulingConfig(ConfigModel):
         "(serve_app/scheduling/protection/concurrency.py). Keeps an overloaded router's event loop short, its health checks "
         "answered and its refusals fast. None: off",
     )
+
+
+class SchedulingConfig(ConfigModel):
+    """The router's per-model queues (see serve_app.scheduling.dispatcher)."""
+
+    policy: Literal["priority", "fifo"] = Field(
+        "priority", description="priority: classes, deadlines, shedding; fifo: one bounded FIFO queue (the baseline)"
+    )
+    max_queue_items: int = Field(1024, ge=1, description="rows queued per model per router; beyond it, shed or refuse")
+    max_queue_delay_s: float = Field(
+        2.0, gt=0, description="refuse work predicted to wait longer than this (503 with Retry-After)"
+    )
+    max_queued_s: float = Field(
+        10.0,
+        gt=0,
+        description="the longest any request waits in a router's queue, whatever its deadline: past it, a 503 with "
+        "Retry-After (higher classes arriving without end could otherwise hold lower ones until clients give up)",
+    )
+    default_priority: Literal["high", "normal", "low"] = "normal"
+    anonymous_max_priority: Literal["high", "normal", "low"] = Field(
+        "normal",
+        description="with no tenants configured, the highest priority any caller may ask for. High priority evicts "
+        "queued work and preempts running generations, so it is for known callers; set `high` only where every "
+        "caller is trusted (a benchmark, a private network)",
+    )
+    batch_timeout_s: float = Field(30.0, gt=0, description="a batch taking longer is a model failure")
+    breaker_failures: int = Field(5, ge=1, description="failed batches in a row that open a model's circuit")
+    breaker_open_s: float = Field(5.0, gt=0, description="how long an open circuit fails fast before one probe")
+    advanced: RouterAdvanced = Field(
+        default_factory=lambda: RouterAdvanced(),
+        description="the router's mechanism; defaults fit a router of its own; set only with a measured reason",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_places(cls, data: Any) -> Any:
+        return nest_advanced(data, ROUTER_ADVANCED)
 
 
 class TenantConfig(ConfigModel):
@@ -553,7 +617,8 @@ def expand_pools(data: Any) -> Any:
         # Its path made absolute where the app is built, as its members' are: the routers and the
         # pool's replicas find models added since under it (routing/members.py).
         absolute = root if sources.is_remote(root) else str(Path(root).expanduser().resolve())
-        pools[pattern] = {"urgent_lane": False, **entry, "path": absolute}
+        pools[pattern] = {**nest_advanced(entry, MODEL_ADVANCED), "path": absolute}
+        pools[pattern]["advanced"] = {"urgent_lane": False, **pools[pattern].get("advanced", {})}
         for name in found:
             if name in models:
                 raise ValueError(f"{name!r} is both a model of its own and one of pool {pattern!r}")

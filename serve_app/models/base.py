@@ -29,15 +29,15 @@ BATCH_SIZE_BOUNDARIES = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]
 def own_session_threads(config: ModelConfig, threads: int, lanes_enabled: bool) -> int:
     """Intra-op threads of a replica's own session: with an urgent lane that session is the lane's
     (`urgent_threads`, else the replica's threads), else it is the only one."""
-    return (config.urgent_threads or threads) if lanes_enabled else threads
+    return (config.advanced.urgent_threads or threads) if lanes_enabled else threads
 
 
 def session_plan(config: ModelConfig, supports_lanes: bool) -> tuple[bool, bool]:
     """(whether the urgent lane has a session of its own, whether bulk sessions run side by side
     without one). Without its own session (`urgent_session: false`) the urgent lane's batches run
     next on the bulk lane's sessions (serve_app.models.executor)."""
-    own = supports_lanes and config.urgent_lane and config.urgent_session
-    return own, supports_lanes and not own and (config.bulk_sessions or 1) > 1
+    own = supports_lanes and config.advanced.urgent_lane and config.advanced.urgent_session
+    return own, supports_lanes and not own and (config.advanced.bulk_sessions or 1) > 1
 
 
 class OnnxModel:
@@ -55,7 +55,7 @@ class OnnxModel:
         self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
         num_cpus = ctx.get_assigned_resources().get("CPU")
         self.providers = select_providers(self.gpu_ids)
-        self.threads = self.config.intra_op_threads or intra_op_threads(num_cpus)
+        self.threads = self.config.advanced.intra_op_threads or intra_op_threads(num_cpus)
         self.lanes_enabled, self.side_by_side = session_plan(self.config, self.supports_lanes)
         # With two sessions sharing the cores, neither pool may spin while idle (runtime.create_session).
         self.onnx_path = self.model_dir / self.manifest.onnx_file_for(self.config.precision)

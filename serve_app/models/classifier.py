@@ -113,7 +113,7 @@ class Classifier(OnnxModel):
         # serve_app.models.executor: a preempted background thread then stalls one batch, not every
         # operator of one wide batch); on a GPU one session (each would hold the weights).
         on_cpu = self.providers[0] == "CPUExecutionProvider"
-        layout = bulk_layout(self.threads, self.config.bulk_sessions or (self.threads if on_cpu else 1))
+        layout = bulk_layout(self.threads, self.config.advanced.bulk_sessions or (self.threads if on_cpu else 1))
         bulk = [create_session(self.onnx_path, self.providers, n, spinning=False, background=True) for n in layout]
         self.sessions += bulk
         self.lane_layout = {BULK: layout}

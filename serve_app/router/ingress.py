@@ -72,7 +72,7 @@ class Router:
 
     def linked(self, model: str) -> bool:
         """Whether batches for `model` may take a same-node link (never a pool's: Serve places those)."""
-        return self.args.scheduling.local_link and self.args.served[model].config.pool is None
+        return self.args.scheduling.advanced.local_link and self.args.served[model].config.pool is None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve asks for this replica's app after the constructor (late-bound `serve.ingress()`)."""

@@ -94,7 +94,7 @@ def build_parts(
         loops=BackgroundLoops(
             dispatchers,
             {},
-            args.scheduling.router_full_gc_max_interval_s,
+            args.scheduling.advanced.router_full_gc_max_interval_s,
             router_count=router_count,
             on_router_count=callers.tenants.set_share,
             loop_lag=loop_lag,
@@ -161,7 +161,7 @@ def _cascades(args: AppArgs, versions: VersionedModels, dispatchers: DispatcherP
         else:
             policy = route_policy(name, route, Manifest.load(args.model_path(route.light)))
         degrade = route.degrade
-        target_ms = degrade.delay_target_ms or args.scheduling.queue_delay_target_ms / 2
+        target_ms = degrade.delay_target_ms or args.scheduling.advanced.queue_delay_target_ms / 2
         degrading = Degrading((Priority.parse(p) for p in degrade.priorities), target_ms / 1e3)
         cascades[name] = Cascade(name, route.light, route.heavy, policy, versions.submit, degrading, standing)
     return cascades
@@ -170,14 +170,14 @@ def _cascades(args: AppArgs, versions: VersionedModels, dispatchers: DispatcherP
 def _overload(args: AppArgs) -> tuple[LoopLag | None, ClassShedding | None]:
     """The router's own overload control when configured: its loop's lateness, and the shedding
     that follows the standing part of it."""
-    target_ms = args.scheduling.router_delay_target_ms
+    target_ms = args.scheduling.advanced.router_delay_target_ms
     if target_ms is None:
         return None, None
     return LoopLag(), ClassShedding(target_ms / 1e3)
 
 
 def _gate(args: AppArgs, callers: Callers, shedding: ClassShedding | None) -> RouterGate | None:
-    limit = args.scheduling.router_max_inflight
+    limit = args.scheduling.advanced.router_max_inflight
     if shedding is None and limit is None:
         return None
     return RouterGate(callers, shedding, ClassConcurrency(limit) if limit is not None else None)

@@ -43,8 +43,8 @@ def ingress_report(env: Mapping[str, str], direct_infer: bool) -> tuple[int, str
 def prepare_process(scheduling: SchedulingConfig, gc_pauses: GcPauses, open_to_all: bool) -> None:
     """Watch GC pauses, set the router's CPU priority, say what is unsafe, and freeze the startup heap."""
     gc_pauses.install()
-    if scheduling.router_nice is not None:
-        renice_process(scheduling.router_nice)
+    if scheduling.advanced.router_nice is not None:
+        renice_process(scheduling.advanced.router_nice)
     if open_to_all:
         logger.warning("no API keys configured: this server is OPEN to every caller (set `tenants` in the config)")
     if not QUEUES[scheduling.policy].prioritized:

@@ -38,7 +38,7 @@ HEADER = """\
 # KubeRay v1.7 RayService: a CPU head (GCS, Serve controller, proxy), a CPU ingress
 # group that runs the routers, one a pod, and an autoscaled GPU worker group (two pods at
 # least) whose pods carry the models baked into the image. The render's changes to
-# configs/gpu.yaml's application are marked "(render)" or "Added by": routers on the ingress
+# configs/gpu.yaml's application are marked "(render)": routers on the ingress
 # pods; a model's replicas on different GPU pods, every route's light tier on two of them.
 # How pods get their models: a model's `path` inside the image (SERVE_APP_MODEL_DIR holds the
 # built ones), or `path: s3://bucket/prefix`, fetched once per pod into its model cache
@@ -129,15 +129,16 @@ def render(gpu_config_path: str | Path, image: str = IMAGE, namespace: str | Non
     return HEADER + yaml.dump(manifest, Dumper=_NoAliases, sort_keys=False, width=120, allow_unicode=True)
 
 
-# What the manifest adds to configs/gpu.yaml's router entry, under its `ray_actor_options:`.
-_ROUTER_OPTIONS = re.compile(r"^(  - name: router\n(?:    .*\n|\s*\n)*?)(    ray_actor_options:\n)", re.MULTILINE)
+# configs/gpu.yaml writes each deployment's options as flow mappings (`ray_actor_options: {...}`,
+# `autoscaling_config: {...}`); the render adds to them in place, with a comment line of its own.
+_ROUTER_OPTIONS = re.compile(r"^(  - name: router\n(?:    .*\n|\s*\n)*?)(    ray_actor_options: \{)", re.MULTILINE)
 _ROUTER_RESOURCES = (
-    "      # Added by `serve-app k8s render`: routers run on the ingress group's CPU pods.\n"
-    f"      resources: {{{INGRESS_RESOURCE}: {INGRESS_PER_ROUTER}}}\n"
+    "    # (render) routers run on the ingress group's CPU pods: resources.ingress\n"
+    f"    ray_actor_options: {{resources: {{{INGRESS_RESOURCE}: {INGRESS_PER_ROUTER}}}, "
 )
 GPU_PODS = 2  # the GPU group's least: a pod's loss leaves every route a light tier to answer from
 _SPREAD = "    max_replicas_per_node: 1  # (render) one model's replicas on different GPU pods\n"
-_LIGHT_MIN = f"      min_replicas: {GPU_PODS}  # (render) a light tier on {GPU_PODS} GPU pods: one pod's loss leaves one\n"
+_LIGHT_NOTE = f"    # (render) min_replicas {GPU_PODS}: a light tier on {GPU_PODS} GPU pods, so one pod's loss leaves one\n"
 
 
 def for_the_cluster_text(gpu_text: str) -> str:
@@ -146,9 +147,9 @@ def for_the_cluster_text(gpu_text: str) -> str:
     Edited as text, not re-dumped, so the operator's copy reads like the file a person wrote;
     checked against `for_the_cluster` so the two cannot disagree.
     """
-    text, found = _ROUTER_OPTIONS.subn(lambda m: m.group(1) + m.group(2) + _ROUTER_RESOURCES, gpu_text, count=1)
+    text, found = _ROUTER_OPTIONS.subn(lambda m: m.group(1) + _ROUTER_RESOURCES, gpu_text, count=1)
     if not found:
-        raise ValueError("configs/gpu.yaml: no `ray_actor_options:` under the router deployment to add its resources to")
+        raise ValueError("configs/gpu.yaml: no `ray_actor_options: {...}` under the router deployment to add its resources to")
     lights = _light_tiers(yaml.safe_load(gpu_text))
     head, *blocks = re.split(r"(?m)^(?=  - name: )", text)
     edited = []
@@ -158,7 +159,9 @@ def for_the_cluster_text(gpu_text: str) -> str:
             first, rest = block.split("\n", 1)
             block = f"{first}\n{_SPREAD}{rest}"
             if name in lights:
-                block, n = re.subn(r"(?m)^      min_replicas: \d+\n", _LIGHT_MIN, block, count=1)
+                least = rf"\g<1>min_replicas: {GPU_PODS}"
+                block, n = re.subn(r"(?m)^(    autoscaling_config: \{.*?)min_replicas: \d+", least, block, count=1)
+                block = f"{first}\n{_LIGHT_NOTE}{block.split(chr(10), 1)[1]}"  # the note right under the name
                 if not n:
                     raise ValueError(f"configs/gpu.yaml: {name} (a light tier) has no autoscaling_config.min_replicas")
         edited.append(block)

@@ -312,10 +312,10 @@ def test_a_pool_runs_without_an_urgent_lane_unless_its_entry_asks(tmp_path: Path
     root = _pool_dir(tmp_path, ("reviews-en",))
     entry = {"family": "bert", "path": str(root), "multiplex": {}}
     args = AppArgs.model_validate({"models": {"reviews-*": entry, "solo": {"preset": "bert-tiny"}}})
-    assert not args.models["reviews-en"].urgent_lane and not args.pools["reviews-*"].urgent_lane
-    assert args.models["solo"].urgent_lane  # a model of its own keeps the default
+    assert not args.models["reviews-en"].advanced.urgent_lane and not args.pools["reviews-*"].advanced.urgent_lane
+    assert args.models["solo"].advanced.urgent_lane  # a model of its own keeps the default
     asked = AppArgs.model_validate({"models": {"reviews-*": {**entry, "urgent_lane": True}}})
-    assert asked.models["reviews-en"].urgent_lane and asked.pools["reviews-*"].urgent_lane
+    assert asked.models["reviews-en"].advanced.urgent_lane and asked.pools["reviews-*"].advanced.urgent_lane
 
 
 def test_a_model_added_under_a_lower_batch_timeout_gets_the_stall_timeout_the_build_gives_its_pool(tmp_path: Path):

@@ -230,6 +230,6 @@ def test_a_router_on_time_or_without_the_control_refuses_nothing_for_its_delay(t
     parts, gate = _gate(tiny_model_dir)
     assert _post(gate, "/v1/completions", {"x-priority": "low"})[0] == 200
     args = AppArgs.model_validate(tiny_args(tiny_model_dir))
-    assert args.scheduling.router_delay_target_ms is None  # off unless configured
+    assert args.scheduling.advanced.router_delay_target_ms is None  # off unless configured
     parts = build_parts(args, {}, "r", lambda model: None)  # type: ignore[arg-type,return-value]
     assert parts.loop_lag is None and parts.gate is None

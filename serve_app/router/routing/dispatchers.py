@@ -176,15 +176,15 @@ def dispatch_settings(args: AppArgs, model: str) -> DispatchSettings:
         max_queue_items=sched.max_queue_items,
         max_queue_delay_s=sched.max_queue_delay_s,
         max_queued_s=sched.max_queued_s,
-        queue_delay_target_s=sched.queue_delay_target_ms / 1e3,
+        queue_delay_target_s=sched.advanced.queue_delay_target_ms / 1e3,
         max_batch_size=config.batching.max_batch_size,
         batch_wait_timeout_s=config.batching.batch_wait_timeout_s,
         batch_timeout_s=sched.batch_timeout_s,
         breaker_failures=sched.breaker_failures,
         breaker_open_s=sched.breaker_open_s,
-        urgent_lane=config.urgent_lane,
-        lane_min_inflight=1 if config.urgent_session else (config.bulk_sessions or 1),
-        urgent_shares_sessions=not config.urgent_session,
+        urgent_lane=config.advanced.urgent_lane,
+        lane_min_inflight=1 if config.advanced.urgent_session else (config.advanced.bulk_sessions or 1),
+        urgent_shares_sessions=not config.advanced.urgent_session,
     )
 
 

@@ -10,6 +10,7 @@ import yaml
 
 from serve_app.config import AppArgs
 from serve_app.exports import Declared, ExportProblems, describe, discover
+from serve_app.families import family
 from serve_app.manifest import Manifest
 from serve_app.sources import SourceError, local_path
 
@@ -44,9 +45,27 @@ def config_entry(name: str, source: str, m: Manifest, image: dict[str, object] |
     return yaml.safe_dump({name: entry}, sort_keys=False, default_flow_style=None).rstrip()
 
 
+# Model deployments scale on the work the routers hold for them, not only Serve's own count
+# (serve_app/scheduling/autoscale.py); a generator's decode loop is its own queue.
+DEMAND_POLICY = {"policy_function": "serve_app.scheduling.autoscale:router_demand_policy"}
+
+
+def deployment_entry(name: str, m: Manifest, num_cpus: float = 1, num_gpus: float = 0) -> str:
+    """The entry to put under the application's `deployments:`: without one a model gets Serve's
+    one CPU, no GPU and one replica."""
+    options: dict[str, object] = {"num_cpus": num_cpus, **({"num_gpus": num_gpus} if num_gpus else {})}
+    if family(m.family).generates:
+        scaling: dict[str, object] = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 16}
+    else:
+        scaling = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2, "policy": DEMAND_POLICY}
+    entry = {"name": name, "ray_actor_options": options, "autoscaling_config": scaling}
+    return yaml.safe_dump([entry], sort_keys=False, default_flow_style=None, width=200).rstrip()
+
+
 def import_lines(
-    source: str, name: str, family: str | None, image: dict[str, object] | None, write: bool
-) -> tuple[list[str], bool]:
+    source: str, name: str, family: str | None, image: dict[str, object] | None, write: bool,
+    num_cpus: float = 1, num_gpus: float = 0,
+) -> tuple[list[str], bool]:  # fmt: skip
     """What `models import` prints, and whether the model can be served."""
     checked = check(source, Declared(name, family, image))
     if checked.manifest is None:
@@ -57,6 +76,10 @@ def import_lines(
         checked.manifest.save(checked.model_dir)
         lines.append(f"wrote {checked.model_dir / 'manifest.json'}")
     lines += ["add to your config's `args.models`:", config_entry(name, source, checked.manifest, image)]
+    lines += [
+        "and to its `deployments:` (its replicas' resources):",
+        deployment_entry(name, checked.manifest, num_cpus, num_gpus),
+    ]
     return lines, True
 
 

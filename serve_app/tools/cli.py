@@ -39,7 +39,7 @@ def _cmd_calibrate(ns: argparse.Namespace) -> int:
         os.environ[MODEL_DIR_ENV] = ns.model_dir
     for args in load_app_args(ns.config):
         for name in ns.route or list(args.routes):
-            print(describe(calibrate_route(args, name, ns.max_drop_pp / 100, ns.n)))
+            print(describe(calibrate_route(args, name, ns.max_drop_pp / 100, ns.n, ns.data)))
     return 0
 
 
@@ -58,7 +58,7 @@ def _cmd_import(ns: argparse.Namespace) -> int:
     from serve_app.tools.catalog_import import import_lines
 
     image = {k: v for k, v in (("mean", ns.mean), ("std", ns.std), ("size", ns.size), ("resize", ns.resize)) if v is not None}
-    lines, ok = import_lines(ns.source, ns.name, ns.family, image or None, ns.write)
+    lines, ok = import_lines(ns.source, ns.name, ns.family, image or None, ns.write, ns.num_cpus, ns.num_gpus)
     print("\n".join(lines), file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 
@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument("--size", type=int, help="image models: input size when the graph leaves it open")
     imp.add_argument("--resize", type=int, help="image models: shorter side before the centre crop")
     imp.add_argument("--write", action="store_true", help="write manifest.json into the model directory")
+    imp.add_argument("--num-cpus", type=float, default=1, help="each replica's cores (its ONNX Runtime threads follow)")
+    imp.add_argument("--num-gpus", type=float, default=0, help="each replica's share of a GPU (0.25: four to a GPU)")
     imp.set_defaults(func=_cmd_import)
 
     serve = sub.add_parser(
@@ -184,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--model-dir")
     cal.add_argument("--route", nargs="+", help="default: every route of the config")
     cal.add_argument("--max-drop-pp", type=float, default=0.5, help="accuracy points the cascade may lose vs heavy-only")
-    cal.add_argument("--n", type=int, default=2000, help="items per split (validation fits, test reports)")
+    cal.add_argument("--n", type=int, default=2000, help="demo presets: items per split (validation fits, test reports)")
+    cal.add_argument(
+        "--data", type=Path, help="your labelled data, an .npz of `inputs` and `labels` (half fits, half reports); "
+        "needed for any route whose tiers are not demo presets",
+    )  # fmt: skip
     cal.set_defaults(func=_cmd_calibrate)
 
     keys = sub.add_parser("keys", help="API keys for `tenants`").add_subparsers(dest="action", required=True)

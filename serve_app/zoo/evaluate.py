@@ -16,6 +16,32 @@ from serve_app.zoo.data import sentiment_dataset, shapes_dataset
 CHUNK = 64
 
 
+def labelled_logits(model_dir: Path, data: Path, precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
+    """(N, C) logits and (N,) labels for a user's labelled data: an .npz of `inputs` (texts, or
+    (N, 3, H, W) images in [0, 1]) and `labels` (class indices in the model's label order)."""
+    manifest = Manifest.load(model_dir)
+    session = ort.InferenceSession(str(model_dir / manifest.onnx_file_for(precision)), providers=["CPUExecutionProvider"])
+    with np.load(data, allow_pickle=False) as npz:
+        inputs, labels = npz["inputs"], npz["labels"].astype(np.int64)
+    if manifest.family == "bert":
+        tok = TextTokenizer.for_model(model_dir, manifest, truncate=True)
+        seqs = tok.encode_rows([str(t) for t in inputs])
+        names = manifest.input_names
+        parts = []
+        for i in range(0, len(seqs), CHUNK):
+            ids, mask = pad_right(seqs[i : i + CHUNK], tok.pad_id)
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in names:
+                feeds["token_type_ids"] = np.zeros_like(ids)
+            parts.append(session.run(None, feeds)[0])
+        return np.concatenate(parts), labels
+    if manifest.family == "resnet":
+        name = manifest.inputs[0].name
+        parts = [session.run(None, {name: inputs[i : i + CHUNK].astype(np.float32)})[0] for i in range(0, len(inputs), CHUNK)]
+        return np.concatenate(parts), labels
+    raise ValueError(f"{model_dir}: {manifest.family} is not a classifier")
+
+
 def classifier_logits(
     model_dir: Path, n: int, seed: int, onnx_path: Path | None = None, precision: str = "fp32"
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -53,6 +53,9 @@ def test_the_guide_runs_as_written(workdir: Path):
             outputs[command] = stdout
     imported = [c for c in commands if c.startswith("serve-app models import")]
     assert len(imported) == 3 and all("add to your config" in outputs[c] for c in imported)
+    # The guide's `deployments:` are what the imports printed, model by model.
+    printed = [yaml.safe_load(outputs[c].split("`deployments:` (its replicas' resources):\n", 1)[1]) for c in imported]
+    assert yaml.safe_load(config)["applications"][0]["deployments"] == [entry for (entry,) in printed]
     listing = outputs["serve-app models list --config my-models.yaml"].splitlines()
     assert len(listing) == 3 and all(" ready " in row for row in listing), listing
     # What `serve run` checks before it binds each model: every one of the guide's loads.

@@ -118,3 +118,25 @@ def test_a_route_with_a_quantized_light_tier_is_calibrated_as_served(models: Pat
     # Served in FP32 again: the threshold was fitted to the INT8 light model's confidences.
     fp32 = AppArgs.model_validate({**args.model_dump(), "models": {**catalog, "bert-light": {"preset": "bert-tiny"}}})
     assert needs_calibration(fp32, "text")
+
+
+def test_a_route_of_your_own_models_is_calibrated_on_your_data_only(models: Path, tmp_path: Path):
+    from serve_app.tools.catalog_calibrate import calibrate_missing, calibrate_route, describe
+    from serve_app.zoo.data import sentiment_dataset
+
+    catalog = {
+        "mine-light": {"path": str(models / "bert-light"), "family": "bert"},
+        "mine-heavy": {"path": str(models / "bert-light"), "family": "bert"},
+    }
+    args = AppArgs.model_validate({"models": catalog, "routes": {"mine": {"light": "mine-light", "heavy": "mine-heavy"}}})
+    logged: list[str] = []
+    assert calibrate_missing(args, log=logged.append) == []
+    assert "not calibrated" in logged[0] and "--data" in logged[0]
+    with pytest.raises(ValueError, match="not demo presets"):
+        calibrate_route(args, "mine")
+    texts, labels = sentiment_dataset(200, seed=99)
+    data = tmp_path / "mine.npz"
+    np.savez(data, inputs=np.array(texts), labels=np.array(labels))
+    record = calibrate_route(args, "mine", data=data)
+    assert record["data"] == str(data) and record["test"]["n"] == 100
+    assert f"(on {data})" in describe(record)

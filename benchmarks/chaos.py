@@ -67,8 +67,8 @@ class ChaosSettings:
     head_cpus: int = 4
     worker_cpus: int = 3
     phases: tuple[str, ...] = ("replica", "router", "stall", "malformed", "node")
-    # Router replicas on the head. The shipped configs run one; with one, its death leaves no other
-    # router for HAProxy to replay on, only the Serve proxy's fallback until Serve has replaced it.
+    # Router replicas on the head, as configs/local.yaml runs them. With one, its death leaves no
+    # other router for HAProxy to replay on: every replay goes back to the dead one.
     routers: int = 2
     malformed_during: tuple[str, ...] = ("malformed",)  # phases whose load carries the bad-request corpus
 

@@ -107,7 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ),
         help="chaos: the phases to run, in order (default: all five); multiplex: the phases to run (default: all)",
     )
-    p.add_argument("--routers", type=int, help="chaos: router replicas (default: 2; the shipped configs run 1)")
+    p.add_argument("--routers", type=int, help="chaos: router replicas (default: 2, as configs/local.yaml runs them)")
     p.add_argument(
         "--size-sources", type=Path, nargs="+", help="multiplex: further text model directories for the load-time-by-size phase"
     )

@@ -415,6 +415,13 @@ class DegradeConfig(ConfigModel):
         description="the heavy queue's standing delay over which degrading starts; default half of "
         "scheduling.advanced.queue_delay_target_ms, so that degrading comes before the heavy tier refuses",
     )
+    heavy_wait_ms: float | None = Field(
+        None,
+        gt=0,
+        description="the longest an escalation waits for the heavy tier before the light answer in hand answers it "
+        "(degraded), whatever its class: a route keeps answering while its heavy tier's replicas are lost with their "
+        "node and placed again. None: as long as the heavy tier takes, within its own queue's limits",
+    )
 
 
 class RouteConfig(ConfigModel):

@@ -163,7 +163,8 @@ def _cascades(args: AppArgs, versions: VersionedModels, dispatchers: DispatcherP
         degrade = route.degrade
         target_ms = degrade.delay_target_ms or args.scheduling.advanced.queue_delay_target_ms / 2
         degrading = Degrading((Priority.parse(p) for p in degrade.priorities), target_ms / 1e3)
-        cascades[name] = Cascade(name, route.light, route.heavy, policy, versions.submit, degrading, standing)
+        wait_s = degrade.heavy_wait_ms / 1e3 if degrade.heavy_wait_ms is not None else None
+        cascades[name] = Cascade(name, route.light, route.heavy, policy, versions.submit, degrading, standing, wait_s)
     return cascades
 
 

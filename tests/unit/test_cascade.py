@@ -8,6 +8,7 @@ from serve_app.contract import Priority
 from serve_app.errors import DeadlineExceeded, InvalidInput, ModelFailure, Overloaded, Unavailable
 from serve_app.manifest import Manifest
 from serve_app.router.routing.cascade import Cascade, CascadePolicy, ClassifierResult, confidence, route_policy, softmax
+from tests.unit.fakes import virtual_time
 
 
 def test_softmax_rows_sum_to_one():
@@ -225,3 +226,34 @@ def test_a_failing_heavy_tier_degrades_any_class_even_with_degrading_off():
 
     result = degrading_run(Tiers([SURE, UNSURE], heavy=ModelFailure("boom")), Priority.HIGH, Degrading([], 0.1))
     assert result.degraded and result.served_by == ["light", "light"]
+
+
+class SilentHeavy(Tiers):
+    """A heavy tier whose replicas went with their node: its call never returns."""
+
+    async def submit(self, model: str, payload, items, priority, deadline, timing) -> np.ndarray:
+        if model == "heavy":
+            self.calls.append((model, payload))
+            await asyncio.sleep(3600)
+        return await super().submit(model, payload, items, priority, deadline, timing)
+
+
+@virtual_time
+async def test_a_heavy_tier_that_gives_no_answer_in_time_leaves_the_light_answer() -> None:
+    tiers = SilentHeavy([SURE, UNSURE])
+    cascade = Cascade("route", "light", "heavy", CascadePolicy(0.9), tiers.submit, heavy_wait_s=1.0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    result = await cascade.classify(["a", "b"], Priority.HIGH, None)
+    assert loop.time() - started == pytest.approx(1.0)
+    assert result.served_by == ["light", "light"] and "no answer within 1 s" in (result.degraded or "")
+    np.testing.assert_allclose(result.logits, [SURE, UNSURE])
+    assert cascade.counts["degraded"] == 1
+
+
+@virtual_time
+async def test_without_a_bound_an_escalation_waits_for_the_heavy_tier() -> None:
+    tiers = SilentHeavy([UNSURE])
+    cascade = Cascade("route", "light", "heavy", CascadePolicy(0.9), tiers.submit)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(cascade.classify(["a"], Priority.NORMAL, None), 60)

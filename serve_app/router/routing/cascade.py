@@ -3,6 +3,7 @@ how a route runs its tiers and falls back when one fails (`Cascade`). No Ray her
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -81,8 +82,9 @@ class Cascade:
       the light tier without asking the heavy one, while the heavy queue stands; and when the heavy
       tier refuses (overloaded, too slow for the deadline), a class the route lets degrade gets
       the light answer in hand, any other class the refusal (`degraded` says which happened);
-    - the heavy tier fails (behind an open circuit, a model error, its replica died): the light
-      answer in hand beats an error (`degraded`), whatever the class;
+    - the heavy tier fails (behind an open circuit, a model error, its replica died), or has not
+      answered within `heavy_wait_s` (its replicas lost with their node, say, while Serve places
+      new ones): the light answer in hand beats an error or a wait (`degraded`), whatever the class;
     - a client error from the heavy tier is the answer.
     `counts` gets the items each outcome served: light, heavy, fallback, degraded.
     """
@@ -96,12 +98,14 @@ class Cascade:
         submit: Submit,
         degrading: Degrading | None = None,
         standing: Standing = lambda deployment: 0.0,
+        heavy_wait_s: float | None = None,
     ) -> None:
         self.route, self.light, self.heavy = route, light, heavy
         self.policy = policy
         self.submit = submit
         self.degrading = degrading
         self.standing = standing
+        self.heavy_wait_s = heavy_wait_s
         self.counts: Counter[str] = Counter()
 
     async def classify(
@@ -139,7 +143,13 @@ class Cascade:
         idx = np.flatnonzero(escalate)
         subset = [payload[i] for i in idx] if isinstance(payload, list) else payload[idx]
         try:
-            heavy = await self.submit(heavy_tier, subset, escalated, priority, deadline, timing)
+            heavy = await asyncio.wait_for(
+                self.submit(heavy_tier, subset, escalated, priority, deadline, timing), self.heavy_wait_s
+            )
+        except TimeoutError:
+            self.counts["degraded"] += escalated
+            why = f"{heavy_tier} gave no answer within {self.heavy_wait_s:g} s; answered by {light_tier}"
+            return ClassifierResult(light, [light_tier] * n, why)
         except Exception as e:
             if isinstance(e, ServeAppError) and e.status_code < 500:
                 raise

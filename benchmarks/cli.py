@@ -336,9 +336,12 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     import yaml
 
     from benchmarks import report, scenarios
+    from serve_app.config import AppArgs
 
     config = yaml.safe_load(ns.config.read_text())
-    model_dir = (ns.model_dir or Path(config["applications"][0]["args"]["model_dir"])).resolve()
+    # Where the app itself reads its models: the config's `model_dir`, else its default.
+    shipped = AppArgs.model_fields["model_dir"].default
+    model_dir = (ns.model_dir or Path(config["applications"][0]["args"].get("model_dir", shipped))).resolve()
     make = scenarios.Settings.smoke if ns.smoke else scenarios.Settings
     if ns.scenario == "generation":
         ns.models = ["gpt"]

@@ -30,6 +30,7 @@ from serve_app.config import in_pool, member_path
 from serve_app.contract import BULK, BatchReply
 from serve_app.families import family, load
 from serve_app.models.classifier import Classifier
+from serve_app.models.prediction import Prediction
 from serve_app.process.heaptrim import HeapTrim
 
 logger = logging.getLogger("ray.serve")
@@ -134,6 +135,12 @@ class ModelPool:
             reply.load_s = loaded - started
         reply.replica, reply.held = self.replica, tuple(self.instances)
         return reply
+
+    async def classify(self, item: Any) -> Prediction:
+        """One input for the model a `DeploymentHandle` caller names as Serve's multiplexed model id
+        (`handle.options(multiplexed_model_id="reviews-en")`), batched with that model's other single
+        inputs (Classifier.classify: Serve's batching keeps each batch to one model id)."""
+        return await (await self._current()).classify(item)
 
     def stats(self) -> dict[str, Any]:
         """This replica's share of the pool: what it holds, its loads, its batches (and how many of

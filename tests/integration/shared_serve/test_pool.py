@@ -88,6 +88,18 @@ def test_each_model_of_the_pool_answers_with_its_own_labels(app_url: str) -> Non
     assert classify(app_url, "other-model").status_code == 404
 
 
+def test_a_handle_caller_names_the_pools_model_and_gets_its_answer(app_url: str) -> None:
+    pool = deployment_handle("reviews-pool", "default")
+    texts = [f"a fine film {i}" for i in range(12)]
+    asked = {m: [pool.options(multiplexed_model_id=m).classify.remote(t) for t in texts] for m in MEMBERS[:2]}
+    for model, calls in asked.items():
+        for text, call in zip(texts, calls, strict=True):
+            answer = call.result(timeout_s=60)
+            routed = classify(app_url, model, text).json()
+            assert answer.label == next(o["data"] for o in routed["outputs"] if o["name"] == "label")[0]
+            assert answer.label.startswith(model.rsplit("-", 1)[1])
+
+
 def test_a_replica_holds_at_most_its_share_and_loads_an_evicted_model_again(app_url: str) -> None:
     pool = deployment_handle("reviews-pool", "default")
     for model in (*MEMBERS, MEMBERS[0]):  # three models through room for two: the first comes back

@@ -121,6 +121,19 @@ def _cmd_k8s_monitoring(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _add_calibrate(cal: argparse.ArgumentParser) -> None:
+    cal.add_argument("--config", default="configs/local.yaml")
+    cal.add_argument("--model-dir")
+    cal.add_argument("--route", nargs="+", help="default: every route of the config")
+    cal.add_argument("--max-drop-pp", type=float, default=0.5, help="accuracy points the cascade may lose vs heavy-only")
+    cal.add_argument("--n", type=int, default=2000, help="demo presets: items per split (validation fits, test reports)")
+    cal.add_argument(
+        "--data", type=Path, help="your labelled data, an .npz of `inputs` and `labels` (half fits, half reports); "
+        "needed for any route whose tiers are not demo presets",
+    )  # fmt: skip
+    cal.set_defaults(func=_cmd_calibrate)
+
+
 def _add_k8s(parser: argparse.ArgumentParser) -> None:
     """`serve-app k8s render` and `serve-app k8s monitoring`."""
     k8s = parser.add_subparsers(dest="action", required=True)
@@ -181,17 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         "ingress-env", help="print the ingress settings as `export` lines, for every node of a `ray start` cluster"
     ).set_defaults(func=_cmd_ingress_env)
 
-    cal = sub.add_parser("calibrate", help="fit each route's escalation threshold on held-out data")
-    cal.add_argument("--config", default="configs/local.yaml")
-    cal.add_argument("--model-dir")
-    cal.add_argument("--route", nargs="+", help="default: every route of the config")
-    cal.add_argument("--max-drop-pp", type=float, default=0.5, help="accuracy points the cascade may lose vs heavy-only")
-    cal.add_argument("--n", type=int, default=2000, help="demo presets: items per split (validation fits, test reports)")
-    cal.add_argument(
-        "--data", type=Path, help="your labelled data, an .npz of `inputs` and `labels` (half fits, half reports); "
-        "needed for any route whose tiers are not demo presets",
-    )  # fmt: skip
-    cal.set_defaults(func=_cmd_calibrate)
+    _add_calibrate(sub.add_parser("calibrate", help="fit each route's escalation threshold on held-out data"))
 
     keys = sub.add_parser("keys", help="API keys for `tenants`").add_subparsers(dest="action", required=True)
     new_key = keys.add_parser("new", help="print a new random key and the key_sha256 to put in the config")

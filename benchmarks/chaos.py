@@ -46,6 +46,7 @@ import yaml
 
 from benchmarks import workloads
 from benchmarks.cluster import HTTP_PORT, RAY_PORT, Probe, RayCluster, run_loadgen
+from benchmarks.cores import server_argv
 from benchmarks.scenarios import DEFAULT_INGRESS, single_versions
 from serve_app.tools.kuberay import INGRESS_RESOURCE  # the head offers it, as KubeRay's ingress pods do: routers run there alone
 
@@ -100,10 +101,10 @@ class MultiNodeCluster(RayCluster):
     def add_worker(self) -> None:
         # Ports of its own: two raylets on one host must not share agent or worker ports.
         subprocess.run(
-            ["ray", "start", f"--address=127.0.0.1:{RAY_PORT}", f"--num-cpus={self.worker_cpus}",
+            server_argv(["ray", "start", f"--address=127.0.0.1:{RAY_PORT}", f"--num-cpus={self.worker_cpus}",
              f"--resources={json.dumps({WORKER_RESOURCE: 1})}", f"--node-manager-port={WORKER_NODE_MANAGER_PORT}",
              "--dashboard-agent-listen-port=52366", "--min-worker-port=15000", "--max-worker-port=19999",
-             "--disable-usage-stats"],
+             "--disable-usage-stats"]),
             env=self.env, check=True, capture_output=True,
         )  # fmt: skip
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cores import CorePlan, usable_cores
+
 SCENARIOS = {
     "compare": "limit (ONNX Runtime in-process at its best batch size), naive (FastAPI + ORT, one session.run per "
     "request, one worker), plain Ray Serve (the model as its own ingress with @serve.batch) and ours (the full app "
@@ -86,6 +88,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, help="measured seconds per point")
     p.add_argument("--concurrency", type=int, nargs="+", help="closed-loop levels of the compare curves")
     p.add_argument("--smoke", action="store_true", help="a few seconds per step: checks the harness, not the numbers")
+    p.add_argument(
+        "--client-cores",
+        help="taskset list for the harness and its load generators (default: the highest usable core; benchmarks/cores.py)",
+    )
+    p.add_argument("--server-cores", help="taskset list for Ray, HAProxy, Redis and the baselines (default: the rest)")
+    p.add_argument(
+        "--shared-cores",
+        action="store_true",
+        help="client and server on every core, as a figure that does not count as a user's would (--smoke's default)",
+    )
     p.add_argument("--batch", type=int, default=16, help="generation: KV slots = max_batch_size (default: %(default)s)")
     p.add_argument(
         "--request-waits",
@@ -332,12 +344,24 @@ RUNNERS: dict[str, Callable[[Invocation], Any]] = {
 }
 
 
+def core_plan(ns: argparse.Namespace) -> CorePlan:
+    """Clients on cores of their own unless told to share (a smoke run checks the harness only)."""
+    if ns.shared_cores or (ns.smoke and not (ns.client_cores or ns.server_cores)):
+        return CorePlan(None, None)
+    try:
+        return CorePlan.split(usable_cores(), ns.client_cores, ns.server_cores)
+    except ValueError as e:
+        raise SystemExit(f"--client-cores/--server-cores: {e}") from None
+
+
 def run(ns: argparse.Namespace, argv: list[str]) -> int:
     import yaml
 
     from benchmarks import report, scenarios
     from serve_app.config import AppArgs
 
+    plan = core_plan(ns)
+    plan.apply()
     config = yaml.safe_load(ns.config.read_text())
     # Where the app itself reads its models: the config's `model_dir`, else its default.
     shipped = AppArgs.model_fields["model_dir"].default
@@ -369,6 +393,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         "scenario": ns.scenario,
         "command": "python -m benchmarks " + shlex.join(argv),
         "machine": report.machine_info(),
+        "cores": plan.record(),
         "settings": s.to_json(),
         # The models measured that this config has (a route's scenario measures its tiers, whatever --models says).
         "model_sizes": {m: report.model_size(model_dir / m) for m in s.models if (model_dir / m).is_dir()},

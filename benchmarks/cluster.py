@@ -24,6 +24,7 @@ import psutil
 import yaml
 
 from benchmarks import procs
+from benchmarks.cores import server_argv
 from benchmarks.kept import (
     REUSE_ENV,
     arm_deleter,
@@ -127,7 +128,7 @@ class RayCluster:
         ensure_auth_token(self.env)
         start = ["ray", "start", "--head", f"--port={RAY_PORT}", "--include-dashboard=false", "--disable-usage-stats"]
         subprocess.run(
-            [*start, *self.head_args],
+            server_argv([*start, *self.head_args]),
             env=self.env,
             check=True,
             capture_output=True,
@@ -387,8 +388,8 @@ class Probe:
 def naive_server(model_dir: Path, name: str, probe: Probe, gpu_ids: list[str] | None = None) -> Iterator[str]:
     env = {**base_env(), "BENCH_MODEL_DIR": str(model_dir), "BENCH_MODEL_NAME": name, "BENCH_GPU_IDS": ",".join(gpu_ids or [])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "benchmarks.baselines.naive_server:app", "--port", str(NAIVE_PORT),
-         "--workers", "1", "--no-access-log", "--log-level", "warning"],
+        server_argv([sys.executable, "-m", "uvicorn", "benchmarks.baselines.naive_server:app", "--port", str(NAIVE_PORT),
+                     "--workers", "1", "--no-access-log", "--log-level", "warning"]),
         env=env,
     )  # fmt: skip
     url = f"http://127.0.0.1:{NAIVE_PORT}"

@@ -63,6 +63,7 @@ class GoodputSettings:
     timeout_s: float = 10.0  # the client's timeout per request
     capacity_clients: int = 32
     capacity_seconds: float = 10.0
+    capacity_points: int = 3  # closed-loop runs; the capacity is their median
     # The rate the loads are multiples of, instead of this run's measured capacity (still measured
     # and reported): runs that compare two configs offer the same requests per second, however
     # fast the machine was when each measured its capacity.
@@ -75,7 +76,15 @@ class GoodputSettings:
 
     @classmethod
     def smoke(cls) -> GoodputSettings:
-        return cls(loads=(0.5, 2.0), mixes=("10/30/60",), seconds=3.0, warmup=1.0, capacity_seconds=3.0, capacity_clients=8)
+        return cls(
+            loads=(0.5, 2.0),
+            mixes=("10/30/60",),
+            seconds=3.0,
+            warmup=1.0,
+            capacity_seconds=3.0,
+            capacity_clients=8,
+            capacity_points=1,
+        )
 
 
 @dataclass
@@ -305,12 +314,25 @@ def run(s: GoodputSettings, model_dir: Path, config_path: Path) -> dict[str, Any
 
 
 def capacity_point(workload: Path, s: GoodputSettings) -> dict[str, Any]:
-    """Closed-loop normal-priority clients on the model: its capacity. Its cores by role too: a
-    point that answers less than capacity is read against them."""
-    cap = run_loadgen(BASE_URL, workload, {"concurrency": s.capacity_clients}, s.capacity_seconds, s.warmup)
+    """Closed-loop normal-priority clients on the model, `capacity_points` times: its capacity is
+    the median point (one point is one draw of the machine's noise, and every ratio divides by
+    it), with every point's rate beside it. Its cores by role too: a point that answers less than
+    capacity is read against them."""
+    runs = [
+        run_loadgen(BASE_URL, workload, {"concurrency": s.capacity_clients}, s.capacity_seconds, s.warmup)
+        for _ in range(s.capacity_points)
+    ]
+    cap = median_run(runs)
     return {"goodput_rps": float(cap["goodput_rps"]), "p99_ms": cap["p99_ms"], "statuses": cap["statuses"],
+            "points_rps": [float(r["goodput_rps"]) for r in runs],
             "cpu_cores_by_role": cap.get("cpu_cores_by_role"),
             **({"scored": cap["scored"]} if "scored" in cap else {})}  # fmt: skip
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run whose goodput is the median (the lower middle of an even count)."""
+    ranked = sorted(runs, key=lambda r: float(r["goodput_rps"]))
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def drift(out: dict[str, Any]) -> float | None:

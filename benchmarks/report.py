@@ -16,6 +16,7 @@ from typing import Any
 from benchmarks import (
     chaos,
     contention,
+    cores,
     cost,
     flood,
     generation,
@@ -62,9 +63,10 @@ def machine_info() -> dict[str, Any]:
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
-        # `taskset -c 0-1 python -m benchmarks ...` runs the whole stack (Ray, its workers, the load
-        # generator) on fewer cores than the machine has: the report must say which it measured.
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        # The server's cores: fewer than the machine's where the client has its own
+        # (benchmarks/cores.py) or `taskset` narrowed the whole run.
+        "usable_cores": _server_cores(),
+        "cores_plan": cores.in_force(),
         "memory_gib": mem_gib,
         "gpu": gpu_info(),
         "python": platform.python_version(),
@@ -72,6 +74,14 @@ def machine_info() -> dict[str, Any]:
         "commit": commit,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _server_cores() -> int | None:
+    """The cores the server ran on: the plan's where clients had cores of their own
+    (benchmarks/cores.py), else every core this process may use."""
+    if (server := cores.in_force().get("server_cores")) is not None:
+        return len(cores.parse(str(server)))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def gpu_info() -> list[dict[str, str]] | None:

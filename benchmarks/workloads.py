@@ -2,7 +2,10 @@
 
 A workload is JSON: weighted streams, each with a path, headers and a list of
 request bodies that the load generator cycles through. Bodies are held-out test
-items (TEST_SEED), so every setup sees the same inputs.
+items (TEST_SEED), so every setup sees the same inputs; by rule (`v2_infer`) at
+least `DISTINCT_INPUTS` of them a stream, with the response cache off
+(`Cache-Control: no-cache`): a figure from a few cycled inputs measures the light
+tier's luck on them and the cache, not the server.
 """
 
 from __future__ import annotations
@@ -20,9 +23,22 @@ from serve_app.manifest import Manifest
 from serve_app.protocols.v2 import NUMPY_DTYPES
 from serve_app.zoo.data import TEST_SEED, sentiment_dataset, shapes_dataset
 
+DISTINCT_INPUTS = 1000  # held-out inputs a load stream cycles through, at least
+NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+def held_out_texts(n: int) -> tuple[list[str], list[int]]:
+    """`n` distinct held-out texts and their labels (the generator repeats a text now and then)."""
+    texts, truth = sentiment_dataset(n + n // 8 + 8, TEST_SEED)
+    first = {text: i for i, text in reversed(list(enumerate(texts)))}
+    keep = sorted(first.values())[:n]
+    if len(keep) < n:
+        raise ValueError(f"the held-out split has only {len(keep)} distinct texts here, {n} wanted")
+    return [texts[i] for i in keep], [int(truth[i]) for i in keep]
+
 
 def text_bodies(n: int, items_per_request: int = 1) -> list[dict[str, Any]]:
-    texts, _ = sentiment_dataset(n * items_per_request, TEST_SEED)
+    texts, _ = held_out_texts(n * items_per_request)
     return [
         {
             "inputs": [
@@ -56,13 +72,14 @@ def bodies_for(model_dir: Path, n: int = 64) -> list[dict[str, Any]]:
 def labels_for(model_dir: Path, n: int = 64) -> list[str]:
     """The true label of each of `bodies_for`'s inputs (one item a request), by the model's label names."""
     manifest = Manifest.load(model_dir)
+    truth: list[int]
     if manifest.family == "resnet":
-        _, truth = shapes_dataset(n, TEST_SEED, manifest.image_size or 32)
+        truth = [int(i) for i in shapes_dataset(n, TEST_SEED, manifest.image_size or 32)[1]]
     elif manifest.family == "bert":
-        _, truth = sentiment_dataset(n, TEST_SEED)
+        truth = held_out_texts(n)[1]
     else:
         raise ValueError(f"{model_dir}: no labels for family {manifest.family!r}")
-    return [manifest.labels[int(i)] for i in truth]
+    return [manifest.labels[i] for i in truth]
 
 
 def binary_body(body: dict[str, Any]) -> tuple[bytes, int]:
@@ -117,13 +134,14 @@ def v2_infer(
     model_dir: Path,
     priority: str | None = None,
     weight: float = 1.0,
-    n: int = 64,
+    n: int = DISTINCT_INPUTS,
     binary: bool = False,
     scored: bool = False,
 ) -> StreamSpec:
-    """Inference on `model` (a model or a route) with inputs for the model in `model_dir`.
-    `scored`: with the inputs' true labels, so that the load generator scores the answers."""
-    headers = {"X-Priority": priority} if priority else {}
+    """Inference on `model` (a model or a route) with `n` distinct held-out inputs for the model in
+    `model_dir`, the response cache off. `scored`: with the inputs' true labels, so that the load
+    generator scores the answers."""
+    headers = {**NO_CACHE, **({"X-Priority": priority} if priority else {})}
     name = f"{model}/{priority}" if priority else model
     labels = labels_for(model_dir, n) if scored else None
     return StreamSpec(name, f"/v2/models/{model}/infer", bodies_for(model_dir, n), weight, headers, binary, labels=labels)

@@ -39,7 +39,7 @@ HEADER = """\
 # group that runs the routers, one a pod, and an autoscaled GPU worker group (two pods at
 # least) whose pods carry the models baked into the image. The render's changes to
 # configs/gpu.yaml's application are marked "(render)": routers on the ingress
-# pods; a model's replicas on different GPU pods, every route's light tier on two of them.
+# pods; a model's replicas on different GPU pods, two at least (a pod's loss or a rolling update).
 # How pods get their models: a model's `path` inside the image (SERVE_APP_MODEL_DIR holds the
 # built ones), or `path: s3://bucket/prefix`, fetched once per pod into its model cache
 # before the replica loads it, with the credentials of the optional Secret
@@ -136,9 +136,14 @@ _ROUTER_RESOURCES = (
     "    # (render) routers run on the ingress group's CPU pods: resources.ingress\n"
     f"    ray_actor_options: {{resources: {{{INGRESS_RESOURCE}: {INGRESS_PER_ROUTER}}}, "
 )
-GPU_PODS = 2  # the GPU group's least: a pod's loss leaves every route a light tier to answer from
+GPU_PODS = 2  # the GPU group's least: a pod's loss leaves every model a replica to answer from
 _SPREAD = "    max_replicas_per_node: 1  # (render) one model's replicas on different GPU pods\n"
-_LIGHT_NOTE = f"    # (render) min_replicas {GPU_PODS}: a light tier on {GPU_PODS} GPU pods, so one pod's loss leaves one\n"
+# Serve stops a replica of the old version before starting its new one, and a change of the app's
+# args (a model added, a batch size) gives every deployment a new version: with one replica a
+# model is gone for its restart, as for its pod's loss.
+_TWO_NOTE = (
+    f"    # (render) min_replicas {GPU_PODS}: on {GPU_PODS} GPU pods, so one pod's loss or a rolling update leaves one\n"
+)
 
 
 def for_the_cluster_text(gpu_text: str) -> str:
@@ -150,7 +155,6 @@ def for_the_cluster_text(gpu_text: str) -> str:
     text, found = _ROUTER_OPTIONS.subn(lambda m: m.group(1) + _ROUTER_RESOURCES, gpu_text, count=1)
     if not found:
         raise ValueError("configs/gpu.yaml: no `ray_actor_options: {...}` under the router deployment to add its resources to")
-    lights = _light_tiers(yaml.safe_load(gpu_text))
     head, *blocks = re.split(r"(?m)^(?=  - name: )", text)
     edited = []
     for block in blocks:
@@ -158,21 +162,16 @@ def for_the_cluster_text(gpu_text: str) -> str:
         if name != "router":
             first, rest = block.split("\n", 1)
             block = f"{first}\n{_SPREAD}{rest}"
-            if name in lights:
-                least = rf"\g<1>min_replicas: {GPU_PODS}"
-                block, n = re.subn(r"(?m)^(    autoscaling_config: \{.*?)min_replicas: \d+", least, block, count=1)
-                block = f"{first}\n{_LIGHT_NOTE}{block.split(chr(10), 1)[1]}"  # the note right under the name
-                if not n:
-                    raise ValueError(f"configs/gpu.yaml: {name} (a light tier) has no autoscaling_config.min_replicas")
+            least = rf"\g<1>min_replicas: {GPU_PODS}"
+            block, n = re.subn(r"(?m)^(    autoscaling_config: \{.*?)min_replicas: \d+", least, block, count=1)
+            block = f"{first}\n{_TWO_NOTE}{block.split(chr(10), 1)[1]}"  # the note right under the name
+            if not n:
+                raise ValueError(f"configs/gpu.yaml: {name} has no autoscaling_config.min_replicas")
         edited.append(block)
     text = head + "".join(edited)
     if yaml.safe_load(text) != for_the_cluster(yaml.safe_load(gpu_text)):
         raise ValueError("configs/gpu.yaml: the render's additions clash with settings it already has; remove those")
     return text
-
-
-def _light_tiers(serve_config: dict[str, Any]) -> set[str]:
-    return {r["light"] for app in serve_config["applications"] for r in app["args"].get("routes", {}).values()}
 
 
 class _Block(str):
@@ -181,8 +180,7 @@ class _Block(str):
 
 def for_the_cluster(serve_config: dict[str, Any]) -> dict[str, Any]:
     """The application as the manifest runs it: each router on an ingress pod of its own; each
-    model's replicas on different GPU pods, and every route's light tier on at least two."""
-    lights = _light_tiers(serve_config)
+    model's replicas on different GPU pods, at least two of them."""
     for app in serve_config["applications"]:
         for d in app.get("deployments", []):
             if d["name"] == "router":
@@ -190,8 +188,7 @@ def for_the_cluster(serve_config: dict[str, Any]) -> dict[str, Any]:
                 options["resources"] = {**options.get("resources", {}), INGRESS_RESOURCE: INGRESS_PER_ROUTER}
                 continue
             d["max_replicas_per_node"] = 1
-            if d["name"] in lights:
-                d["autoscaling_config"]["min_replicas"] = GPU_PODS
+            d["autoscaling_config"]["min_replicas"] = max(GPU_PODS, d["autoscaling_config"].get("min_replicas", 1))
     return serve_config
 
 

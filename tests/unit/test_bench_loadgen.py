@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import loadgen, workloads
+from serve_app.manifest import Manifest
 
 
 def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event, port_box: list[int]) -> None:
@@ -283,3 +284,16 @@ def test_a_stream_with_labels_keeps_its_answers_and_records_which_body_went(serv
     assert stream.last_body == 0
     stream.next_request()
     assert stream.last_body == 1
+
+
+@pytest.mark.parametrize("model", ["bert-light", "resnet-light"])
+def test_a_load_stream_cycles_a_thousand_distinct_held_out_inputs_with_the_cache_off(tiny_model_dir: Path, model: str):
+    spec = workloads.v2_infer(model, tiny_model_dir / model, "low", scored=True)
+    assert len({json.dumps(b, sort_keys=True) for b in spec.bodies}) >= workloads.DISTINCT_INPUTS
+    assert spec.headers == {"Cache-Control": "no-cache", "X-Priority": "low"}
+    assert spec.labels is not None and len(spec.labels) == len(spec.bodies)
+    if model == "bert-light":  # each text's label is the held-out split's label of that text
+        texts, truth = workloads.held_out_texts(len(spec.bodies))
+        names = Manifest.load(tiny_model_dir / model).labels
+        assert [b["inputs"][0]["data"][0] for b in spec.bodies] == texts
+        assert spec.labels == [names[t] for t in truth]

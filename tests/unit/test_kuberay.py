@@ -66,21 +66,24 @@ def test_serve_config_v2_is_the_gpu_application_as_the_cluster_runs_it():
     gpu = yaml.safe_load(GPU_CONFIG.read_text())
     deployments = {d["name"]: d for d in embedded["applications"][0]["deployments"]}
     assert deployments["router"]["ray_actor_options"]["resources"] == {INGRESS_RESOURCE: 1}
-    # A pod's loss leaves every route a light tier, and no model all its replicas on one pod.
-    for route in embedded["applications"][0]["args"]["routes"].values():
-        assert deployments[route["light"]]["autoscaling_config"]["min_replicas"] >= 2
+    # A pod's loss or a rolling update leaves every model a replica, none with all of them on one pod.
+    models = [d for n, d in deployments.items() if n != "router"]
+    assert models and all(d["autoscaling_config"]["min_replicas"] >= 2 for d in models)
     assert all(d.get("max_replicas_per_node") == 1 for n, d in deployments.items() if n != "router")
     # Nothing else differs from configs/gpu.yaml.
     assert embedded == for_the_cluster(yaml.safe_load(GPU_CONFIG.read_text())) != gpu
 
 
-def test_gpu_pods_hold_every_light_tier_twice():
+def test_gpu_pods_hold_every_model_twice():
     cluster = yaml.safe_load(MANIFEST.read_text())["spec"]["rayClusterConfig"]
     (gpu,) = [g for g in cluster["workerGroupSpecs"] if g["groupName"] == "gpu"]
     app = serve_config_of(MANIFEST.read_text())["applications"][0]
-    lights = {r["light"] for r in app["args"]["routes"].values()}
-    least = max(d["autoscaling_config"]["min_replicas"] for d in app["deployments"] if d["name"] in lights)
+    models = [d for d in app["deployments"] if d["name"] != "router"]
+    least = max(d["autoscaling_config"]["min_replicas"] for d in models)
     assert gpu["minReplicas"] >= least and gpu["replicas"] >= least
+    # One replica of every model fits one pod's GPUs, so `least` pods hold them all at their minimum.
+    gpus = float(gpu["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    assert sum(d["ray_actor_options"].get("num_gpus", 0) for d in models) <= gpus
 
 
 def test_routers_fit_the_ingress_group_and_the_models_do_not():

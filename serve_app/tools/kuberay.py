@@ -141,9 +141,7 @@ _SPREAD = "    max_replicas_per_node: 1  # (render) one model's replicas on diff
 # Serve stops a replica of the old version before starting its new one, and a change of the app's
 # args (a model added, a batch size) gives every deployment a new version: with one replica a
 # model is gone for its restart, as for its pod's loss.
-_TWO_NOTE = (
-    f"    # (render) min_replicas {GPU_PODS}: on {GPU_PODS} GPU pods, so one pod's loss or a rolling update leaves one\n"
-)
+_TWO_NOTE = f"    # (render) min_replicas {GPU_PODS}: on {GPU_PODS} GPU pods, so one pod's loss or a rolling update leaves one\n"
 
 
 def for_the_cluster_text(gpu_text: str) -> str:

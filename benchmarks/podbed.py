@@ -142,7 +142,8 @@ class Bed:
         data = self.workdir / "redis"
         data.mkdir(exist_ok=True)
         env = {"PATH": f"{bindir}:{os.environ['PATH']}", "REDIS_PASSWORD": password, "HOME": str(data)}
-        argv = host.command(self._in_group("redis", cpu, [*prefix, shell]), self.server_cores)
+        # Into the group before `ip netns exec`, whose own view of /sys has no cgroup tree.
+        argv = self._in_group("redis", cpu, host.command([*prefix, shell], self.server_cores))
         self.procs["redis"] = subprocess.Popen(argv, env=env, cwd=data, stdout=self._logfile("redis"), stderr=subprocess.STDOUT)
 
     def start_pod(self, name: str) -> None:
@@ -151,7 +152,7 @@ class Bed:
         temp = self.workdir / name
         temp.mkdir(parents=True, exist_ok=True)
         command = pod.command + f" --temp-dir={shlex.quote(str(temp))}"
-        argv = host.command(self._in_group(name, pod.cpu, ["/bin/bash", "-c", "--", command]), self.server_cores)
+        argv = self._in_group(name, pod.cpu, host.command(["/bin/bash", "-c", "--", command], self.server_cores))
         self.procs[name] = subprocess.Popen(
             argv, env=self.pod_env(pod), cwd=ROOT, stdout=self._logfile(name), stderr=subprocess.STDOUT
         )

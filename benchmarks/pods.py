@@ -10,7 +10,11 @@ Scenarios (each starts the bed from k8s/rayservice.yaml, benchmarks/podbed.py):
   operator recreates them; the head's container restarts in place.
 - upgrade: a changed serveConfigV2 (the canary's weight, one batch size, one added model) PUT under
   load: what the clients saw, the time to running, and the canary's share measured in the answers.
-- all: start, pod-loss, upgrade on one bed.
+- scale-out: open-loop load stepping up past what the pods hold and back down: routers and model
+  replicas follow by the shipped autoscaling policies (the bed adds pods as KubeRay's autoscaler
+  would); per step goodput (answers within `--goodput-deadline-s`) over what was sent, p99, and
+  the routers and replicas counted each second.
+- all: start, pod-loss, upgrade, scale-out on one bed.
 
 The bed stands in for the operator's autoscaler too: a replica that fits on no pod gets a new pod
 of the group that can hold it (benchmarks/podbed.py, `follow_demand`).
@@ -40,7 +44,7 @@ from benchmarks.podbed import ROOT, SERVE_PORT, Bed
 from benchmarks.podclient import REFUSED_TO_THE_END, TIMED_OUT
 
 RESULTS = ROOT / "benchmarks" / "results" / "pods"
-SCENARIOS = ("start", "pod-loss", "upgrade")
+SCENARIOS = ("start", "pod-loss", "upgrade", "scale-out")
 ADDED = "bert-light-b"  # the model the upgrade adds
 KILLS = ("worker", "ingress", "head")
 # No answer by the client's deadline: no status at all, timed out, or refused with Retry-After to the end.
@@ -266,6 +270,63 @@ def wait_ready_ingress(bed: Bed, timeout_s: float) -> str:
     raise TimeoutError(f"no ingress pod ready within {timeout_s:.0f} s")
 
 
+def step_summary(records: Sequence[Sequence[Any]], window: tuple[float, float], deadline_s: float) -> dict[str, Any]:
+    """One step of the scale-out: what was sent in it, answered in time (goodput), p99 of the answers."""
+    inside = [r for r in records if window[0] <= r[1] < window[1]]
+    answered = sorted(r[2] - r[1] for r in inside if r[3] == 200)
+    out = summarize(records, window)
+    seconds = window[1] - window[0]
+    out |= {
+        "offered_rps": round(len(inside) / seconds, 2),
+        "goodput_rps": round(sum(1 for t in answered if t <= deadline_s) / seconds, 2),
+        "goodput_over_offered": round(sum(1 for t in answered if t <= deadline_s) / len(inside), 3) if inside else None,
+        "p99_ms": round(answered[min(len(answered) - 1, int(0.99 * len(answered)))] * 1e3, 1) if answered else None,
+    }
+    return out
+
+
+def scale_out_phase(bed: Bed, ns: argparse.Namespace, bodies: Path) -> dict[str, Any]:
+    """Load stepping through `ns.rates`, one client per step; the replicas sampled every second."""
+    counts: list[dict[str, Any]] = []
+    stop = threading.Event()
+    endpoints = bed.workdir / "endpoints.json"
+    threads = [threading.Thread(target=bed.follow_endpoints, args=(endpoints, stop), daemon=True)]
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                now = placement(bed)
+                counts.append({"t": round(time.time(), 1), "pods": len(bed.pods), **{d: len(p) for d, p in now.items()}})
+            except Exception:  # the dashboard busy: the next second's sample
+                pass
+            stop.wait(1.0)
+
+    threads.append(threading.Thread(target=sample, daemon=True))
+    for t in threads:
+        t.start()
+    steps = []
+    for i, rate in enumerate(ns.rates):
+        out = bed.workdir / f"client-scale-{i}.json"
+        step_ns = argparse.Namespace(**{**vars(ns), "rate": rate})
+        client = run_client(bed, step_ns, bodies, out, ns.step_s, endpoints)
+        client.wait(timeout=ns.step_s + ns.deadline_s + 120)
+        data = json.loads(out.read_text())
+        window = (data["start"], data["start"] + data["seconds"])
+        inside = [c for c in counts if window[0] <= c["t"] < window[1]]
+        steps.append({
+            "rate": rate,
+            "dropped_by_client": data["dropped_by_client"],
+            **step_summary(data["records"], window, ns.goodput_deadline_s),
+            "routers": sorted({c.get("router", 0) for c in inside}),
+            "replicas_max": {d: max(c.get(d, 0) for c in inside) for d in (inside[-1] if inside else {}) if d != "t"},
+        })  # fmt: skip
+    stop.set()
+    for t in threads:
+        t.join(timeout=15)
+    return {"rates": list(ns.rates), "step_s": ns.step_s, "goodput_deadline_s": ns.goodput_deadline_s, "steps": steps,
+            "timeline": counts}  # fmt: skip
+
+
 def save(result: dict[str, Any], ns: argparse.Namespace) -> Path:
     """result.json and README.md, written after each phase so a later phase's failure keeps the rest."""
     out = Path(ns.out) if ns.out else RESULTS / ns.scenario
@@ -316,6 +377,11 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             bodies = bed.workdir / "bodies-upgrade.json"
             write_bodies(bed.model_dir, bodies, ns.inputs, direct=("bert-heavy",))
             result["upgrade"] = upgrade_phase(bed, ns, bodies)
+            save(result, ns)
+        if ns.scenario in ("scale-out", "all"):
+            bodies = bed.workdir / "bodies.json"
+            write_bodies(bed.model_dir, bodies, ns.inputs)
+            result["scale_out"] = scale_out_phase(bed, ns, bodies)
         save(result, ns)
     return result
 
@@ -380,6 +446,21 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{w['answered_after_connection_error']} | {w['failed'] or 0} | {w['lost']} | {gaps} | "
                 f"{k['cluster_whole_after_s']} |"
             )
+    scale = result.get("scale_out")
+    if scale:
+        lines += [
+            "",
+            f"Scale-out: open-loop steps of {scale['step_s']:g} s; goodput is answers within {scale['goodput_deadline_s']:g} s.",
+            "",
+            "| rate | offered | goodput/offered | p99 ms | lost | after 503 | after conn. error | routers | pods (most) |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *(
+                f"| {st['rate']:g} | {st['offered_rps']} | {st['goodput_over_offered']} | {st['p99_ms']} | {st['lost']} | "
+                f"{st['answered_after_refusal']} | {st['answered_after_connection_error']} | {st['routers']} | "
+                f"{st['replicas_max'].get('pods')} |"
+                for st in scale["steps"]
+            ),
+        ]
     up = result.get("upgrade")
     if up:
         w = up["whole"]
@@ -413,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=30.0)
     p.add_argument("--kills", nargs="*", default=list(KILLS), choices=KILLS)
     p.add_argument("--start-timeout-s", type=float, default=600.0)
+    p.add_argument("--rates", type=float, nargs="+", default=[5, 15, 30, 15, 5], help="scale-out: each step's rate")
+    p.add_argument("--step-s", type=float, default=60.0, help="scale-out: seconds a step")
+    p.add_argument("--goodput-deadline-s", type=float, default=2.0, help="scale-out: an answer later than this is not goodput")
     p.add_argument("--out", default=None, help="result directory (default benchmarks/results/pods/<scenario>)")
     ns = p.parse_args(argv)
     ns.argv = argv

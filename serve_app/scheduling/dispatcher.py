@@ -34,6 +34,7 @@ from serve_app.errors import DeadlineExceeded, Overloaded, ServeAppError, Unavai
 from serve_app.observability import tracing
 from serve_app.scheduling.coldstart import ModelColdStart
 from serve_app.scheduling.estimate import ArrivalRates, DrainRate, LatencyEstimator
+from serve_app.scheduling.hedge import HedgeBudget, first_answer
 from serve_app.scheduling.protection.breaker import BreakerState, CircuitBreaker
 from serve_app.scheduling.protection.limit import AdaptiveLimit
 from serve_app.scheduling.queue import QueueFull, QueuePolicy, RequestQueue, Ticket, make_queue
@@ -77,7 +78,8 @@ class DispatchSettings:
     # A batch sent again after its replica died waits at most this many times its predicted service
     # time (and never less than `retry_floor_s`), not `batch_timeout_s`: when the dead replica was
     # the model's only one, Serve's handle keeps the call until the controller has placed a new one,
-    # and a route's other tier should answer long before that.
+    # and a route's other tier should answer long before that. A first call unanswered that long
+    # gets a copy sent beside it (scheduling/hedge.py): its replica may be on a node that is gone.
     retry_factor: float = 4.0
     retry_floor_s: float = 1.0
     breaker_failures: int = 5  # failed batches in a row that open the circuit
@@ -215,6 +217,7 @@ class DispatchStats:
     completed_items: int = 0
     cancelled_items: int = 0  # dropped from the queue because their caller went away
     retried_batches: int = 0  # sent again after the replica running them died
+    hedged_batches: int = 0  # sent again beside a call that stalled (scheduling/hedge.py)
     batches: int = 0
     queue_wait_s: list[float] = field(default_factory=list)  # drained by the exporter
     # (priority name, seconds from admission to answer) per answered request; drained by the exporter
@@ -232,6 +235,7 @@ class DispatchStats:
             "completed_items": self.completed_items,
             "cancelled_items": self.cancelled_items,
             "retried_batches": self.retried_batches,
+            "hedged_batches": self.hedged_batches,
             "batches": self.batches,
         }
 
@@ -256,6 +260,7 @@ class Dispatcher:
         self.bulk = _bulk_lane(s, limit)
         self.lanes = [_urgent_lane(s), self.bulk] if s.urgent_lane and self.prioritized else [self.bulk]
         self.breaker = CircuitBreaker(s.breaker_failures, s.breaker_open_s, clock)
+        self.hedges = HedgeBudget()
         self.clock = clock
         # Errors after which a batch may run again elsewhere: the replica died, not the model
         # refused it. Classification has no side effects, so a second run harms nobody.
@@ -445,7 +450,7 @@ class Dispatcher:
         queued_s = max(t.queued_s for t in batch)
         spans = BatchSpans(self.model, lane.name, batch, sent) if any(t.trace is not None for t in batch) else None
         try:
-            reply, sent_batch = await self._send(lane, batch, spans)
+            reply, sent_batch, resent = await self._send(lane, batch, spans)
         except Exception as e:  # the whole batch failed: every request gets the error
             if spans is not None:
                 spans.end(self.clock(), error=e)
@@ -460,7 +465,8 @@ class Dispatcher:
             if spans is not None:
                 spans.end(sent + rtt, reply=reply, sent=sent_batch)
             items = sum(t.items for t in sent_batch)
-            lane.learn(reply, items, rtt, queued_s, inflight, self.clock())
+            if not resent:  # a resent batch's round trip holds the stall or the death: not the model's pace
+                lane.learn(reply, items, rtt, queued_s, inflight, self.clock())
             self.settings.adopt(reply)
             self.stats.completed_items += items
             self.stats.batches += 1
@@ -473,18 +479,27 @@ class Dispatcher:
             self._dispatch(lane)
             _wake_bulk(self, lane)
 
-    async def _send(self, lane: Lane, batch: list[Ticket], spans: BatchSpans | None) -> tuple[BatchReply, list[Ticket]]:
-        """The batch's round trip and the tickets it carried. If its replica died under it, sent once
-        more (Serve routes it to a live replica) with the requests still waiting for an answer."""
+    async def _send(self, lane: Lane, batch: list[Ticket], spans: BatchSpans | None) -> tuple[BatchReply, list[Ticket], bool]:
+        """The batch's round trip, the tickets it carried, and whether it was sent more than once:
+        if it stalls past a few predicted service times, sent again beside the first call
+        (scheduling/hedge.py); if its replica died under it, sent once more (Serve routes it to a
+        live replica) with the requests still waiting for an answer."""
+        self.hedges.earn()
         try:
-            return await _call(self, lane.name, spans, batch), batch
+            reply, hedged = await first_answer(
+                lambda: _call(self, lane.name, spans, batch), _stall_s(self.settings, lane, batch), self.hedges.spend
+            )
         except Exception as e:
             if not self.retryable(e):
                 raise
             if not (again := [t for t in batch if not t.result.done()]):  # a request whose client left has its answer
                 raise NobodyWaits(self.model) from e
+        else:
+            if hedged:
+                self.stats.hedged_batches += 1
+            return reply, batch, hedged
         self.stats.retried_batches += 1
-        return await _send_again(self, lane, spans, again), again
+        return await _send_again(self, lane, spans, again), again, True
 
 
 def _bulk_lane(s: DispatchSettings, limit: AdaptiveLimit | None) -> Lane:
@@ -592,10 +607,20 @@ async def _call(
     return await asyncio.wait_for(send, d.settings.batch_timeout_s if timeout_s is None else timeout_s)
 
 
+def _bound_s(s: DispatchSettings, lane: Lane, batch: list[Ticket]) -> float:
+    """A few of the batch's predicted service times (never less than the floor, never more than the batch timeout)."""
+    return min(max(s.retry_floor_s, s.retry_factor * lane.estimator.batch_s(sum(t.items for t in batch))), s.batch_timeout_s)
+
+
+def _stall_s(s: DispatchSettings, lane: Lane, batch: list[Ticket]) -> float | None:
+    """How long the batch's call may go unanswered before a copy is sent beside it; None (never)
+    until the lane has learned a service time: a cold replica's first batches are slow by nature."""
+    return _bound_s(s, lane, batch) if lane.estimator.samples else None
+
+
 async def _send_again(d: Dispatcher, lane: Lane, spans: BatchSpans | None, batch: list[Ticket]) -> BatchReply:
     """A batch whose replica died, sent once more, waiting a few predicted service times at most."""
-    s = d.settings
-    bound = min(max(s.retry_floor_s, s.retry_factor * lane.estimator.batch_s(sum(t.items for t in batch))), s.batch_timeout_s)
+    bound = _bound_s(d.settings, lane, batch)
     try:
         return await _call(d, lane.name, spans, batch, bound)
     except TimeoutError:

@@ -236,7 +236,14 @@ def upgrade_phase(bed: Bed, ns: argparse.Namespace, bodies: Path) -> dict[str, A
     client.wait(timeout=ns.phase_s + ns.deadline_s + 120)
     data = json.loads(out.read_text())
     records = data["records"]
-    applied = submitted + (took_s or ns.phase_s)
+    # The canary's share once the change is in: after the app runs again, or in the load's last
+    # third where it did not get there within the phase (routers take a new weight live).
+    applied = submitted + took_s if took_s is not None else data["start"] + data["seconds"] * 2 / 3
+    try:
+        app = bed.serve_details().get("applications", {}).get("default", {})
+        statuses = {"app": app.get("status"), **{d: v.get("status") for d, v in app.get("deployments", {}).items()}}
+    except httpx.HTTPError as e:
+        statuses = {"app": f"unknown: {e!r}"}
 
     def v2_share(rs: list[list[Any]]) -> float | None:
         heavy = [r for r in rs if r[0] == "bert-heavy" and r[3] == 200]
@@ -255,6 +262,8 @@ def upgrade_phase(bed: Bed, ns: argparse.Namespace, bodies: Path) -> dict[str, A
         "whole": summarize(records, (data["start"] + ns.warmup_s, data["start"] + data["seconds"])),
         "v2_share_before": v2_share([r for r in records if r[1] < submitted]),
         "v2_share_after": v2_share([r for r in records if r[1] >= applied]),
+        "v2_share_after_from_s": round(applied - data["start"], 1),
+        "statuses_at_end": statuses,
         "added_model_status": added.status_code,
         "bert_light_max_batch_size": batch,
     }
@@ -469,7 +478,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"Upgrade under load: {up['change']} PUT as the operator does; running in {up['seconds_to_running']} s. "
             f"Sent {w['sent']}, answered {w['answered']} ({w['answered_after_refusal']} after a 503), failed {w['failed'] or 0}, "
             f"lost {w['lost']}; bert-heavy's answers from version 2: {up['v2_share_before']} before, {up['v2_share_after']} "
-            f"after; {ADDED} answers {up['added_model_status']}; bert-light's max_batch_size {up['bert_light_max_batch_size']}.",
+            f"from {up.get('v2_share_after_from_s')} s; statuses at the end {up.get('statuses_at_end')}; "
+            f"{ADDED} answers {up['added_model_status']}; bert-light's max_batch_size {up['bert_light_max_batch_size']}.",
         ]
     return "\n".join(lines) + "\n"
 

@@ -124,6 +124,7 @@ class OnnxModel:
         ctx = serve.get_replica_context()
         return {
             "replica": ctx.replica_id.unique_id,
+            "resources": ray.get_runtime_context().get_assigned_resources(),  # what its deployment entry asked
             "gpu_ids": self.gpu_ids,
             "providers": self.session.get_providers(),
             "batching": self.batching.model_dump(),

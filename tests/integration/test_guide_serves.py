@@ -25,10 +25,9 @@ URL = "http://127.0.0.1:8000"  # the guide's config names no port: Serve's defau
 
 REPLICA_RESOURCES = """
 import json
-from ray.util.state import list_actors
-for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=1000):
-    if actor.class_name.startswith("ServeReplica:default:"):
-        print("=", json.dumps([actor.class_name.split(":")[-1], actor.required_resources]))
+for name in args:
+    info = serve.get_deployment_handle(name, "default").runtime_info.remote().result(timeout_s=60)
+    print("=", json.dumps([name, info["resources"]]))
 """
 
 
@@ -60,13 +59,13 @@ def test_the_guides_models_serve_on_the_resources_their_entries_name(tmp_path: P
                 r = client.post(path, json=body)
                 assert r.status_code == 200, (path, r.text)
             image = np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32)
-            body = {"inputs": [{"name": "input", "shape": list(image.shape), "datatype": "FP32", "data": image.ravel().tolist()}]}
+            body = {"inputs": [{"name": "image", "shape": list(image.shape), "datatype": "FP32", "data": image.ravel().tolist()}]}
             r = client.post("/v2/models/my-resnet/infer", json=body)
             assert r.status_code == 200, r.text
             assert len(r.json()["outputs"][0]["data"]) == 10
         driver = ClusterDriver(env, RAY_PORT)
         try:
-            held = [json.loads(line) for line in driver.run(REPLICA_RESOURCES)]
+            held = [json.loads(line) for line in driver.run(REPLICA_RESOURCES, *entries)]
         finally:
             driver.close()
         by_model = {name: resources for name, resources in held if name in entries}

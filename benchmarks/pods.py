@@ -333,7 +333,16 @@ def scale_out_phase(bed: Bed, ns: argparse.Namespace, bodies: Path) -> dict[str,
     for t in threads:
         t.join(timeout=15)
     return {"rates": list(ns.rates), "step_s": ns.step_s, "goodput_deadline_s": ns.goodput_deadline_s, "steps": steps,
-            "timeline": counts}  # fmt: skip
+            "timeline": changes(counts)}  # fmt: skip
+
+
+def changes(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The samples at which any count differs from the sample before (the first one always)."""
+    out: list[dict[str, Any]] = []
+    for sample in samples:
+        if not out or {k: v for k, v in sample.items() if k != "t"} != {k: v for k, v in out[-1].items() if k != "t"}:
+            out.append(sample)
+    return out
 
 
 def save(result: dict[str, Any], ns: argparse.Namespace) -> Path:

@@ -134,13 +134,14 @@ def v2_infer(
     model_dir: Path,
     priority: str | None = None,
     weight: float = 1.0,
-    n: int = DISTINCT_INPUTS,
+    n: int | None = None,
     binary: bool = False,
     scored: bool = False,
 ) -> StreamSpec:
     """Inference on `model` (a model or a route) with `n` distinct held-out inputs for the model in
-    `model_dir`, the response cache off. `scored`: with the inputs' true labels, so that the load
-    generator scores the answers."""
+    `model_dir` (default `DISTINCT_INPUTS`, read at the call: a smoke run lowers it), the response
+    cache off. `scored`: with the inputs' true labels, so that the load generator scores the answers."""
+    n = n or DISTINCT_INPUTS
     headers = {**NO_CACHE, **({"X-Priority": priority} if priority else {})}
     name = f"{model}/{priority}" if priority else model
     labels = labels_for(model_dir, n) if scored else None

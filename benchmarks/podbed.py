@@ -68,6 +68,7 @@ class Bed:
     log: Any = sys.stderr
     prefix: str = "pb"  # names of its namespaces and links (two beds at once need two)
     subnet: str = "10.233.0.0/24"
+    weigh_cpu: bool = True  # each pod in a CPU group with its request's shares (benchmarks/cgroups.py)
 
     def __post_init__(self) -> None:
         self.cluster: Cluster = read_manifest(self.manifest.read_text())
@@ -83,7 +84,8 @@ class Bed:
         self._stopping = threading.Event()
         self.autoscaler: threading.Thread | None = None
         self.cpu_groups: dict[str, CpuGroup] = {}
-        self.cpu_groups_unavailable = cgroups.available()  # why pods share the core unweighted, if they do
+        # Why pods share the core unweighted, if they do.
+        self.cpu_groups_unavailable = cgroups.available() if self.weigh_cpu else "turned off (Bed.weigh_cpu)"
 
     # -- bring-up -------------------------------------------------------------------------------
     def start(self, timeout_s: float = 600.0) -> dict[str, float]:

@@ -28,7 +28,9 @@ WHY_NOT = netns.available()
 def bed(tiny_model_dir: Path) -> Iterator[Bed]:
     if WHY_NOT is not None:
         pytest.skip(f"no pod bed on this machine: {WHY_NOT}")
-    b = Bed(model_dir=tiny_model_dir, workdir=Path("/tmp/pbci"), prefix="pbci", subnet="10.233.1.0/24")
+    # The short bed measures nothing: its pods share the core unweighted, which starts them sooner
+    # (the CPU groups' own test is tests/unit/test_cgroups.py).
+    b = Bed(model_dir=tiny_model_dir, workdir=Path("/tmp/pbci"), prefix="pbci", subnet="10.233.1.0/24", weigh_cpu=False)
     try:
         b.start(timeout_s=240)
         yield b

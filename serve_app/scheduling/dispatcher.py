@@ -450,7 +450,7 @@ class Dispatcher:
         queued_s = max(t.queued_s for t in batch)
         spans = BatchSpans(self.model, lane.name, batch, sent) if any(t.trace is not None for t in batch) else None
         try:
-            reply, sent_batch, resent = await self._send(lane, batch, spans)
+            reply, sent_batch, resent = await _send(self, lane, batch, spans)
         except Exception as e:  # the whole batch failed: every request gets the error
             if spans is not None:
                 spans.end(self.clock(), error=e)
@@ -478,28 +478,6 @@ class Dispatcher:
             lane.inflight_items -= sum(t.items for t in batch)
             self._dispatch(lane)
             _wake_bulk(self, lane)
-
-    async def _send(self, lane: Lane, batch: list[Ticket], spans: BatchSpans | None) -> tuple[BatchReply, list[Ticket], bool]:
-        """The batch's round trip, the tickets it carried, and whether it was sent more than once:
-        if it stalls past a few predicted service times, sent again beside the first call
-        (scheduling/hedge.py); if its replica died under it, sent once more (Serve routes it to a
-        live replica) with the requests still waiting for an answer."""
-        self.hedges.earn()
-        try:
-            reply, hedged = await first_answer(
-                lambda: _call(self, lane.name, spans, batch), _stall_s(self.settings, lane, batch), self.hedges.spend
-            )
-        except Exception as e:
-            if not self.retryable(e):
-                raise
-            if not (again := [t for t in batch if not t.result.done()]):  # a request whose client left has its answer
-                raise NobodyWaits(self.model) from e
-        else:
-            if hedged:
-                self.stats.hedged_batches += 1
-            return reply, batch, hedged
-        self.stats.retried_batches += 1
-        return await _send_again(self, lane, spans, again), again, True
 
 
 def _bulk_lane(s: DispatchSettings, limit: AdaptiveLimit | None) -> Lane:
@@ -616,6 +594,30 @@ def _stall_s(s: DispatchSettings, lane: Lane, batch: list[Ticket]) -> float | No
     """How long the batch's call may go unanswered before a copy is sent beside it; None (never)
     until the lane has learned a service time: a cold replica's first batches are slow by nature."""
     return _bound_s(s, lane, batch) if lane.estimator.samples else None
+
+
+async def _send(
+    d: Dispatcher, lane: Lane, batch: list[Ticket], spans: BatchSpans | None
+) -> tuple[BatchReply, list[Ticket], bool]:
+    """The batch's round trip, the tickets it carried, and whether it was sent more than once:
+    if it stalls past a few predicted service times, sent again beside the first call
+    (scheduling/hedge.py); if its replica died under it, sent once more (Serve routes it to a
+    live replica) with the requests still waiting for an answer."""
+    d.hedges.earn()
+    try:
+        call = lambda: _call(d, lane.name, spans, batch)  # noqa: E731 (the same call, once or twice)
+        reply, hedged = await first_answer(call, _stall_s(d.settings, lane, batch), d.hedges.spend)
+    except Exception as e:
+        if not d.retryable(e):
+            raise
+        if not (again := [t for t in batch if not t.result.done()]):  # a request whose client left has its answer
+            raise NobodyWaits(d.model) from e
+    else:
+        if hedged:
+            d.stats.hedged_batches += 1
+        return reply, batch, hedged
+    d.stats.retried_batches += 1
+    return await _send_again(d, lane, spans, again), again, True
 
 
 async def _send_again(d: Dispatcher, lane: Lane, spans: BatchSpans | None, batch: list[Ticket]) -> BatchReply:

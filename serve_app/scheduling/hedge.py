@@ -30,7 +30,6 @@ class HedgeBudget:
             raise ValueError(f"a hedge budget needs a positive ratio and a burst of one at least, got {ratio}, {burst}")
         self.ratio, self.burst = ratio, burst
         self.tokens = burst
-        self.hedged = 0
 
     def earn(self) -> None:
         self.tokens = min(self.burst, self.tokens + self.ratio)
@@ -40,7 +39,6 @@ class HedgeBudget:
         if self.tokens < 1.0:
             return False
         self.tokens -= 1.0
-        self.hedged += 1
         return True
 
 
